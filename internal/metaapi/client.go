@@ -1,0 +1,151 @@
+package metaapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Operation names: the last path element of /v1/<Op>.
+const (
+	OpResolve   = "Resolve"
+	OpLookup    = "Lookup"
+	OpGetAttr   = "GetAttr"
+	OpCreate    = "Create"
+	OpLink      = "Link"
+	OpRemove    = "Remove"
+	OpRename    = "Rename"
+	OpReaddir   = "Readdir"
+	OpSetAttr   = "SetAttr"
+	OpSetPolicy = "SetPolicy"
+	OpGetPolicy = "GetPolicy"
+	OpLayout    = "Layout"
+	OpCommit    = "Commit"
+	OpStatus    = "Status"
+	OpRegister  = "Register"
+	OpHeartbeat = "Heartbeat"
+)
+
+// MaxBodyBytes bounds every request and response body.
+const MaxBodyBytes = 8 << 20
+
+// ClientAuth formats the Authorization header value for a client.
+func ClientAuth(id uint64, credential string) string {
+	return fmt.Sprintf("Bearer %d:%s", id, credential)
+}
+
+// NodeAuth formats the Authorization header value for a storage node.
+func NodeAuth(token string) string { return "Node " + token }
+
+// Client calls the meta service. It is safe for concurrent use. Calls that
+// fail because meta cannot be reached (restarting, say) are retried with
+// backoff until RetryFor has passed; errors meta returns are not retried
+// except EAGAIN.
+type Client struct {
+	base     string
+	auth     string
+	hc       *http.Client
+	RetryFor time.Duration
+}
+
+// NewClient returns a client for the meta service at addr (host:port).
+func NewClient(addr, auth string) *Client {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        64,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	return &Client{
+		base:     "http://" + addr + "/v1/",
+		auth:     auth,
+		hc:       &http.Client{Transport: tr, Timeout: 30 * time.Second},
+		RetryFor: 15 * time.Second,
+	}
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// Call performs op with req and decodes the reply into resp (which may be
+// nil). Errors from meta are *Error.
+func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("meta %s: encoding request: %w", op, err)
+	}
+	deadline := time.Now().Add(c.RetryFor)
+	backoff := 20 * time.Millisecond
+	for {
+		err = c.once(ctx, op, body, resp)
+		var me *Error
+		retry := false
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &me):
+			retry = me.Code == EAGAIN
+		case ctx.Err() != nil:
+			return err
+		default:
+			retry = true // transport error: meta down or restarting
+		}
+		if !retry || time.Now().Add(backoff).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("meta %s: %w (last error: %v)", op, ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+func (c *Client) once(ctx context.Context, op string, body []byte, resp any) error {
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+op, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("meta %s: %w", op, err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Authorization", c.auth)
+	hresp, err := c.hc.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("meta %s: %w", op, err)
+	}
+	defer hresp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(hresp.Body, MaxBodyBytes+1))
+	if err != nil {
+		return fmt.Errorf("meta %s: reading reply: %w", op, err)
+	}
+	if len(raw) > MaxBodyBytes {
+		return fmt.Errorf("meta %s: reply larger than %d bytes", op, MaxBodyBytes)
+	}
+	if hresp.StatusCode != http.StatusOK {
+		var me Error
+		if json.Unmarshal(raw, &me) == nil && me.Code != "" {
+			return &me
+		}
+		return fmt.Errorf("meta %s: HTTP %d: %s", op, hresp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	if resp == nil {
+		return nil
+	}
+	if err := json.Unmarshal(raw, resp); err != nil {
+		return fmt.Errorf("meta %s: decoding reply: %w", op, err)
+	}
+	return nil
+}
+
+// IsCode reports whether err is a meta *Error with the given code.
+func IsCode(err error, code Code) bool {
+	var me *Error
+	return errors.As(err, &me) && me.Code == code
+}

@@ -1,0 +1,344 @@
+// Package metaapi is the control-plane contract between the meta service
+// and its callers (clients, storage nodes, front ends): request and
+// response types, error codes, and an HTTP+JSON client.
+//
+// The control plane is off the data path — one round trip per chunk
+// allocation or namespace operation, never per write packet — so it uses
+// plain HTTP/1.1 with JSON bodies: debuggable with curl, reconnects by
+// itself when meta restarts, and every decoder is the standard library's.
+// Every call is a POST to /v1/<Op> with a JSON body; success is 200 with a
+// JSON body, failure is a non-200 status with an Error body.
+//
+// Clients authenticate with "Authorization: Bearer <id>:<credential>" from
+// client.conf; storage nodes with "Authorization: Node <node token>".
+package metaapi
+
+import (
+	"fmt"
+
+	"github.com/sluicefs/sluice/internal/ids"
+)
+
+// Code is a POSIX-flavoured error code. Front ends map it to errno.
+type Code string
+
+const (
+	ENOENT       Code = "ENOENT"       // no such file or directory
+	EEXIST       Code = "EEXIST"       // already exists
+	ENOTDIR      Code = "ENOTDIR"      // a path component or target is not a directory
+	EISDIR       Code = "EISDIR"       // is a directory
+	ENOTEMPTY    Code = "ENOTEMPTY"    // directory not empty
+	EINVAL       Code = "EINVAL"       // invalid argument (bad name, rename into own subtree, bad policy)
+	ENAMETOOLONG Code = "ENAMETOOLONG" // name longer than MaxNameLen or path longer than MaxPathLen
+	EACCES       Code = "EACCES"       // permission denied
+	EPERM        Code = "EPERM"        // operation not permitted
+	ENOSPC       Code = "ENOSPC"       // not enough live nodes or capacity to place data
+	EXDEV        Code = "EXDEV"        // cross-device link
+	ELOOP        Code = "ELOOP"        // too many symlinks
+	EMLINK       Code = "EMLINK"       // too many links
+	EFBIG        Code = "EFBIG"        // offset or size beyond MaxFileSize
+	EAUTH        Code = "EAUTH"        // missing or invalid credential
+	EAGAIN       Code = "EAGAIN"       // retryable: meta busy or starting
+	EIO          Code = "EIO"          // internal error
+)
+
+// Error is the body of every failed call, and the error type the client
+// returns.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Code, e.Message) }
+
+// Errorf builds an *Error.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Limits enforced by meta.
+const (
+	MaxNameLen  = 255
+	MaxPathLen  = 4096
+	MaxFileSize = 1 << 50 // 1 PiB
+	// DefaultChunkSize is the chunk size new files get.
+	DefaultChunkSize = 64 << 20
+	// MaxReaddirLimit bounds one Readdir page.
+	MaxReaddirLimit = 4096
+	// MaxLayoutChunks bounds the chunks one Layout call returns.
+	MaxLayoutChunks = 256
+)
+
+// FileType is the kind of an inode.
+type FileType string
+
+const (
+	TypeFile    FileType = "file"
+	TypeDir     FileType = "dir"
+	TypeSymlink FileType = "symlink"
+	TypeFIFO    FileType = "fifo"
+)
+
+// Attr is an inode's attributes. Times are unix nanoseconds.
+type Attr struct {
+	Ino       ids.Ino  `json:"ino"`
+	Type      FileType `json:"type"`
+	Mode      uint32   `json:"mode"` // permission bits only (07777)
+	UID       uint32   `json:"uid"`
+	GID       uint32   `json:"gid"`
+	Size      int64    `json:"size"`
+	Nlink     uint32   `json:"nlink"`
+	Atime     int64    `json:"atime"`
+	Mtime     int64    `json:"mtime"`
+	Ctime     int64    `json:"ctime"`
+	ChunkSize int64    `json:"chunk_size,omitempty"` // files
+	Policy    *Policy  `json:"policy,omitempty"`     // files: the policy fixed at creation
+	Target    string   `json:"target,omitempty"`     // symlinks
+}
+
+// Strategy names a replication strategy.
+type Strategy string
+
+const (
+	StrategyRing Strategy = "ring"
+)
+
+// Policy says how a file's data is made redundant. Exactly one of
+// Replicas (with Strategy) or an erasure code (later) is set.
+type Policy struct {
+	Replicas int      `json:"replicas"`
+	Strategy Strategy `json:"strategy"`
+}
+
+func (p Policy) String() string { return fmt.Sprintf("replicas=%d strategy=%s", p.Replicas, p.Strategy) }
+
+// Validate checks a policy on its own (not against the cluster size).
+func (p Policy) Validate() error {
+	if p.Replicas < 1 || p.Replicas > 16 {
+		return Errorf(EINVAL, "replicas must be between 1 and 16, got %d", p.Replicas)
+	}
+	switch p.Strategy {
+	case StrategyRing:
+	default:
+		return Errorf(EINVAL, "unknown replication strategy %q (known: ring)", p.Strategy)
+	}
+	return nil
+}
+
+// Who is the caller's identity for permission checks. The CLI sends the
+// process's uid/gid; the FUSE front end sends the calling process's.
+type Who struct {
+	UID  uint32   `json:"uid"`
+	GID  uint32   `json:"gid"`
+	GIDs []uint32 `json:"gids,omitempty"`
+}
+
+// ---- namespace ----
+
+type ResolveReq struct {
+	Path   string `json:"path"`   // absolute, "/"-separated
+	Follow bool   `json:"follow"` // follow a symlink in the last component
+}
+type AttrResp struct {
+	Attr Attr `json:"attr"`
+}
+
+type LookupReq struct {
+	Parent ids.Ino `json:"parent"`
+	Name   string  `json:"name"`
+}
+type GetAttrReq struct {
+	Ino ids.Ino `json:"ino"`
+}
+
+type CreateReq struct {
+	Parent    ids.Ino  `json:"parent"`
+	Name      string   `json:"name"`
+	Type      FileType `json:"type"` // file, dir, symlink or fifo
+	Mode      uint32   `json:"mode"`
+	Target    string   `json:"target,omitempty"`    // symlink target
+	Exclusive bool     `json:"exclusive,omitempty"` // files: EEXIST if present; otherwise an existing file is returned
+	Who       Who      `json:"who"`
+}
+
+type LinkReq struct {
+	Ino       ids.Ino `json:"ino"`
+	NewParent ids.Ino `json:"new_parent"`
+	NewName   string  `json:"new_name"`
+	Who       Who     `json:"who"`
+}
+
+type RemoveReq struct {
+	Parent ids.Ino `json:"parent"`
+	Name   string  `json:"name"`
+	Dir    bool    `json:"dir"` // rmdir semantics if true, unlink otherwise
+	Who    Who     `json:"who"`
+}
+
+type RenameReq struct {
+	OldParent ids.Ino `json:"old_parent"`
+	OldName   string  `json:"old_name"`
+	NewParent ids.Ino `json:"new_parent"`
+	NewName   string  `json:"new_name"`
+	NoReplace bool    `json:"no_replace,omitempty"` // EEXIST instead of replacing
+	Who       Who     `json:"who"`
+}
+
+type ReaddirReq struct {
+	Ino    ids.Ino `json:"ino"`
+	After  string  `json:"after,omitempty"` // return names strictly after this one
+	Limit  int     `json:"limit,omitempty"` // default and max MaxReaddirLimit
+	Who    Who     `json:"who"`
+}
+type Dirent struct {
+	Name string   `json:"name"`
+	Ino  ids.Ino  `json:"ino"`
+	Type FileType `json:"type"`
+}
+type ReaddirResp struct {
+	Entries []Dirent `json:"entries"`
+	More    bool     `json:"more"` // call again with After = last name
+}
+
+// SetAttrReq changes attributes; nil fields are left alone. Size
+// truncates or extends (with a hole).
+type SetAttrReq struct {
+	Ino   ids.Ino `json:"ino"`
+	Mode  *uint32 `json:"mode,omitempty"`
+	UID   *uint32 `json:"uid,omitempty"`
+	GID   *uint32 `json:"gid,omitempty"`
+	Size  *int64  `json:"size,omitempty"`
+	Atime *int64  `json:"atime,omitempty"`
+	Mtime *int64  `json:"mtime,omitempty"`
+	Who   Who     `json:"who"`
+}
+
+type SetPolicyReq struct {
+	Ino    ids.Ino `json:"ino"` // a directory
+	Policy Policy  `json:"policy"`
+	Who    Who     `json:"who"`
+}
+type GetPolicyReq struct {
+	Ino ids.Ino `json:"ino"`
+}
+type PolicyResp struct {
+	Policy Policy  `json:"policy"`
+	From   ids.Ino `json:"from"` // the directory it is set on (inherited if != Ino)
+}
+
+// ---- data layout ----
+
+// LayoutReq asks for the chunks covering [Off, Off+Len) of a file, with a
+// capability for each. With Write, missing chunks are allocated and
+// placed on live nodes; without it, absent chunks are simply not listed
+// (they read as zeros).
+type LayoutReq struct {
+	Ino   ids.Ino `json:"ino"`
+	Off   int64   `json:"off"`
+	Len   int64   `json:"len"`
+	Write bool    `json:"write"`
+	Who   Who     `json:"who"`
+}
+
+// Replica is one storage node holding a copy of a chunk.
+type Replica struct {
+	Node ids.NodeID `json:"node"`
+	Addr string     `json:"addr"` // fabric address, host:port
+}
+
+// ChunkLayout places one chunk. The capability covers the whole chunk
+// ([0, ChunkSize)) with the rights asked for, is bound to this replica
+// set and epoch, and expires at Expiry.
+type ChunkLayout struct {
+	Index    int64       `json:"index"` // chunk number within the file: file offset / ChunkSize
+	Chunk    ids.ChunkID `json:"chunk"`
+	Version  uint64      `json:"version"` // last committed version meta knows of
+	Replicas []Replica   `json:"replicas"`
+	Cap      []byte      `json:"cap"` // encoded capability.Capability (base64 in JSON)
+	Expiry   int64       `json:"expiry"`
+}
+
+type LayoutResp struct {
+	Attr   Attr          `json:"attr"`
+	Epoch  uint64        `json:"epoch"`
+	Chunks []ChunkLayout `json:"chunks"`
+}
+
+// CommitReq records a completed write: the file grows to at least Size,
+// each listed chunk's committed version becomes at least Version, mtime
+// is set.
+type CommitReq struct {
+	Ino    ids.Ino          `json:"ino"`
+	Size   int64            `json:"size"`
+	Chunks []ChunkVersion   `json:"chunks"`
+	Mtime  int64            `json:"mtime"`
+	Who    Who              `json:"who"`
+}
+type ChunkVersion struct {
+	Index   int64       `json:"index"`
+	Chunk   ids.ChunkID `json:"chunk"`
+	Version uint64      `json:"version"`
+}
+
+// ---- cluster ----
+
+type NodeState string
+
+const (
+	NodeUp   NodeState = "up"
+	NodeDown NodeState = "down"
+)
+
+type NodeInfo struct {
+	ID            ids.NodeID `json:"id"`
+	Addr          string     `json:"addr"`
+	Domain        string     `json:"domain"`
+	State         NodeState  `json:"state"`
+	Capacity      int64      `json:"capacity"` // bytes
+	Used          int64      `json:"used"`     // bytes
+	Chunks        int64      `json:"chunks"`
+	LastHeartbeat int64      `json:"last_heartbeat"` // unix nanoseconds
+}
+
+type StatusResp struct {
+	MetaAddr string     `json:"meta_addr"`
+	Epoch    uint64     `json:"epoch"`
+	Nodes    []NodeInfo `json:"nodes"`
+	Files    int64      `json:"files"`
+	Dirs     int64      `json:"dirs"`
+	Chunks   int64      `json:"chunks"`
+}
+
+// RegisterReq is sent by a storage node at start. ID is 0 on its first
+// start; meta assigns one and the node stores it.
+type RegisterReq struct {
+	ID       ids.NodeID `json:"id"`
+	Addr     string     `json:"addr"`
+	Domain   string     `json:"domain"`
+	Capacity int64      `json:"capacity"`
+	Used     int64      `json:"used"`
+	Chunks   int64      `json:"chunks"`
+}
+type RegisterResp struct {
+	ID                ids.NodeID `json:"id"`
+	Epoch             uint64     `json:"epoch"`
+	HeartbeatInterval int64      `json:"heartbeat_interval"` // nanoseconds
+}
+
+// HeartbeatReq reports a node's liveness and usage, and acknowledges
+// chunk deletions done since the last heartbeat.
+type HeartbeatReq struct {
+	ID       ids.NodeID    `json:"id"`
+	Addr     string        `json:"addr"`
+	Capacity int64         `json:"capacity"`
+	Used     int64         `json:"used"`
+	Chunks   int64         `json:"chunks"`
+	Deleted  []ids.ChunkID `json:"deleted,omitempty"`
+}
+
+// HeartbeatResp carries the cluster map and garbage to collect.
+type HeartbeatResp struct {
+	Epoch  uint64        `json:"epoch"`
+	Nodes  []NodeInfo    `json:"nodes"`
+	Delete []ids.ChunkID `json:"delete,omitempty"` // chunks this node should remove
+}
