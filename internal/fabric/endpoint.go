@@ -1,0 +1,222 @@
+package fabric
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Options configure an endpoint.
+type Options struct {
+	// MTU is the largest packet payload this endpoint receives (announced
+	// to peers) and sends. Default DefaultMTU.
+	MTU int
+	// Quota is the number of receive buffers per connection. Default 16.
+	Quota int
+	// WriteTimeout fails a connection whose peer stops reading. Default 30s.
+	WriteTimeout time.Duration
+	// HandshakeTimeout bounds the hello exchange. Default 5s.
+	HandshakeTimeout time.Duration
+	// MaxConns bounds inbound connections; more are refused. Default 4096.
+	MaxConns int
+	Logger   *slog.Logger
+}
+
+func (o *Options) fill() error {
+	if o.MTU == 0 {
+		o.MTU = DefaultMTU
+	}
+	if o.MTU < MinMTU || o.MTU > MaxMTU {
+		return fmt.Errorf("fabric: MTU %d outside [%d, %d]", o.MTU, MinMTU, MaxMTU)
+	}
+	if o.Quota == 0 {
+		o.Quota = 16
+	}
+	if o.Quota < 2 || o.Quota > 4096 {
+		return fmt.Errorf("fabric: receive quota %d outside [2, 4096]", o.Quota)
+	}
+	if o.WriteTimeout == 0 {
+		o.WriteTimeout = 30 * time.Second
+	}
+	if o.HandshakeTimeout == 0 {
+		o.HandshakeTimeout = 5 * time.Second
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = 4096
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Endpoint is one fabric attachment (a NIC): it owns the region table,
+// accepts and dials connections.
+type Endpoint struct {
+	opts    Options
+	regions regions
+
+	mu     sync.Mutex
+	lns    []net.Listener
+	conns  map[*Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewEndpoint creates an endpoint.
+func NewEndpoint(opts Options) (*Endpoint, error) {
+	if err := opts.fill(); err != nil {
+		return nil, err
+	}
+	return &Endpoint{opts: opts, conns: make(map[*Conn]struct{})}, nil
+}
+
+// Options returns the endpoint's effective options.
+func (e *Endpoint) Options() Options { return e.opts }
+
+// Register makes buf accessible to peers with perm.
+func (e *Endpoint) Register(buf []byte, perm Perm) *Region { return e.regions.register(buf, perm) }
+
+// Deregister revokes a region; later accesses fail with an access error.
+func (e *Endpoint) Deregister(r *Region) { e.regions.deregister(r) }
+
+// Listen accepts connections on addr (host:port) and hands their messages
+// to h. It returns the bound address.
+func (e *Endpoint) Listen(addr string, h Handler) (net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: listening on %s: %w", addr, err)
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		ln.Close()
+		return nil, ErrClosed
+	}
+	e.lns = append(e.lns, ln)
+	e.mu.Unlock()
+	e.wg.Add(1)
+	go e.acceptLoop(ln, h)
+	return ln.Addr(), nil
+}
+
+func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
+	defer e.wg.Done()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return
+		}
+		e.mu.Lock()
+		full := len(e.conns) >= e.opts.MaxConns
+		e.mu.Unlock()
+		if full {
+			e.opts.Logger.Warn("fabric: refusing connection, too many open", "peer", nc.RemoteAddr(), "max", e.opts.MaxConns)
+			nc.Close()
+			continue
+		}
+		go func() {
+			if _, err := e.handshake(nc, h); err != nil {
+				e.opts.Logger.Debug("fabric: handshake failed", "peer", nc.RemoteAddr(), "err", err)
+			}
+		}()
+	}
+}
+
+// Dial connects to a peer endpoint; h receives the messages the peer
+// sends on this connection (typically replies).
+func (e *Endpoint) Dial(ctx context.Context, addr string, h Handler) (*Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: dialing %s: %w", addr, err)
+	}
+	c, err := e.handshake(nc, h)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+const helloSize = 16
+
+var helloMagic = [4]byte{'S', 'L', 'F', 1}
+
+func (e *Endpoint) handshake(nc net.Conn, h Handler) (*Conn, error) {
+	var hello [helloSize]byte
+	copy(hello[:], helloMagic[:])
+	binary.LittleEndian.PutUint32(hello[4:], uint32(e.opts.MTU))
+	binary.LittleEndian.PutUint32(hello[8:], uint32(e.opts.Quota))
+	nc.SetDeadline(time.Now().Add(e.opts.HandshakeTimeout))
+	if _, err := nc.Write(hello[:]); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	var peer [helloSize]byte
+	if _, err := io.ReadFull(nc, peer[:]); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	if [4]byte(peer[:4]) != helloMagic {
+		nc.Close()
+		return nil, fmt.Errorf("%w: bad hello %q", ErrProtocol, peer[:4])
+	}
+	mtu := int(binary.LittleEndian.Uint32(peer[4:]))
+	if mtu < MinMTU || mtu > MaxMTU {
+		nc.Close()
+		return nil, fmt.Errorf("%w: peer MTU %d", ErrProtocol, mtu)
+	}
+	nc.SetDeadline(time.Time{})
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		nc.Close()
+		return nil, ErrClosed
+	}
+	c := newConn(e, nc, h, mtu)
+	e.conns[c] = struct{}{}
+	e.mu.Unlock()
+	return c, nil
+}
+
+func (e *Endpoint) forget(c *Conn) {
+	e.mu.Lock()
+	delete(e.conns, c)
+	e.mu.Unlock()
+}
+
+// Close stops listening and closes every connection.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	e.closed = true
+	lns := e.lns
+	conns := make([]*Conn, 0, len(e.conns))
+	for c := range e.conns {
+		conns = append(conns, c)
+	}
+	e.mu.Unlock()
+	for _, ln := range lns {
+		ln.Close()
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	for _, c := range conns {
+		c.Wait()
+	}
+	e.wg.Wait()
+	return nil
+}

@@ -1,0 +1,97 @@
+package fabric
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Perm is what remote peers may do to a registered region.
+type Perm uint8
+
+const (
+	RemoteRead  Perm = 1 << 0
+	RemoteWrite Perm = 1 << 1
+)
+
+// Region is memory registered with an endpoint so peers can READ or WRITE
+// it one-sidedly, naming it by Key. The key is random so a peer cannot
+// guess another region's key; Deregister revokes it at once.
+//
+// As with RDMA, a region's bytes may change under a remote WRITE at any
+// time: the owner reads them only after the peer has signalled (with a
+// later message on the same connection, which is delivered after the
+// WRITE's data is placed).
+type Region struct {
+	key  uint64
+	buf  []byte
+	perm Perm
+}
+
+// Key names the region to peers.
+func (r *Region) Key() uint64 { return r.key }
+
+// Bytes is the registered memory.
+func (r *Region) Bytes() []byte { return r.buf }
+
+// Len is the region's size.
+func (r *Region) Len() int { return len(r.buf) }
+
+// Errors a one-sided operation can fail with on the target.
+var (
+	ErrNoRegion = errors.New("fabric: no region with that key")
+	ErrBounds   = errors.New("fabric: access outside region bounds")
+	ErrPerm     = errors.New("fabric: region does not allow that access")
+)
+
+// regions is an endpoint's region table.
+type regions struct {
+	mu sync.RWMutex
+	m  map[uint64]*Region
+}
+
+func (t *regions) register(buf []byte, perm Perm) *Region {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = make(map[uint64]*Region)
+	}
+	var b [8]byte
+	for {
+		if _, err := rand.Read(b[:]); err != nil {
+			panic(fmt.Sprintf("fabric: reading random region key: %v", err))
+		}
+		k := binary.LittleEndian.Uint64(b[:])
+		if _, dup := t.m[k]; k != 0 && !dup {
+			r := &Region{key: k, buf: buf, perm: perm}
+			t.m[k] = r
+			return r
+		}
+	}
+}
+
+func (t *regions) deregister(r *Region) {
+	t.mu.Lock()
+	delete(t.m, r.key)
+	t.mu.Unlock()
+}
+
+// access returns the slice [off, off+n) of the region key if perm allows it.
+func (t *regions) access(key, off, n uint64, perm Perm) ([]byte, error) {
+	t.mu.RLock()
+	r := t.m[key]
+	t.mu.RUnlock()
+	if r == nil {
+		return nil, fmt.Errorf("%w %#x", ErrNoRegion, key)
+	}
+	if r.perm&perm != perm {
+		return nil, ErrPerm
+	}
+	end := off + n
+	if end < off || end > uint64(len(r.buf)) {
+		return nil, fmt.Errorf("%w: [%d,+%d) of %d bytes", ErrBounds, off, n, len(r.buf))
+	}
+	return r.buf[off:end], nil
+}
