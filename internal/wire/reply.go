@@ -1,0 +1,174 @@
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Status is the outcome a reply reports.
+type Status uint8
+
+const (
+	StatusOK Status = iota
+	// StatusBusy: the request table is full or the chunk has a write in
+	// progress. Retryable after a backoff.
+	StatusBusy
+	// StatusAuth: the capability is forged, expired, for another key, or
+	// does not cover the request.
+	StatusAuth
+	// StatusBadRequest: the header does not parse or is inconsistent.
+	StatusBadRequest
+	// StatusUnknownOp: no execution context handles this message class.
+	StatusUnknownOp
+	// StatusStale: the replica's version does not follow the write's
+	// (it missed a write, or the write was planned on an old layout).
+	StatusStale
+	// StatusIO: the node's storage failed.
+	StatusIO
+	// StatusReplica: a downstream replica failed or did not answer.
+	StatusReplica
+	// StatusAborted: the request was abandoned mid-message (idle client,
+	// closed connection, failed handler).
+	StatusAborted
+	statusMax = StatusAborted
+)
+
+var statusNames = [...]string{"ok", "busy", "auth", "bad-request", "unknown-op", "stale", "io", "replica", "aborted"}
+
+func (s Status) String() string {
+	if s <= statusMax {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// Retryable reports whether the same request may succeed later unchanged.
+func (s Status) Retryable() bool { return s == StatusBusy }
+
+// Error is a non-OK reply as a Go error.
+type Error struct {
+	Status Status
+	Msg    string
+}
+
+func (e *Error) Error() string {
+	if e.Msg == "" {
+		return "node: " + e.Status.String()
+	}
+	return "node: " + e.Status.String() + ": " + e.Msg
+}
+
+// Errorf builds a *Error.
+func Errorf(s Status, format string, args ...any) *Error {
+	return &Error{Status: s, Msg: fmt.Sprintf(format, args...)}
+}
+
+// MaxMsg bounds a reply's error text.
+const MaxMsg = 512
+
+const replyFixed = 48
+
+// Reply answers a request. For writes it carries the committed version
+// and chunk length; for reads it also describes the data: DataLen bytes
+// starting at chunk offset DataOff, which is aligned to BlockSize, and the
+// CRC32C of each block they cover so the client can verify them.
+type Reply struct {
+	Status    Status
+	Version   uint64
+	ChunkLen  uint64
+	DataOff   uint64
+	DataLen   uint64
+	BlockSize uint32
+	CRCs      []byte // 4 bytes per block, little endian; aliases the packet
+	Msg       []byte // error text; aliases the packet
+}
+
+// CRC returns block i's checksum.
+func (r *Reply) CRC(i int) uint32 { return binary.LittleEndian.Uint32(r.CRCs[4*i:]) }
+
+// NCRC is the number of checksums carried.
+func (r *Reply) NCRC() int { return len(r.CRCs) / 4 }
+
+// Err returns nil for OK, else an *Error (allocates).
+func (r *Reply) Err() error {
+	if r.Status == StatusOK {
+		return nil
+	}
+	return &Error{Status: r.Status, Msg: string(r.Msg)}
+}
+
+// ReplySize is the encoded size of a reply with n checksums and msg.
+func ReplySize(n, msg int) int { return replyFixed + 4*n + min(msg, MaxMsg) }
+
+// AppendReply encodes r with crcs as its checksums and msg as its text
+// (r.CRCs and r.Msg are ignored; they are for decoding).
+func AppendReply(b []byte, r *Reply, crcs []uint32, msg string) []byte {
+	if len(msg) > MaxMsg {
+		msg = msg[:MaxMsg]
+	}
+	b = append(b, byte(OpReply), byte(r.Status))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(msg)))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(crcs)))
+	b = binary.LittleEndian.AppendUint64(b, r.Version)
+	b = binary.LittleEndian.AppendUint64(b, r.ChunkLen)
+	b = binary.LittleEndian.AppendUint64(b, r.DataOff)
+	b = binary.LittleEndian.AppendUint64(b, r.DataLen)
+	b = binary.LittleEndian.AppendUint32(b, r.BlockSize)
+	b = append(b, 0, 0, 0, 0)
+	for _, c := range crcs {
+		b = binary.LittleEndian.AppendUint32(b, c)
+	}
+	return append(b, msg...)
+}
+
+// AppendStatus encodes a reply that carries only a status and text.
+func AppendStatus(b []byte, s Status, msg string) []byte {
+	return AppendReply(b, &Reply{Status: s}, nil, msg)
+}
+
+// StatusOf maps an error to the status a reply should carry.
+func StatusOf(err error) Status {
+	var we *Error
+	if errors.As(err, &we) {
+		return we.Status
+	}
+	return StatusIO
+}
+
+// ParseReply decodes a reply.
+func ParseReply(b []byte, r *Reply) error {
+	if len(b) < replyFixed {
+		return malformed("reply of %d bytes, need %d", len(b), replyFixed)
+	}
+	if Op(b[0]) != OpReply {
+		return malformed("op %d is not reply", b[0])
+	}
+	r.Status = Status(b[1])
+	if r.Status > statusMax {
+		return malformed("unknown status %d", b[1])
+	}
+	msgLen := int(binary.LittleEndian.Uint16(b[2:]))
+	n := int(binary.LittleEndian.Uint32(b[4:]))
+	r.Version = binary.LittleEndian.Uint64(b[8:])
+	r.ChunkLen = binary.LittleEndian.Uint64(b[16:])
+	r.DataOff = binary.LittleEndian.Uint64(b[24:])
+	r.DataLen = binary.LittleEndian.Uint64(b[32:])
+	r.BlockSize = binary.LittleEndian.Uint32(b[40:])
+	if msgLen > MaxMsg {
+		return malformed("reply text of %d bytes", msgLen)
+	}
+	if binary.LittleEndian.Uint32(b[44:]) != 0 {
+		return malformed("reserved bytes set")
+	}
+	rest := b[replyFixed:]
+	if n > len(rest)/4 || 4*n+msgLen != len(rest) {
+		return malformed("reply with %d checksums and %d text bytes in %d bytes", n, msgLen, len(rest))
+	}
+	r.CRCs = rest[:4*n]
+	r.Msg = rest[4*n:]
+	if r.DataOff+r.DataLen < r.DataOff {
+		return malformed("data range overflows")
+	}
+	return nil
+}

@@ -1,0 +1,274 @@
+// Package wire defines the DFS headers carried in the first packet of a
+// fabric message (seed 000 §III: DFS header + write or read request
+// header): the write request header (WRH) with its capability, strategy,
+// rank and replica coordinates; the read request header (RRH); and the
+// reply every request gets. Decoders check every length against the
+// packet and never allocate: variable parts alias the packet's bytes.
+//
+// All integers are little endian. Every header starts with the op byte,
+// which is also the engine's message class.
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/sluicefs/sluice/internal/ids"
+)
+
+// Op is the first byte of every header: the message class.
+type Op uint8
+
+const (
+	OpWrite Op = 1
+	OpRead  Op = 2
+	OpReply Op = 3
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpWrite:
+		return "write"
+	case OpRead:
+		return "read"
+	case OpReply:
+		return "reply"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Strategy says how a write is replicated from this node on.
+type Strategy uint8
+
+const (
+	// StrategyRing forwards each packet to the replica of the next rank.
+	StrategyRing Strategy = 1
+)
+
+func (s Strategy) String() string {
+	switch s {
+	case StrategyRing:
+		return "ring"
+	}
+	return fmt.Sprintf("strategy(%d)", uint8(s))
+}
+
+// MaxAddrs bounds the replica coordinates a header carries.
+const MaxAddrs = 32
+
+// MaxAddrLen bounds one address (host:port).
+const MaxAddrLen = 255
+
+// ErrMalformed marks a header that does not parse.
+var ErrMalformed = errors.New("wire: malformed header")
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
+}
+
+// Addrs is a list of replica addresses aliasing a packet: each entry is a
+// length byte and the address bytes.
+type Addrs struct {
+	raw []byte
+	n   int
+}
+
+// Len is the number of addresses.
+func (a Addrs) Len() int { return a.n }
+
+// At returns address i as bytes aliasing the packet (no allocation).
+func (a Addrs) At(i int) []byte {
+	b := a.raw
+	for ; i > 0; i-- {
+		b = b[1+int(b[0]):]
+	}
+	return b[1 : 1+int(b[0])]
+}
+
+// Raw is the encoded list (to forward it unchanged).
+func (a Addrs) Raw() []byte { return a.raw }
+
+func parseAddrs(b []byte, n int) (Addrs, int, error) {
+	off := 0
+	for i := 0; i < n; i++ {
+		if off >= len(b) {
+			return Addrs{}, 0, malformed("replica address %d missing", i)
+		}
+		l := int(b[off])
+		if l == 0 || off+1+l > len(b) {
+			return Addrs{}, 0, malformed("replica address %d has bad length %d", i, l)
+		}
+		off += 1 + l
+	}
+	return Addrs{raw: b[:off], n: n}, off, nil
+}
+
+// AppendAddrs encodes addresses.
+func AppendAddrs(b []byte, addrs []string) ([]byte, error) {
+	if len(addrs) > MaxAddrs {
+		return b, fmt.Errorf("wire: %d replica addresses, at most %d", len(addrs), MaxAddrs)
+	}
+	for _, a := range addrs {
+		if len(a) == 0 || len(a) > MaxAddrLen {
+			return b, fmt.Errorf("wire: replica address %q has bad length", a)
+		}
+		b = append(b, byte(len(a)))
+		b = append(b, a...)
+	}
+	return b, nil
+}
+
+// ---- write request header ----
+
+const writeFixed = 40
+
+// WriteHeader is the WRH: write Len bytes at Off of Chunk. The data
+// follows in the message's data packets.
+type WriteHeader struct {
+	Strategy Strategy
+	Rank     uint8 // this node's position in the replica chain
+	Chunk    ids.ChunkID
+	Off      uint64
+	Len      uint64
+	// Version is the version this write commits as. Clients send 0; the
+	// rank-0 replica assigns the chunk's next version and forwards it, so
+	// every replica applies writes in the same order (see policy).
+	Version uint64
+	Cap     []byte // encoded capability
+	Addrs   Addrs  // replica coordinates in chain order, one per replica
+}
+
+// AppendWrite encodes h; addrs are the replica coordinates.
+func AppendWrite(b []byte, h *WriteHeader, addrs []string) ([]byte, error) {
+	if len(h.Cap) > 0xffff {
+		return b, fmt.Errorf("wire: capability of %d bytes", len(h.Cap))
+	}
+	b = append(b, byte(OpWrite), byte(h.Strategy), h.Rank, byte(len(addrs)))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
+	b = append(b, 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
+	b = binary.LittleEndian.AppendUint64(b, h.Off)
+	b = binary.LittleEndian.AppendUint64(b, h.Len)
+	b = binary.LittleEndian.AppendUint64(b, h.Version)
+	b = append(b, h.Cap...)
+	return AppendAddrs(b, addrs)
+}
+
+// AppendForward encodes h for the next hop: same fields, the given rank
+// and version, and the same raw address list.
+func AppendForward(b []byte, h *WriteHeader, rank uint8, version uint64) []byte {
+	b = append(b, byte(OpWrite), byte(h.Strategy), rank, byte(h.Addrs.n))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
+	b = append(b, 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
+	b = binary.LittleEndian.AppendUint64(b, h.Off)
+	b = binary.LittleEndian.AppendUint64(b, h.Len)
+	b = binary.LittleEndian.AppendUint64(b, version)
+	b = append(b, h.Cap...)
+	return append(b, h.Addrs.raw...)
+}
+
+// ParseWrite decodes a WRH; the whole packet must be the header.
+func ParseWrite(b []byte, h *WriteHeader) error {
+	if len(b) < writeFixed {
+		return malformed("write header of %d bytes, need %d", len(b), writeFixed)
+	}
+	if Op(b[0]) != OpWrite {
+		return malformed("op %d is not write", b[0])
+	}
+	if b[6] != 0 || b[7] != 0 {
+		return malformed("reserved bytes set")
+	}
+	h.Strategy = Strategy(b[1])
+	h.Rank = b[2]
+	n := int(b[3])
+	capLen := int(binary.LittleEndian.Uint16(b[4:]))
+	h.Chunk = ids.ChunkID(binary.LittleEndian.Uint64(b[8:]))
+	h.Off = binary.LittleEndian.Uint64(b[16:])
+	h.Len = binary.LittleEndian.Uint64(b[24:])
+	h.Version = binary.LittleEndian.Uint64(b[32:])
+	if n == 0 || n > MaxAddrs {
+		return malformed("%d replica addresses", n)
+	}
+	if int(h.Rank) >= n {
+		return malformed("rank %d with %d replicas", h.Rank, n)
+	}
+	if h.Off+h.Len < h.Off {
+		return malformed("range overflows")
+	}
+	rest := b[writeFixed:]
+	if len(rest) < capLen {
+		return malformed("capability of %d bytes truncated", capLen)
+	}
+	h.Cap = rest[:capLen]
+	var used int
+	var err error
+	if h.Addrs, used, err = parseAddrs(rest[capLen:], n); err != nil {
+		return err
+	}
+	if capLen+used != len(rest) {
+		return malformed("%d trailing bytes", len(rest)-capLen-used)
+	}
+	return nil
+}
+
+// ---- read request header ----
+
+const readFixed = 48
+
+// ReadHeader is the RRH: read Len bytes at Off of Chunk. If RegionKey is
+// non-zero the node places the data with one-sided WRITEs into the
+// requester's region at RegionOff (direct placement, no copy through the
+// message stream) before replying; otherwise the data follows the reply.
+type ReadHeader struct {
+	Chunk     ids.ChunkID
+	Off       uint64
+	Len       uint64
+	RegionKey uint64
+	RegionOff uint64
+	Cap       []byte
+}
+
+// AppendRead encodes h.
+func AppendRead(b []byte, h *ReadHeader) ([]byte, error) {
+	if len(h.Cap) > 0xffff {
+		return b, fmt.Errorf("wire: capability of %d bytes", len(h.Cap))
+	}
+	b = append(b, byte(OpRead), 0, 0, 0)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
+	b = append(b, 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
+	b = binary.LittleEndian.AppendUint64(b, h.Off)
+	b = binary.LittleEndian.AppendUint64(b, h.Len)
+	b = binary.LittleEndian.AppendUint64(b, h.RegionKey)
+	b = binary.LittleEndian.AppendUint64(b, h.RegionOff)
+	return append(b, h.Cap...), nil
+}
+
+// ParseRead decodes an RRH.
+func ParseRead(b []byte, h *ReadHeader) error {
+	if len(b) < readFixed {
+		return malformed("read header of %d bytes, need %d", len(b), readFixed)
+	}
+	if Op(b[0]) != OpRead {
+		return malformed("op %d is not read", b[0])
+	}
+	if b[1] != 0 || b[2] != 0 || b[3] != 0 || b[6] != 0 || b[7] != 0 {
+		return malformed("reserved bytes set")
+	}
+	capLen := int(binary.LittleEndian.Uint16(b[4:]))
+	h.Chunk = ids.ChunkID(binary.LittleEndian.Uint64(b[8:]))
+	h.Off = binary.LittleEndian.Uint64(b[16:])
+	h.Len = binary.LittleEndian.Uint64(b[24:])
+	h.RegionKey = binary.LittleEndian.Uint64(b[32:])
+	h.RegionOff = binary.LittleEndian.Uint64(b[40:])
+	if h.Off+h.Len < h.Off {
+		return malformed("range overflows")
+	}
+	if len(b)-readFixed != capLen {
+		return malformed("capability length %d, %d bytes left", capLen, len(b)-readFixed)
+	}
+	h.Cap = b[readFixed:]
+	return nil
+}

@@ -1,0 +1,121 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func TestWriteRoundTrip(t *testing.T) {
+	h := WriteHeader{Strategy: StrategyRing, Rank: 1, Chunk: 99, Off: 4096, Len: 1 << 20, Version: 7, Cap: []byte("capability-bytes")}
+	addrs := []string{"127.0.0.1:1", "127.0.0.1:22", "[::1]:333"}
+	b, err := AppendWrite(nil, &h, addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got WriteHeader
+	if err := ParseWrite(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Strategy != h.Strategy || got.Rank != 1 || got.Chunk != 99 || got.Off != 4096 || got.Len != 1<<20 || got.Version != 7 || !bytes.Equal(got.Cap, h.Cap) {
+		t.Fatalf("got %+v", got)
+	}
+	for i, a := range addrs {
+		if string(got.Addrs.At(i)) != a {
+			t.Fatalf("addr %d = %q", i, got.Addrs.At(i))
+		}
+	}
+	fwd := AppendForward(nil, &got, 2, 8)
+	var next WriteHeader
+	if err := ParseWrite(fwd, &next); err != nil {
+		t.Fatal(err)
+	}
+	if next.Rank != 2 || next.Version != 8 || string(next.Addrs.At(2)) != addrs[2] {
+		t.Fatalf("forwarded header %+v", next)
+	}
+	// Every truncation fails cleanly.
+	for i := 0; i < len(b); i++ {
+		if err := ParseWrite(b[:i], &got); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("truncated to %d: %v", i, err)
+		}
+	}
+	if err := ParseWrite(append(b, 0), &got); !errors.Is(err, ErrMalformed) {
+		t.Fatal("trailing byte accepted")
+	}
+}
+
+func TestReadRoundTrip(t *testing.T) {
+	h := ReadHeader{Chunk: 5, Off: 1, Len: 2, RegionKey: 3, RegionOff: 4, Cap: []byte("cap")}
+	b, _ := AppendRead(nil, &h)
+	var got ReadHeader
+	if err := ParseRead(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Chunk != 5 || got.Off != 1 || got.Len != 2 || got.RegionKey != 3 || got.RegionOff != 4 || string(got.Cap) != "cap" {
+		t.Fatalf("got %+v", got)
+	}
+	for i := 0; i < len(b); i++ {
+		if err := ParseRead(b[:i], &got); err == nil {
+			t.Fatalf("truncated to %d accepted", i)
+		}
+	}
+}
+
+func TestReplyRoundTrip(t *testing.T) {
+	r := Reply{Status: StatusStale, Version: 3, ChunkLen: 100, DataOff: 16384, DataLen: 50, BlockSize: 16384}
+	b := AppendReply(nil, &r, []uint32{1, 0xdeadbeef}, "have 2 want 3")
+	var got Reply
+	if err := ParseReply(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != StatusStale || got.Version != 3 || got.ChunkLen != 100 || got.DataOff != 16384 || got.DataLen != 50 || got.BlockSize != 16384 {
+		t.Fatalf("got %+v", got)
+	}
+	if got.NCRC() != 2 || got.CRC(1) != 0xdeadbeef || string(got.Msg) != "have 2 want 3" {
+		t.Fatalf("crcs/msg wrong: %+v", got)
+	}
+	var we *Error
+	if err := got.Err(); !errors.As(err, &we) || we.Status != StatusStale {
+		t.Fatalf("Err() = %v", err)
+	}
+	long := AppendStatus(nil, StatusIO, string(make([]byte, 2*MaxMsg)))
+	if err := ParseReply(long, &got); err != nil || len(got.Msg) != MaxMsg {
+		t.Fatalf("long text not truncated: %v %d", err, len(got.Msg))
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	w, _ := AppendWrite(nil, &WriteHeader{Strategy: StrategyRing, Cap: []byte("c")}, []string{"a:1", "b:2"})
+	r, _ := AppendRead(nil, &ReadHeader{Cap: []byte("c")})
+	f.Add(w)
+	f.Add(r)
+	f.Add(AppendReply(nil, &Reply{}, []uint32{1}, "x"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var wh WriteHeader
+		if ParseWrite(b, &wh) == nil {
+			for i := 0; i < wh.Addrs.Len(); i++ {
+				if len(wh.Addrs.At(i)) == 0 {
+					t.Fatal("empty address accepted")
+				}
+			}
+			re := AppendForward(nil, &wh, wh.Rank, wh.Version)
+			if !bytes.Equal(re, b) {
+				t.Fatal("write header does not re-encode identically")
+			}
+		}
+		var rh ReadHeader
+		if ParseRead(b, &rh) == nil {
+			re, _ := AppendRead(nil, &rh)
+			if !bytes.Equal(re, b) {
+				t.Fatal("read header does not re-encode identically")
+			}
+		}
+		var rp Reply
+		if ParseReply(b, &rp) == nil {
+			_ = rp.NCRC()
+			if rp.NCRC() > 0 {
+				_ = rp.CRC(rp.NCRC() - 1)
+			}
+		}
+	})
+}
