@@ -141,6 +141,10 @@ func (c *Conn) Close() error {
 	return nil
 }
 
+// CloseWithError closes the connection, recording why; handlers see the
+// reason in Closed.
+func (c *Conn) CloseWithError(err error) { c.fail(err) }
+
 // Wait blocks until the reader goroutine has exited (after Close or a
 // failure), so no handler or READ placement runs any more.
 func (c *Conn) Wait() { <-c.readerDone }
@@ -170,10 +174,11 @@ func (c *Conn) readLoop() {
 	var err error
 	defer func() {
 		c.fail(err)
+		reason := c.err // the first cause, e.g. a CloseWithError reason
 		if c.inMsg {
-			err = fmt.Errorf("connection ended mid-message %d: %w", c.inID, err)
+			reason = fmt.Errorf("connection ended mid-message %d: %w", c.inID, reason)
 		}
-		c.handler.Closed(c, err)
+		c.handler.Closed(c, reason)
 		close(c.readerDone)
 	}()
 	var hb [HeaderSize]byte

@@ -1,0 +1,389 @@
+// Package engine is the storage node's software SmartNIC, after sPIN
+// (seed 000 §II–III): execution contexts that match a message class and
+// run a header handler on the first packet, a payload handler on every
+// data packet, a completion handler after the last one, and a cleanup
+// handler when a request is abandoned mid-message. Handlers run on a
+// fixed pool of workers (the HPUs). In-flight requests live in a bounded
+// request table; when it is full, a new request is refused at once with a
+// retryable NACK — never queued without bound.
+//
+// Scheduling: every request is bound to one worker when its header
+// arrives, and all its packets run there in arrival order, like flow
+// affinity (RSS) on a NIC. That gives sPIN's guarantees (header before
+// payload, completion after every payload) without locks on the per-packet
+// path, and spreads different requests over the workers. Workers never
+// block on the network: policies that send (forwarding, replies) hand the
+// bytes to a sender, so one slow peer cannot stall unrelated requests.
+//
+// The engine talks to the host side only through the handlers it is given
+// (which place data in the store) and an event callback.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// Handlers is an execution context's handler set.
+type Handlers struct {
+	// Header runs on the header packet: validate, set r.State. An error
+	// refuses the request: the engine replies with the error's status and
+	// drops the rest of the message.
+	Header func(r *Request, hdr []byte) error
+	// Payload runs on every data packet, in order. The engine releases p
+	// after it returns; Retain it to keep it longer. An error aborts the
+	// request: the engine replies with it and runs Cleanup.
+	Payload func(r *Request, p *fabric.Packet) error
+	// Completion runs after the last packet's payload handler (or after
+	// Header for a header-only message). It must eventually call
+	// r.Finish, from any goroutine; the table entry is held until then.
+	Completion func(r *Request)
+	// Cleanup runs when an accepted request ends before its last packet:
+	// its client went silent or disconnected, or Payload failed. It frees
+	// the policy's state (aborts the store write, the forward).
+	Cleanup func(r *Request, reason error)
+}
+
+// Context is an execution context: the handlers for one message class.
+type Context struct {
+	Name  string
+	Class wire.Op
+	Handlers
+}
+
+// Options configure an engine.
+type Options struct {
+	// Workers is the number of handler workers. Default GOMAXPROCS.
+	Workers int
+	// TableSize bounds in-flight requests. Default 1024.
+	TableSize int
+	// QueueDepth is each worker's task queue. Default 1024.
+	QueueDepth int
+	// IdleTimeout: a request that receives no packet for this long
+	// mid-message is cleaned up and its connection closed. Default 10s.
+	IdleTimeout time.Duration
+	// OnEvent receives events for the host side; it must not block.
+	OnEvent func(Event)
+	Logger  *slog.Logger
+}
+
+// EventKind classifies events raised to the host side.
+type EventKind int
+
+const (
+	// EventAborted: an accepted request was cleaned up before completing.
+	EventAborted EventKind = iota + 1
+	// EventRefused: a request was refused by its header handler.
+	EventRefused
+	// EventTableFull: a request was refused because the table was full.
+	EventTableFull
+	// EventUnknownClass: a message of a class no context handles.
+	EventUnknownClass
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventAborted:
+		return "aborted"
+	case EventRefused:
+		return "refused"
+	case EventTableFull:
+		return "table-full"
+	case EventUnknownClass:
+		return "unknown-class"
+	}
+	return fmt.Sprintf("event(%d)", int(k))
+}
+
+// Event is raised to the host side.
+type Event struct {
+	Kind    EventKind
+	Context string
+	ID      uint64
+	Peer    string
+	Reason  error
+}
+
+// Stats are counters since start.
+type Stats struct {
+	Accepted, Completed, Refused, RefusedBusy, Aborted, UnknownClass uint64
+	InFlight, TableSize                                              int
+}
+
+// Engine dispatches packets to handlers. It is a fabric.Handler.
+type Engine struct {
+	opts     Options
+	contexts [256]*Context
+	table    table
+	workers  []*worker
+	next     atomic.Uint32
+	clock    atomic.Int64 // coarse time for idleness, updated by the sweeper
+	stop     chan struct{}
+	wg       sync.WaitGroup
+
+	accepted, completed, refused, refusedBusy, aborted, unknown atomic.Uint64
+}
+
+// New starts an engine with the given execution contexts.
+func New(opts Options, contexts ...*Context) (*Engine, error) {
+	if opts.Workers <= 0 {
+		opts.Workers = runtime.GOMAXPROCS(0)
+	}
+	if opts.TableSize <= 0 {
+		opts.TableSize = 1024
+	}
+	if opts.QueueDepth <= 0 {
+		opts.QueueDepth = 1024
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.OnEvent == nil {
+		opts.OnEvent = func(Event) {}
+	}
+	e := &Engine{opts: opts, stop: make(chan struct{})}
+	for _, c := range contexts {
+		if e.contexts[c.Class] != nil {
+			return nil, fmt.Errorf("engine: two contexts for class %v", c.Class)
+		}
+		if c.Header == nil || c.Completion == nil {
+			return nil, fmt.Errorf("engine: context %s needs header and completion handlers", c.Name)
+		}
+		e.contexts[c.Class] = c
+	}
+	e.table.init(e, opts.TableSize)
+	e.clock.Store(time.Now().UnixNano())
+	for i := 0; i < opts.Workers; i++ {
+		w := &worker{e: e, q: make(chan task, opts.QueueDepth)}
+		e.workers = append(e.workers, w)
+		e.wg.Add(1)
+		go w.run()
+	}
+	e.wg.Add(1)
+	go e.sweep()
+	return e, nil
+}
+
+// Close stops the workers and the sweeper. Connections must be closed
+// first (their Closed callbacks still need the workers).
+func (e *Engine) Close() {
+	close(e.stop)
+	for _, w := range e.workers {
+		close(w.q)
+	}
+	e.wg.Wait()
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	return Stats{
+		Accepted: e.accepted.Load(), Completed: e.completed.Load(), Refused: e.refused.Load(),
+		RefusedBusy: e.refusedBusy.Load(), Aborted: e.aborted.Load(), UnknownClass: e.unknown.Load(),
+		InFlight: e.table.inUse(), TableSize: e.opts.TableSize,
+	}
+}
+
+func (e *Engine) event(ev Event) { e.opts.OnEvent(ev) }
+
+// ---- dispatch (on each connection's reader goroutine) ----
+
+// connState is the engine's per-connection state: the message being
+// received, or that the rest of a refused message is being dropped.
+type connState struct {
+	cur     *Request
+	discard bool
+}
+
+// HandlePacket implements fabric.Handler.
+func (e *Engine) HandlePacket(p *fabric.Packet) {
+	cs, _ := p.Conn.Local.(*connState)
+	if cs == nil {
+		cs = &connState{}
+		p.Conn.Local = cs
+	}
+	if p.First() {
+		e.start(cs, p)
+		return
+	}
+	if cs.discard {
+		if p.Last() {
+			cs.discard = false
+		}
+		p.Release()
+		return
+	}
+	r := cs.cur
+	r.lastActive.Store(e.clock.Load())
+	if p.Last() {
+		cs.cur = nil
+	}
+	r.worker.q <- task{r: r, p: p, kind: taskPayload}
+}
+
+func (e *Engine) start(cs *connState, p *fabric.Packet) {
+	last := p.Last()
+	refuse := func(s wire.Status, msg string) {
+		p.Conn.Post(p.ID, wire.AppendStatus(nil, s, msg))
+		p.Release()
+		cs.discard = !last
+	}
+	if len(p.Data) == 0 {
+		refuse(wire.StatusBadRequest, "empty header packet")
+		return
+	}
+	ctx := e.contexts[p.Data[0]]
+	if ctx == nil {
+		e.unknown.Add(1)
+		e.event(Event{Kind: EventUnknownClass, ID: p.ID, Peer: peer(p.Conn), Reason: fmt.Errorf("message class %d", p.Data[0])})
+		refuse(wire.StatusUnknownOp, fmt.Sprintf("no handler for message class %d", p.Data[0]))
+		return
+	}
+	w := e.workers[int(e.next.Add(1))%len(e.workers)]
+	r := e.table.alloc(p.Conn, p.ID, ctx, w)
+	if r == nil {
+		e.refusedBusy.Add(1)
+		e.event(Event{Kind: EventTableFull, Context: ctx.Name, ID: p.ID, Peer: peer(p.Conn)})
+		refuse(wire.StatusBusy, fmt.Sprintf("request table full (%d entries)", e.opts.TableSize))
+		return
+	}
+	e.accepted.Add(1)
+	if !last {
+		cs.cur = r
+	}
+	w.q <- task{r: r, p: p, kind: taskHeader}
+}
+
+// Closed implements fabric.Handler: a request cut off mid-message is
+// aborted on its worker, after the packets already queued.
+func (e *Engine) Closed(c *fabric.Conn, err error) {
+	cs, _ := c.Local.(*connState)
+	if cs == nil || cs.cur == nil {
+		return
+	}
+	r := cs.cur
+	cs.cur = nil
+	if err == nil {
+		err = errors.New("connection closed")
+	}
+	r.worker.q <- task{r: r, kind: taskAbort, reason: err}
+}
+
+func peer(c *fabric.Conn) string { return c.RemoteAddr().String() }
+
+// ---- workers ----
+
+type taskKind uint8
+
+const (
+	taskHeader taskKind = iota + 1
+	taskPayload
+	taskAbort
+)
+
+type task struct {
+	r      *Request
+	p      *fabric.Packet
+	kind   taskKind
+	reason error
+}
+
+type worker struct {
+	e *Engine
+	q chan task
+}
+
+func (w *worker) run() {
+	defer w.e.wg.Done()
+	for t := range w.q {
+		w.do(t)
+	}
+}
+
+func (w *worker) do(t task) {
+	r := t.r
+	switch t.kind {
+	case taskHeader:
+		last := t.p.Last()
+		err := r.ctx.Header(r, t.p.Data)
+		t.p.Release()
+		if err != nil {
+			r.refuse(err)
+			if last {
+				r.free()
+			}
+			return
+		}
+		r.setPhase(phaseReceiving)
+		if last {
+			r.complete()
+		}
+	case taskPayload:
+		last := t.p.Last()
+		if r.getPhase() != phaseReceiving {
+			t.p.Release()
+			if last {
+				r.free()
+			}
+			return
+		}
+		var err error
+		if r.ctx.Payload != nil {
+			err = r.ctx.Payload(r, t.p)
+		} else {
+			err = wire.Errorf(wire.StatusBadRequest, "%s requests carry no data", r.ctx.Name)
+		}
+		t.p.Release()
+		if err != nil {
+			r.fail(err)
+			if last {
+				r.free()
+			}
+			return
+		}
+		if last {
+			r.complete()
+		}
+	case taskAbort:
+		if r.getPhase() == phaseReceiving {
+			r.e.aborted.Add(1)
+			if r.ctx.Cleanup != nil {
+				r.ctx.Cleanup(r, t.reason)
+			}
+			r.e.event(Event{Kind: EventAborted, Context: r.ctx.Name, ID: r.ID, Peer: peer(r.Conn), Reason: t.reason})
+		}
+		if r.getPhase() != phaseCompleting {
+			r.free()
+		}
+	}
+}
+
+// sweep advances the coarse clock and closes connections whose current
+// request has been idle too long; the close aborts the request.
+func (e *Engine) sweep() {
+	defer e.wg.Done()
+	tick := time.NewTicker(max(e.opts.IdleTimeout/8, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case now := <-tick.C:
+			e.clock.Store(now.UnixNano())
+			limit := now.Add(-e.opts.IdleTimeout).UnixNano()
+			for _, c := range e.table.idle(limit) {
+				c.CloseWithError(fmt.Errorf("request idle for more than %s mid-message", e.opts.IdleTimeout))
+			}
+		}
+	}
+}
