@@ -1,0 +1,22 @@
+package store
+
+import "errors"
+
+// Sentinel errors. The store wraps them with what it was doing; match them
+// with errors.Is.
+var (
+	// ErrBusy: another write on the chunk is open (or a delete is running).
+	// Retryable once it finishes.
+	ErrBusy = errors.New("chunk busy")
+	// ErrStale: the write's version is not the chunk's version + 1.
+	ErrStale = errors.New("stale version")
+	// ErrRange: an offset or length outside what the call allows.
+	ErrRange = errors.New("out of range")
+	// ErrIncomplete: Commit before every byte of the write was placed.
+	ErrIncomplete = errors.New("write incomplete")
+	// ErrCorrupt: stored data or metadata does not match its checksum or
+	// its expected shape.
+	ErrCorrupt = errors.New("corrupt")
+	// ErrClosed: the store, or the write, is closed.
+	ErrClosed = errors.New("closed")
+)

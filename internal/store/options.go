@@ -1,0 +1,46 @@
+package store
+
+import (
+	"fmt"
+	"log/slog"
+	"math/bits"
+)
+
+// Options configure a Store.
+type Options struct {
+	Dir          string       // data directory (created if missing)
+	BlockSize    int          // checksum block size; default 16384 (power of two, 4 KiB..1 MiB)
+	MaxChunkSize int64        // default 1 << 30; no write may end beyond it
+	Logger       *slog.Logger // default: discard
+}
+
+const (
+	defaultBlockSize    = 16 << 10
+	minBlockSize        = 4 << 10
+	maxBlockSize        = 1 << 20
+	defaultMaxChunkSize = 1 << 30
+)
+
+// withDefaults fills in zero fields and rejects values the store cannot use.
+func (o Options) withDefaults() (Options, error) {
+	if o.Dir == "" {
+		return o, fmt.Errorf("store: options: Dir is empty")
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = defaultBlockSize
+	}
+	if o.BlockSize < minBlockSize || o.BlockSize > maxBlockSize || bits.OnesCount(uint(o.BlockSize)) != 1 {
+		return o, fmt.Errorf("store: options: block size %d is not a power of two in [%d, %d]",
+			o.BlockSize, minBlockSize, maxBlockSize)
+	}
+	if o.MaxChunkSize == 0 {
+		o.MaxChunkSize = defaultMaxChunkSize
+	}
+	if o.MaxChunkSize < 0 {
+		return o, fmt.Errorf("store: options: negative max chunk size %d", o.MaxChunkSize)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o, nil
+}
