@@ -1,0 +1,286 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/policy"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// maxBlockSize is the largest checksum block a node may use; read
+// buffers leave this much slack on each side for block alignment.
+const maxBlockSize = 1 << 20
+
+// writePiece is how much of a write is queued before flushing to the
+// socket, and between checks for an early refusal.
+const writePiece = 1 << 20
+
+// replyTimeout bounds waiting for a node's reply after a request is sent.
+const replyTimeout = 2 * time.Minute
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// NodeError is a failure reported by (or talking to) a storage node.
+type NodeError struct {
+	Op   string
+	Addr string
+	Err  error
+}
+
+func (e *NodeError) Error() string { return fmt.Sprintf("%s at %s: %v", e.Op, e.Addr, e.Err) }
+func (e *NodeError) Unwrap() error { return e.Err }
+
+func statusOf(err error) (wire.Status, bool) {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return we.Status, true
+	}
+	return 0, false
+}
+
+// writeChunk writes data at chunk offset off of chunk l through its
+// replica ring and returns the version it committed as. It returns only
+// once every replica has the data durably. Busy answers (the node's
+// request table is full, or another write to the chunk is in progress)
+// are retried with backoff.
+func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int64, data []byte) (uint64, error) {
+	addrs := make([]string, len(l.Replicas))
+	for i, r := range l.Replicas {
+		addrs[i] = r.Addr
+	}
+	hdr, err := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: l.Chunk, Off: uint64(off), Len: uint64(len(data)), Cap: l.Cap}, addrs)
+	if err != nil {
+		return 0, err
+	}
+	head := addrs[0]
+	deadline := time.Now().Add(c.opts.BusyRetry)
+	backoff := time.Millisecond
+	for {
+		ver, err := c.sendWrite(ctx, head, hdr, data)
+		if s, ok := statusOf(err); ok && s.Retryable() && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(backoff + rand.N(backoff)):
+			}
+			backoff = min(2*backoff, 100*time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return 0, &NodeError{Op: fmt.Sprintf("write chunk %v", l.Chunk), Addr: head, Err: err}
+		}
+		return ver, nil
+	}
+}
+
+func (c *Client) sendWrite(ctx context.Context, addr string, hdr, data []byte) (uint64, error) {
+	pc, err := c.pool.Get(ctx, addr)
+	if err != nil {
+		return 0, err
+	}
+	id := pc.NewID()
+	replies := pc.Replies.Expect(id)
+	mw, err := pc.Begin(id, hdr, len(data) == 0)
+	if err != nil {
+		pc.Close()
+		return 0, err
+	}
+	for pos := 0; pos < len(data); {
+		select {
+		case p, ok := <-replies:
+			// The node answered before the end: a refusal. Its reason is
+			// what the caller needs; the unfinished message dies with the
+			// connection.
+			mw.Abort(errors.New("refused mid-message"))
+			_, rerr := parseReply(p, ok, pc)
+			if rerr == nil {
+				rerr = errors.New("node acknowledged an unfinished write")
+			}
+			return 0, rerr
+		default:
+		}
+		end := min(pos+writePiece, len(data))
+		if err := mw.Write(data[pos:end], end == len(data)); err != nil {
+			mw.Abort(err)
+			return 0, err
+		}
+		if err := mw.Flush(); err != nil {
+			mw.Abort(err)
+			return 0, err
+		}
+		pos = end
+	}
+	if err := mw.Close(); err != nil {
+		return 0, err
+	}
+	rep, err := c.awaitReply(ctx, pc, replies)
+	if err != nil {
+		return 0, err
+	}
+	return rep.Version, nil
+}
+
+// awaitReply waits for the reply to a request and returns the
+// connection to the pool when the exchange ended cleanly.
+func (c *Client) awaitReply(ctx context.Context, pc *fabric.PeerConn, replies <-chan *fabric.Packet) (wire.Reply, error) {
+	t := time.NewTimer(replyTimeout)
+	defer t.Stop()
+	select {
+	case p, ok := <-replies:
+		rep, err := parseReply(p, ok, pc)
+		if ok {
+			c.pool.Put(pc)
+		}
+		return rep, err
+	case <-ctx.Done():
+		pc.Close()
+		pc.Wait()
+		return wire.Reply{}, ctx.Err()
+	case <-t.C:
+		pc.Close()
+		pc.Wait()
+		return wire.Reply{}, fmt.Errorf("no reply within %s", replyTimeout)
+	}
+}
+
+// parseReply decodes a reply packet (copying what outlives it).
+func parseReply(p *fabric.Packet, ok bool, pc *fabric.PeerConn) (wire.Reply, error) {
+	if !ok {
+		err := pc.Err()
+		if err == nil {
+			err = fabric.ErrClosed
+		}
+		return wire.Reply{}, fmt.Errorf("connection lost: %w", err)
+	}
+	defer p.Release()
+	var r wire.Reply
+	if err := wire.ParseReply(p.Data, &r); err != nil {
+		return r, err
+	}
+	if err := r.Err(); err != nil {
+		return wire.Reply{Status: r.Status}, err
+	}
+	r.CRCs = append([]byte(nil), r.CRCs...)
+	r.Msg = nil
+	return r, nil
+}
+
+// piece is verified chunk data sitting in a registered buffer.
+type piece struct {
+	region *fabric.Region
+	data   []byte // the requested bytes (zeros where the chunk is short)
+}
+
+// maxReadLen is the largest read request this client sends: its reply's
+// checksums must fit one packet.
+func (c *Client) maxReadLen() int {
+	blocks := policy.MaxReadBlocks(c.opts.MTU) - 2
+	return min(c.opts.ReadReq, blocks*int(minAssumedBlock))
+}
+
+// minAssumedBlock is the smallest block size a store accepts; sizing read
+// requests with it keeps their checksum list within a reply packet.
+const minAssumedBlock = 4096
+
+// readChunk reads [off, off+n) of chunk l, trying its replicas in turn
+// from replica first, and returns the verified bytes in a registered
+// buffer (release it with c.bufs.put(p.region)).
+func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n int64, first int) (piece, error) {
+	var errs []error
+	for i := range l.Replicas {
+		r := l.Replicas[(first+i)%len(l.Replicas)]
+		p, err := c.readReplica(ctx, r.Addr, l, off, n)
+		if err == nil {
+			return p, nil
+		}
+		if ctx.Err() != nil {
+			return piece{}, ctx.Err()
+		}
+		c.log.Debug("read from replica failed, trying the next", "chunk", l.Chunk, "node", r.Node, "addr", r.Addr, "err", err)
+		errs = append(errs, &NodeError{Op: fmt.Sprintf("read chunk %v", l.Chunk), Addr: r.Addr, Err: err})
+	}
+	return piece{}, fmt.Errorf("no replica of chunk %v could be read: %w", l.Chunk, errors.Join(errs...))
+}
+
+// errStale: the replica has not seen the last committed write.
+var errStale = errors.New("replica is stale")
+
+func (c *Client) readReplica(ctx context.Context, addr string, l *metaapi.ChunkLayout, off, n int64) (piece, error) {
+	region := c.bufs.get()
+	ok := false
+	defer func() {
+		if !ok {
+			c.bufs.put(region)
+		}
+	}()
+	pc, err := c.pool.Get(ctx, addr)
+	if err != nil {
+		return piece{}, err
+	}
+	hdr, err := wire.AppendRead(nil, &wire.ReadHeader{Chunk: l.Chunk, Off: uint64(off), Len: uint64(n), RegionKey: region.Key(), Cap: l.Cap})
+	if err != nil {
+		return piece{}, err
+	}
+	id := pc.NewID()
+	replies := pc.Replies.Expect(id)
+	if err := pc.Send(id, hdr); err != nil {
+		pc.Close()
+		return piece{}, err
+	}
+	rep, err := c.awaitReply(ctx, pc, replies)
+	if err != nil {
+		return piece{}, err
+	}
+	if rep.Version < l.Version {
+		return piece{}, fmt.Errorf("%w: at version %d, the last committed write is %d", errStale, rep.Version, l.Version)
+	}
+	data, err := verify(region.Bytes(), &rep, off, n)
+	if err != nil {
+		return piece{}, err
+	}
+	if l.ZeroFrom > 0 && off+n > l.ZeroFrom {
+		// Bytes past a truncation point inside this chunk are stale.
+		clear(data[max(0, l.ZeroFrom-off):])
+	}
+	ok = true
+	return piece{region: region, data: data}, nil
+}
+
+// verify checks every block of a read reply against its checksum and
+// returns the requested bytes [off, off+n), zero-filled past the chunk's
+// end. buf holds the reply's data from its DataOff at offset 0.
+func verify(buf []byte, rep *wire.Reply, off, n int64) ([]byte, error) {
+	bs := int64(rep.BlockSize)
+	dOff, dLen := int64(rep.DataOff), int64(rep.DataLen)
+	switch {
+	case bs < minAssumedBlock || bs > maxBlockSize || bs&(bs-1) != 0:
+		return nil, fmt.Errorf("reply has block size %d", bs)
+	case dOff%bs != 0 || dOff > off || off-dOff >= bs:
+		return nil, fmt.Errorf("reply data starts at %d for a read at %d", dOff, off)
+	case dLen > int64(len(buf)) || dLen > off+n-dOff+bs:
+		return nil, fmt.Errorf("reply carries %d bytes for a read of %d", dLen, n)
+	case int64(rep.NCRC()) != (dLen+bs-1)/bs:
+		return nil, fmt.Errorf("reply has %d checksums for %d bytes", rep.NCRC(), dLen)
+	case dLen < n+off-dOff && dOff+dLen != int64(rep.ChunkLen):
+		return nil, fmt.Errorf("short reply (%d bytes) although the chunk has %d", dLen, rep.ChunkLen)
+	}
+	for i := 0; i < rep.NCRC(); i++ {
+		b := buf[int64(i)*bs : min(int64(i+1)*bs, dLen)]
+		if got := crc32.Checksum(b, crcTable); got != rep.CRC(i) {
+			return nil, fmt.Errorf("checksum mismatch in block at chunk offset %d: got %08x, stored %08x", dOff+int64(i)*bs, got, rep.CRC(i))
+		}
+	}
+	start := off - dOff
+	data := buf[start : start+n]
+	if have := dLen - start; have < n {
+		clear(data[max(have, 0):])
+	}
+	return data, nil
+}

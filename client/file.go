@@ -1,0 +1,477 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// File is an open regular file. Its size is the one seen at Open and
+// updated by this handle's own writes (close-to-open consistency: open
+// again to see other clients' writes). It is safe for concurrent use.
+type File struct {
+	c    *Client
+	path string
+
+	mu   sync.Mutex
+	attr metaapi.Attr
+}
+
+// Open opens an existing regular file for reading and writing.
+func (c *Client) Open(ctx context.Context, p string) (*File, error) {
+	a, err := c.Stat(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	switch a.Type {
+	case metaapi.TypeFile:
+	case metaapi.TypeDir:
+		return nil, pathErr("open", p, metaapi.Errorf(metaapi.EISDIR, "is a directory"))
+	default:
+		return nil, pathErr("open", p, metaapi.Errorf(metaapi.EINVAL, "not a regular file (%s)", a.Type))
+	}
+	return &File{c: c, path: p, attr: a}, nil
+}
+
+// Create creates p (or truncates it if it exists) and opens it.
+func (c *Client) Create(ctx context.Context, p string, mode uint32) (*File, error) {
+	return c.createFile(ctx, p, mode, false)
+}
+
+func (c *Client) createFile(ctx context.Context, p string, mode uint32, exclusive bool) (*File, error) {
+	a, err := c.create(ctx, p, metaapi.TypeFile, mode, "", exclusive)
+	if err != nil {
+		return nil, err
+	}
+	if a.Type != metaapi.TypeFile {
+		return nil, pathErr("create", p, metaapi.Errorf(metaapi.EISDIR, "exists and is a %s", a.Type))
+	}
+	f := &File{c: c, path: p, attr: a}
+	if a.Size > 0 {
+		if err := f.Truncate(ctx, 0); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// Attr returns the file's attributes as this handle knows them.
+func (f *File) Attr() metaapi.Attr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.attr
+}
+
+// Size is the file's size as this handle knows it.
+func (f *File) Size() int64 { return f.Attr().Size }
+
+// Close releases the handle. Writes are durable when WriteAt returns, so
+// there is nothing to flush.
+func (f *File) Close() error { return nil }
+
+// Truncate sets the file's size.
+func (f *File) Truncate(ctx context.Context, size int64) error {
+	var resp metaapi.AttrResp
+	err := f.c.meta.Call(ctx, metaapi.OpSetAttr, metaapi.SetAttrReq{Ino: f.attr.Ino, Size: &size, Who: f.c.who}, &resp)
+	if err != nil {
+		return pathErr("truncate", f.path, err)
+	}
+	f.c.layouts.drop(f.attr.Ino)
+	f.mu.Lock()
+	f.attr = resp.Attr
+	f.mu.Unlock()
+	return nil
+}
+
+// WriteAt writes p at off. It returns once the data is durable on every
+// replica and the new size is recorded.
+func (f *File) WriteAt(p []byte, off int64) (int, error) {
+	return f.WriteAtContext(context.Background(), p, off)
+}
+
+// WriteAtContext is WriteAt with a context.
+func (f *File) WriteAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, pathErr("write", f.path, metaapi.Errorf(metaapi.EINVAL, "negative offset"))
+	}
+	if off+int64(len(p)) > metaapi.MaxFileSize {
+		return 0, pathErr("write", f.path, metaapi.Errorf(metaapi.EFBIG, "write ends beyond the largest file size"))
+	}
+	var versions []metaapi.ChunkVersion
+	for done := 0; done < len(p); {
+		n, v, err := f.writeOne(ctx, p[done:], off+int64(done))
+		if err != nil {
+			return done, pathErr("write", f.path, err)
+		}
+		versions = append(versions, v)
+		done += n
+	}
+	if err := f.commit(ctx, off+int64(len(p)), versions); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// writeOne writes the front of p that fits in one chunk and one message.
+func (f *File) writeOne(ctx context.Context, p []byte, off int64) (int, metaapi.ChunkVersion, error) {
+	c := f.c
+	a := f.Attr()
+	cs := a.ChunkSize
+	idx, cOff := off/cs, off%cs
+	n := min(int64(len(p)), cs-cOff, int64(c.opts.WriteMsg))
+	for attempt := 0; ; attempt++ {
+		ls, _, err := c.chunkLayouts(ctx, a.Ino, cs, off, n, true)
+		if err != nil {
+			return 0, metaapi.ChunkVersion{}, err
+		}
+		l, ok := ls[idx]
+		if !ok {
+			return 0, metaapi.ChunkVersion{}, fmt.Errorf("meta returned no layout for chunk %d", idx)
+		}
+		if l.ZeroFrom > 0 && cOff > l.ZeroFrom {
+			// Stale bytes lie between the old truncation point and this
+			// write: overwrite them with zeros first.
+			if _, err := c.writeChunk(ctx, &l, l.ZeroFrom, make([]byte, cOff-l.ZeroFrom)); err != nil {
+				return 0, metaapi.ChunkVersion{}, err
+			}
+		}
+		ver, err := c.writeChunk(ctx, &l, cOff, p[:n])
+		if s, ok := statusOf(err); ok && s == wire.StatusAuth && attempt == 0 {
+			// The capability may have expired or the layout changed:
+			// ask meta again once.
+			c.layouts.dropChunk(a.Ino, idx)
+			continue
+		}
+		if err != nil {
+			return 0, metaapi.ChunkVersion{}, err
+		}
+		if l.ZeroFrom > 0 {
+			c.layouts.dropChunk(a.Ino, idx) // meta moves ZeroFrom on commit
+		} else {
+			c.layouts.setVersion(a.Ino, idx, ver)
+		}
+		return int(n), metaapi.ChunkVersion{Index: idx, Chunk: l.Chunk, Version: ver, End: cOff + n}, nil
+	}
+}
+
+func (f *File) commit(ctx context.Context, size int64, versions []metaapi.ChunkVersion) error {
+	var resp metaapi.AttrResp
+	req := metaapi.CommitReq{Ino: f.attr.Ino, Size: size, Chunks: versions, Mtime: time.Now().UnixNano(), Who: f.c.who}
+	if err := f.c.meta.Call(ctx, metaapi.OpCommit, req, &resp); err != nil {
+		return pathErr("write", f.path, fmt.Errorf("recording the write with meta: %w", err))
+	}
+	f.mu.Lock()
+	if resp.Attr.Size >= f.attr.Size {
+		f.attr = resp.Attr
+	}
+	f.mu.Unlock()
+	return nil
+}
+
+// ReadAt reads len(p) bytes at off (io.ReaderAt).
+func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	return f.ReadAtContext(context.Background(), p, off)
+}
+
+// ReadAtContext is ReadAt with a context. Pieces are fetched in parallel.
+func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, pathErr("read", f.path, metaapi.Errorf(metaapi.EINVAL, "negative offset"))
+	}
+	size := f.Size()
+	if off >= size {
+		if len(p) == 0 {
+			return 0, nil
+		}
+		return 0, io.EOF
+	}
+	n := min(int64(len(p)), size-off)
+	pieces := f.c.split(f.Attr().ChunkSize, off, n)
+	sem := make(chan struct{}, f.c.opts.Parallel)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for i, pc := range pieces {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := f.readPiece(ctx, pc, i, func(b []byte) { copy(p[pc.off-off:], b) })
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, pathErr("read", f.path, firstErr)
+	}
+	if n < int64(len(p)) {
+		return int(n), io.EOF
+	}
+	return int(n), nil
+}
+
+// span is a range of a file within one chunk, at most one read request.
+type span struct{ off, n int64 }
+
+func (c *Client) split(cs, off, n int64) []span {
+	var out []span
+	max := int64(c.maxReadLen())
+	for end := off + n; off < end; {
+		k := min(end-off, cs-off%cs, max)
+		out = append(out, span{off, k})
+		off += k
+	}
+	return out
+}
+
+// readPiece fetches one span and hands the verified bytes to use (the
+// slice is only valid during the call). Holes read as zeros.
+func (f *File) readPiece(ctx context.Context, s span, i int, use func([]byte)) error {
+	var data []byte
+	var release func()
+	if err := f.readPieceKeep(ctx, s, i, &data, &release); err != nil {
+		return err
+	}
+	use(data)
+	if release != nil {
+		release()
+	}
+	return nil
+}
+
+// Put stores everything read from r at p, replacing any file there. The
+// data goes to a hidden temporary file in the same directory which is
+// renamed over p only once all of it is durable: readers see the old
+// file or the whole new one, never a part.
+func (c *Client) Put(ctx context.Context, p string, r io.Reader, mode uint32) (int64, error) {
+	dir, name, err := split(p)
+	if err != nil {
+		return 0, err
+	}
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	tmpName := "." + name + ".sluice-put-" + hex.EncodeToString(rnd[:])
+	if len(tmpName) > metaapi.MaxNameLen {
+		tmpName = ".sluice-put-" + hex.EncodeToString(rnd[:])
+	}
+	tmp := path.Join(dir, tmpName)
+	f, err := c.createFile(ctx, tmp, mode, true)
+	if err != nil {
+		return 0, err
+	}
+	n, err := f.writeFrom(ctx, r)
+	if err == nil {
+		err = c.Rename(ctx, tmp, p)
+	}
+	if err != nil {
+		if rerr := c.Remove(context.WithoutCancel(ctx), tmp); rerr != nil && !IsNotExist(rerr) {
+			c.log.Warn("put: removing temporary file", "path", tmp, "err", rerr)
+		}
+		return n, pathErr("put", p, err)
+	}
+	return n, nil
+}
+
+// writeFrom writes r's content from offset 0, with one buffer being
+// filled while another is being written; writes to the same chunk are
+// serialised here rather than refused busy by the node.
+func (f *File) writeFrom(ctx context.Context, r io.Reader) (int64, error) {
+	c := f.c
+	cs := f.Attr().ChunkSize
+	depth := max(2, c.opts.Parallel/2)
+	type job struct {
+		off int64
+		buf []byte
+	}
+	free := make(chan []byte, depth)
+	for range depth {
+		free <- make([]byte, c.opts.WriteMsg)
+	}
+	jobs := make(chan job)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu       sync.Mutex
+		versions []metaapi.ChunkVersion
+		werr     error
+		wg       sync.WaitGroup
+		locks    sync.Map // chunk index -> *sync.Mutex
+	)
+	for range depth {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				lk, _ := locks.LoadOrStore(j.off/cs, new(sync.Mutex))
+				lk.(*sync.Mutex).Lock()
+				var v metaapi.ChunkVersion
+				var err error
+				for done := 0; done < len(j.buf) && err == nil; {
+					var n int
+					n, v, err = f.writeOne(ctx, j.buf[done:], j.off+int64(done))
+					done += n
+					if err == nil {
+						mu.Lock()
+						versions = append(versions, v)
+						mu.Unlock()
+					}
+				}
+				lk.(*sync.Mutex).Unlock()
+				if err != nil {
+					mu.Lock()
+					if werr == nil {
+						werr = err
+					}
+					mu.Unlock()
+					cancel()
+				}
+				free <- j.buf[:cap(j.buf)]
+			}
+		}()
+	}
+	var total int64
+	var rerr error
+	for ctx.Err() == nil {
+		var buf []byte
+		select {
+		case buf = <-free:
+		case <-ctx.Done():
+		}
+		if buf == nil {
+			break
+		}
+		// A message never crosses a chunk boundary.
+		want := min(int64(len(buf)), cs-total%cs)
+		n, err := io.ReadFull(r, buf[:want])
+		if n > 0 {
+			select {
+			case jobs <- job{off: total, buf: buf[:n]}:
+			case <-ctx.Done():
+			}
+			total += int64(n)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			rerr = fmt.Errorf("reading input: %w", err)
+			cancel()
+			break
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	switch {
+	case werr != nil:
+		return total, werr
+	case rerr != nil:
+		return total, rerr
+	case ctx.Err() != nil:
+		return total, ctx.Err()
+	}
+	return total, f.commit(ctx, total, versions)
+}
+
+// Get writes the content of file p to w, fetching pieces in parallel and
+// writing them in order. It returns the bytes written.
+func (c *Client) Get(ctx context.Context, p string, w io.Writer) (int64, error) {
+	f, err := c.Open(ctx, p)
+	if err != nil {
+		return 0, err
+	}
+	a := f.Attr()
+	if _, _, err := c.chunkLayouts(ctx, a.Ino, a.ChunkSize, 0, a.Size, false); err != nil {
+		return 0, pathErr("get", p, err)
+	}
+	type result struct {
+		data    []byte
+		release func()
+		err     error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pieces := c.split(a.ChunkSize, 0, a.Size)
+	queue := make(chan chan result, c.opts.Parallel)
+	go func() {
+		defer close(queue)
+		for i, s := range pieces {
+			ch := make(chan result, 1)
+			select {
+			case queue <- ch:
+			case <-ctx.Done():
+				return
+			}
+			go func() {
+				var res result
+				res.err = f.readPieceKeep(ctx, s, i, &res.data, &res.release)
+				ch <- res
+			}()
+		}
+	}()
+	var total int64
+	var firstErr error
+	for ch := range queue {
+		res := <-ch
+		if res.err == nil && firstErr == nil {
+			if _, err := w.Write(res.data); err != nil {
+				firstErr = fmt.Errorf("writing output: %w", err)
+				cancel()
+			}
+			total += int64(len(res.data))
+		} else if firstErr == nil {
+			firstErr = res.err
+			cancel()
+		}
+		if res.release != nil {
+			res.release()
+		}
+	}
+	if firstErr != nil {
+		return total, pathErr("get", p, firstErr)
+	}
+	return total, nil
+}
+
+// readPieceKeep is readPiece that keeps the buffer until release is called.
+func (f *File) readPieceKeep(ctx context.Context, s span, i int, data *[]byte, release *func()) error {
+	c := f.c
+	a := f.Attr()
+	cs := a.ChunkSize
+	idx := s.off / cs
+	for attempt := 0; ; attempt++ {
+		ls, _, err := c.chunkLayouts(ctx, a.Ino, cs, s.off, s.n, false)
+		if err != nil {
+			return err
+		}
+		l, ok := ls[idx]
+		if !ok {
+			*data = make([]byte, s.n)
+			return nil
+		}
+		pc, err := c.readChunk(ctx, &l, s.off%cs, s.n, i)
+		if err != nil {
+			if attempt == 0 && ctx.Err() == nil {
+				c.layouts.dropChunk(a.Ino, idx)
+				continue
+			}
+			return err
+		}
+		*data = pc.data
+		*release = func() { c.bufs.put(pc.region) }
+		return nil
+	}
+}

@@ -1,0 +1,329 @@
+// Package node runs a storage node: the chunk store (host side), the
+// handler engine with the DFS policies installed (the software SmartNIC),
+// the fabric endpoint clients and other nodes send to, and the control
+// loop that registers with meta, heartbeats, and deletes chunks meta has
+// released.
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/policy"
+	"github.com/sluicefs/sluice/internal/secret"
+	"github.com/sluicefs/sluice/internal/store"
+)
+
+// Options configure a storage node.
+type Options struct {
+	DataDir  string
+	MetaAddr string
+	Secret   secret.Secret
+	// Listen is the fabric address. Default 127.0.0.1:0.
+	Listen string
+	// Advertise is the address registered with meta. Default: the bound
+	// Listen address.
+	Advertise string
+	// Domain is the node's failure domain (rack, host...).
+	Domain string
+	Fabric fabric.Options
+	Engine engine.Options
+	// BlockSize is the checksum block size of a new store.
+	BlockSize int
+	Logger    *slog.Logger
+}
+
+// Node is a running storage node.
+type Node struct {
+	opts   Options
+	log    *slog.Logger
+	store  *store.Store
+	ep     *fabric.Endpoint
+	fwd    *fabric.Endpoint
+	pool   *fabric.Pool
+	eng    *engine.Engine
+	meta   *metaapi.Client
+	addr   string
+	id     atomic.Uint32 // ids.NodeID; 0 until registered
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	registered atomic.Bool
+	mu         sync.Mutex
+	deleted    []ids.ChunkID // deletions to report with the next heartbeat
+}
+
+type identity struct {
+	ID ids.NodeID `json:"id"`
+}
+
+const identityFile = "node.json"
+
+// Start opens the store, registers with meta (a new node waits for meta
+// to assign its id) and starts serving.
+func Start(ctx context.Context, opts Options) (*Node, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Listen == "" {
+		opts.Listen = "127.0.0.1:0"
+	}
+	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("node: creating data dir: %w", err)
+	}
+	n := &Node{opts: opts, log: opts.Logger}
+	id, err := loadIdentity(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	n.id.Store(uint32(id))
+	n.store, err = store.Open(store.Options{Dir: filepath.Join(opts.DataDir, "store"), BlockSize: opts.BlockSize, Logger: opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if err := n.serve(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	n.meta = metaapi.NewClient(opts.MetaAddr, metaapi.NodeAuth(opts.Secret.NodeToken()))
+	if n.ID() == 0 {
+		// A new node waits for its identity: capabilities name replicas
+		// by node id, so until then it can accept nothing anyway.
+		if err := n.register(ctx); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Add(1)
+	go n.controlLoop(lctx)
+	n.log.Info("storage node serving", "id", n.ID(), "addr", n.addr, "domain", opts.Domain, "meta", opts.MetaAddr)
+	return n, nil
+}
+
+func (n *Node) serve() error {
+	var err error
+	if n.ep, err = fabric.NewEndpoint(n.opts.Fabric); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if n.fwd, err = fabric.NewEndpoint(n.opts.Fabric); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	n.pool = fabric.NewPool(n.fwd, 64)
+	eopts := n.opts.Engine
+	eopts.Logger = n.log
+	eopts.OnEvent = n.onEvent
+	ctxs := policy.Contexts(policy.Deps{
+		Self:         n.ID,
+		Keys:         capability.NewKeyring(n.opts.Secret),
+		Store:        n.store,
+		Forward:      n.pool,
+		ForwardQuota: n.ep.Options().Quota,
+		Logger:       n.log,
+	})
+	if n.eng, err = engine.New(eopts, ctxs...); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	addr, err := n.ep.Listen(n.opts.Listen, n.eng)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	n.addr = addr.String()
+	if n.opts.Advertise == "" {
+		n.opts.Advertise = n.addr
+	}
+	return nil
+}
+
+func (n *Node) onEvent(ev engine.Event) {
+	switch ev.Kind {
+	case engine.EventAborted:
+		n.log.Info("request aborted", "context", ev.Context, "peer", ev.Peer, "reason", ev.Reason)
+	case engine.EventRefused:
+		n.log.Debug("request refused", "context", ev.Context, "peer", ev.Peer, "reason", ev.Reason)
+	case engine.EventTableFull:
+		n.log.Debug("request table full", "peer", ev.Peer)
+	case engine.EventUnknownClass:
+		n.log.Warn("message of unknown class", "peer", ev.Peer, "reason", ev.Reason)
+	}
+}
+
+// Addr is the node's fabric address.
+func (n *Node) Addr() string { return n.addr }
+
+// ID is the node's id (0 before its first registration).
+func (n *Node) ID() ids.NodeID { return ids.NodeID(n.id.Load()) }
+
+// Store is the node's chunk store (for tests and tools).
+func (n *Node) Store() *store.Store { return n.store }
+
+// Engine is the node's handler engine.
+func (n *Node) Engine() *engine.Engine { return n.eng }
+
+// Close stops the node.
+func (n *Node) Close() error {
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.wg.Wait()
+	if n.ep != nil {
+		n.ep.Close()
+	}
+	if n.fwd != nil {
+		n.pool.Close()
+		n.fwd.Close()
+	}
+	if n.eng != nil {
+		n.eng.Close()
+	}
+	if n.meta != nil {
+		n.meta.Close()
+	}
+	return n.store.Close()
+}
+
+func loadIdentity(dir string) (ids.NodeID, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, identityFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("node: reading identity: %w", err)
+	}
+	var id identity
+	if err := json.Unmarshal(raw, &id); err != nil || id.ID == 0 {
+		return 0, fmt.Errorf("node: %s is corrupt", filepath.Join(dir, identityFile))
+	}
+	return id.ID, nil
+}
+
+func saveIdentity(dir string, id ids.NodeID) error {
+	raw, _ := json.Marshal(identity{ID: id})
+	tmp := filepath.Join(dir, identityFile+".tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("node: saving identity: %w", err)
+	}
+	if _, err := f.Write(raw); err == nil {
+		err = f.Sync()
+	}
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("node: saving identity: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, identityFile))
+}
+
+func (n *Node) usage() (capacity, used, chunks int64) {
+	capacity, _ = n.store.Capacity()
+	used, chunks = n.store.Usage()
+	return
+}
+
+// register announces the node to meta, retrying until ctx ends.
+func (n *Node) register(ctx context.Context) error {
+	capacity, used, chunks := n.usage()
+	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: capacity, Used: used, Chunks: chunks}
+	var resp metaapi.RegisterResp
+	backoff := 100 * time.Millisecond
+	for {
+		err := n.meta.Call(ctx, metaapi.OpRegister, req, &resp)
+		if err == nil {
+			break
+		}
+		if metaapi.IsCode(err, metaapi.EAUTH) {
+			return fmt.Errorf("node: meta refused registration (wrong cluster secret?): %w", err)
+		}
+		n.log.Warn("registering with meta", "meta", n.opts.MetaAddr, "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node: registering with meta at %s: %w", n.opts.MetaAddr, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	if id := n.ID(); id != 0 && resp.ID != id {
+		return fmt.Errorf("node: meta assigned id %v but this node is %v", resp.ID, id)
+	}
+	if n.ID() == 0 {
+		if err := saveIdentity(n.opts.DataDir, resp.ID); err != nil {
+			return err
+		}
+		n.id.Store(uint32(resp.ID))
+	}
+	n.registered.Store(true)
+	return nil
+}
+
+// controlLoop heartbeats to meta and applies deletions. A node restarted
+// with a known id registers here, while it already serves.
+func (n *Node) controlLoop(ctx context.Context) {
+	defer n.wg.Done()
+	interval := time.Second
+	for {
+		if !n.registered.Load() {
+			if err := n.register(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				n.log.Error("registration failed", "err", err)
+			}
+		} else if err := n.heartbeat(ctx); err != nil && ctx.Err() == nil {
+			n.log.Warn("heartbeat to meta failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
+
+func (n *Node) heartbeat(ctx context.Context) error {
+	capacity, used, chunks := n.usage()
+	n.mu.Lock()
+	deleted := n.deleted
+	n.deleted = nil
+	n.mu.Unlock()
+	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Chunks: chunks, Deleted: deleted}
+	var resp metaapi.HeartbeatResp
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := n.meta.Call(hctx, metaapi.OpHeartbeat, req, &resp); err != nil {
+		n.mu.Lock()
+		n.deleted = append(n.deleted, deleted...)
+		n.mu.Unlock()
+		if metaapi.IsCode(err, metaapi.ENOENT) {
+			n.registered.Store(false)
+		}
+		return err
+	}
+	var done []ids.ChunkID
+	for _, c := range resp.Delete {
+		if err := n.store.Delete(c); err != nil {
+			n.log.Warn("deleting released chunk", "chunk", c, "err", err)
+			continue
+		}
+		done = append(done, c)
+	}
+	if len(done) > 0 {
+		n.mu.Lock()
+		n.deleted = append(n.deleted, done...)
+		n.mu.Unlock()
+	}
+	return nil
+}

@@ -1,0 +1,216 @@
+package policy
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// forward streams one write's packets to the next replica of the ring. The
+// payload handler pushes each packet as it arrives (never blocking: the
+// queue holds as many packets as the inbound connection's quota, which
+// bounds how many can be alive) and a sender goroutine writes them to an
+// exclusive connection, batching what has queued up into one writev. So
+// a worker never waits on the network, and a slow replica back-pressures
+// only the connection feeding it.
+type forward struct {
+	d    *Deps
+	addr string
+	rank int
+
+	q       chan *fabric.Packet
+	stop    chan struct{}
+	stopMu  sync.Once
+	reason  error
+	err     atomic.Pointer[error] // set once the forward has failed
+	done    chan struct{}
+	result  error
+	started time.Time
+}
+
+func startForward(d *Deps, addr string, rank int, hdr []byte, headerOnly bool) *forward {
+	f := &forward{
+		d: d, addr: addr, rank: rank,
+		q:       make(chan *fabric.Packet, d.ForwardQuota+1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		started: time.Now(),
+	}
+	hdr = append([]byte(nil), hdr...) // the caller's buffer is reused
+	go f.run(hdr, headerOnly)
+	return f
+}
+
+// push hands a retained packet to the sender.
+func (f *forward) push(p *fabric.Packet) { f.q <- p }
+
+// failed returns the forward's error once it has failed, else nil.
+func (f *forward) failed() error {
+	if e := f.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// abort stops the forward; the next replica sees its connection close
+// mid-message and cleans up at once.
+func (f *forward) abort(reason error) {
+	f.stopMu.Do(func() {
+		f.reason = reason
+		close(f.stop)
+	})
+}
+
+// wait returns the downstream replica's verdict: nil once it (and every
+// replica after it) has the write durably.
+func (f *forward) wait() error {
+	<-f.done
+	return f.result
+}
+
+func (f *forward) fail(err error) error {
+	err = wrapReplica(f.rank, f.addr, err)
+	f.err.Store(&err)
+	return err
+}
+
+func (f *forward) run(hdr []byte, headerOnly bool) {
+	defer close(f.done)
+	f.result = f.send(hdr, headerOnly)
+}
+
+// drain releases packets the payload handler still pushes after a
+// failure, until the message's last packet or an abort.
+func (f *forward) drain(sawLast bool) {
+	for !sawLast {
+		select {
+		case p := <-f.q:
+			sawLast = p.Last()
+			p.Release()
+		case <-f.stop:
+			for {
+				select {
+				case p := <-f.q:
+					p.Release()
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (f *forward) send(hdr []byte, headerOnly bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), f.d.ReplyTimeout)
+	defer cancel()
+	pc, err := f.d.Forward.Get(ctx, f.addr)
+	if err != nil {
+		err = f.fail(err)
+		f.drain(headerOnly)
+		return err
+	}
+	id := pc.NewID()
+	replies := pc.Replies.Expect(id)
+	mw, err := pc.Begin(id, hdr, headerOnly)
+	if err != nil {
+		err = f.fail(err)
+		f.drain(headerOnly)
+		return err
+	}
+	var pending [64]*fabric.Packet // sent but not yet flushed
+	np := 0
+	flush := func() error {
+		err := mw.Flush()
+		for i := range np {
+			pending[i].Release()
+			pending[i] = nil
+		}
+		np = 0
+		return err
+	}
+	sawLast := headerOnly
+	if !headerOnly {
+		if err := mw.Flush(); err != nil { // the header goes out at once
+			mw.Close()
+			err = f.fail(err)
+			f.drain(false)
+			return err
+		}
+	}
+	for !sawLast {
+		select {
+		case p := <-f.q:
+			sawLast = p.Last()
+			werr := mw.Write(p.Data, sawLast)
+			pending[np] = p
+			np++
+			if werr == nil && (sawLast || np == len(pending) || len(f.q) == 0) {
+				werr = flush()
+			}
+			if werr != nil {
+				flush()
+				mw.Abort(werr)
+				err := f.fail(werr)
+				f.drain(sawLast)
+				return err
+			}
+		case <-f.stop:
+			flush()
+			mw.Abort(f.reason)
+			f.drain(false)
+			return f.reason
+		case p, ok := <-replies:
+			// An early reply is a refusal: stop sending.
+			flush()
+			mw.Abort(errEarlyReply)
+			rerr := replyErr(p, ok, pc)
+			if rerr == nil {
+				rerr = errEarlyReply
+			}
+			err := f.fail(rerr)
+			f.drain(false)
+			return err
+		}
+	}
+	if err := mw.Close(); err != nil {
+		return f.fail(err)
+	}
+	select {
+	case p, ok := <-replies:
+		if err := replyErr(p, ok, pc); err != nil {
+			pc.Close()
+			return f.fail(err)
+		}
+		f.d.Forward.Put(pc)
+		return nil
+	case <-ctx.Done():
+		pc.Close()
+		return f.fail(wire.Errorf(wire.StatusReplica, "no reply within %s", f.d.ReplyTimeout))
+	case <-f.stop:
+		pc.Close()
+		return f.reason
+	}
+}
+
+var errEarlyReply = wire.Errorf(wire.StatusReplica, "replica replied before the end of the message")
+
+// replyErr turns a downstream reply (or a closed connection) into nil or
+// an error.
+func replyErr(p *fabric.Packet, ok bool, pc *fabric.PeerConn) error {
+	if !ok {
+		if err := pc.Err(); err != nil {
+			return err
+		}
+		return fabric.ErrClosed
+	}
+	defer p.Release()
+	var r wire.Reply
+	if err := wire.ParseReply(p.Data, &r); err != nil {
+		return err
+	}
+	return r.Err()
+}

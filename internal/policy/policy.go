@@ -1,0 +1,85 @@
+// Package policy holds the storage node's DFS policies written as engine
+// handler sets (seed 000 Listing 1): capability authentication in the
+// header handler, ring replication that forwards every packet to the next
+// replica as it arrives, direct placement of each packet into the chunk
+// store at its offset with its block checksum computed on the way, and
+// reads served by one-sided WRITEs straight into the client's registered
+// buffer.
+//
+// Ordering: the rank-0 replica of a chunk admits one write at a time (the
+// store's per-chunk write lock; a second concurrent writer gets a
+// retryable busy NACK), assigns it the chunk's next version and forwards
+// that version down the ring. Every other replica accepts a write only if
+// it is exactly the version after its own (StatusStale otherwise). So all
+// replicas apply the writes of a chunk in one order, and a replica that
+// missed a write refuses later ones instead of silently diverging.
+//
+// Durability: a replica replies OK only after its own data is durable and
+// published AND its downstream replica has replied OK, so the head's OK
+// means every replica has the write. Data is made durable (Sync) while the
+// downstream works, and published (Commit) only after the downstream's OK:
+// a write refused downstream (busy, stale, auth) is aborted upstream too
+// and leaves no replica ahead of the others.
+package policy
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/store"
+)
+
+// Deps are what the policies need from the node.
+type Deps struct {
+	// Self returns this node's id (0 until meta has assigned one, which
+	// no capability names, so nothing is accepted before).
+	Self    func() ids.NodeID
+	Keys    *capability.Keyring
+	Store   *store.Store
+	Forward *fabric.Pool // connections to other storage nodes
+	// ForwardQuota is the receive quota of the node's inbound connections:
+	// a forward never holds more packets than that.
+	ForwardQuota int
+	// ReplyTimeout bounds waiting for a downstream replica. Default 60s.
+	ReplyTimeout time.Duration
+	// MaxReadLen bounds one read request. Default 16 MiB.
+	MaxReadLen int
+	// ReadSlots bounds reads served at once (each holds one buffer).
+	// Default 32.
+	ReadSlots int
+	// Now returns unix nanoseconds (for capability expiry).
+	Now    func() int64
+	Logger *slog.Logger
+}
+
+func (d *Deps) fill() {
+	if d.ReplyTimeout == 0 {
+		d.ReplyTimeout = 60 * time.Second
+	}
+	if d.MaxReadLen == 0 {
+		d.MaxReadLen = 16 << 20
+	}
+	if d.ReadSlots == 0 {
+		d.ReadSlots = 32
+	}
+	if d.ForwardQuota == 0 {
+		d.ForwardQuota = 16
+	}
+	if d.Now == nil {
+		d.Now = func() int64 { return time.Now().UnixNano() }
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Contexts returns the execution contexts of every policy, to install in
+// the node's engine.
+func Contexts(d Deps) []*engine.Context {
+	d.fill()
+	return []*engine.Context{newWriter(&d).context(), newReader(&d).context()}
+}

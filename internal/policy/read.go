@@ -1,0 +1,149 @@
+package policy
+
+import (
+	"context"
+	"sync"
+
+	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// readPiece is how much of a read is staged in memory at once.
+const readPiece = 1 << 20
+
+// reader is the read execution context. The header handler authenticates;
+// the data is served from the host side (it needs the disk and may block
+// on a slow client): block-aligned, with the stored checksum of every
+// block in the reply so the client verifies what it got — the node never
+// vouches for bytes it did not check end to end.
+type reader struct {
+	d     *Deps
+	slots chan struct{}
+	bufs  sync.Pool // of *[]byte, readPiece bytes
+}
+
+type readState struct {
+	h   wire.ReadHeader // Cap cleared after the header handler
+	cap capability.Capability
+}
+
+func newReader(d *Deps) *reader {
+	return &reader{d: d, slots: make(chan struct{}, d.ReadSlots),
+		bufs: sync.Pool{New: func() any { b := make([]byte, readPiece); return &b }}}
+}
+
+func (x *reader) context() *engine.Context {
+	return &engine.Context{Name: "read", Class: wire.OpRead, Handlers: engine.Handlers{
+		Header:     x.header,
+		Completion: x.completion,
+	}}
+}
+
+// MaxReadBlocks is how many block checksums fit in a reply on a
+// connection with the given MTU; a read may span at most that many blocks.
+func MaxReadBlocks(mtu int) int { return (mtu - wire.ReplySize(0, wire.MaxMsg)) / 4 }
+
+func (x *reader) header(r *engine.Request, hdr []byte) error {
+	st := &readState{}
+	h := &st.h
+	if err := wire.ParseRead(hdr, h); err != nil {
+		return wire.Errorf(wire.StatusBadRequest, "%v", err)
+	}
+	if _, err := x.d.Keys.Open(h.Cap, x.d.Now(), &st.cap); err != nil {
+		return wire.Errorf(wire.StatusAuth, "%v", err)
+	}
+	if err := st.cap.Allows(capability.Read, h.Chunk, h.Off, h.Len); err != nil {
+		return wire.Errorf(wire.StatusAuth, "%v", err)
+	}
+	if st.cap.RankOf(x.d.Self()) < 0 {
+		return wire.Errorf(wire.StatusAuth, "node %v holds no replica of chunk %v", x.d.Self(), h.Chunk)
+	}
+	if h.Len > uint64(x.d.MaxReadLen) {
+		return wire.Errorf(wire.StatusBadRequest, "read of %d bytes, at most %d", h.Len, x.d.MaxReadLen)
+	}
+	bs := uint64(x.d.Store.BlockSize())
+	if blocks := (h.Off+h.Len+bs-1)/bs - h.Off/bs; blocks > uint64(MaxReadBlocks(r.Conn.MTU())) {
+		return wire.Errorf(wire.StatusBadRequest, "read spans %d blocks, at most %d fit a reply at MTU %d", blocks, MaxReadBlocks(r.Conn.MTU()), r.Conn.MTU())
+	}
+	h.Cap = nil
+	r.State = st
+	return nil
+}
+
+func (x *reader) completion(r *engine.Request) {
+	go x.serve(r, r.State.(*readState))
+}
+
+func (x *reader) serve(r *engine.Request, st *readState) {
+	x.slots <- struct{}{}
+	defer func() { <-x.slots }()
+	reply, err := x.read(r, &st.h)
+	if err != nil {
+		reply = wire.AppendStatus(nil, wire.StatusOf(err), err.Error())
+	}
+	r.Finish(reply)
+}
+
+// read places the data and returns the reply (nil if the reply was sent
+// inline with the data).
+func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
+	rd, err := x.d.Store.OpenRead(h.Chunk)
+	if err != nil {
+		return nil, storeError(err)
+	}
+	defer rd.Close()
+	info := rd.Info()
+	bs := int64(x.d.Store.BlockSize())
+	start := int64(h.Off) / bs * bs
+	end := min((int64(h.Off+h.Len)+bs-1)/bs*bs, info.Length)
+	end = max(end, start)
+	nb := int((end - start + bs - 1) / bs)
+	crcs, err := rd.Checksums(int(start/bs), nb, make([]uint32, 0, nb))
+	if err != nil {
+		return nil, storeError(err)
+	}
+	reply := wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length),
+		DataOff: uint64(start), DataLen: uint64(end - start), BlockSize: uint32(bs)}, crcs, "")
+
+	bp := x.bufs.Get().(*[]byte)
+	defer x.bufs.Put(bp)
+	buf := *bp
+	if h.RegionKey != 0 {
+		// Direct placement: one-sided WRITEs into the client's buffer; the
+		// reply that follows on the same connection arrives after them.
+		for pos := start; pos < end; {
+			n := min(int64(len(buf)), end-pos)
+			if _, err := rd.ReadAt(buf[:n], pos); err != nil {
+				return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", h.Chunk, pos, err)
+			}
+			if err := r.Conn.Write(context.Background(), h.RegionKey, h.RegionOff+uint64(pos-start), buf[:n], false); err != nil {
+				return nil, wire.Errorf(wire.StatusIO, "placing data in the client's region: %v", err)
+			}
+			pos += n
+		}
+		return reply, nil
+	}
+	// Inline: the data follows the reply in the same message.
+	mw, err := r.Conn.Begin(r.ID, reply, end == start)
+	if err != nil {
+		return nil, err
+	}
+	for pos := start; pos < end; {
+		n := min(int64(len(buf)), end-pos)
+		if _, err := rd.ReadAt(buf[:n], pos); err != nil {
+			mw.Abort(err)
+			return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", h.Chunk, pos, err)
+		}
+		pos += n
+		if err := mw.Write(buf[:n], pos == end); err != nil {
+			mw.Abort(err)
+			return nil, err
+		}
+		if err := mw.Flush(); err != nil { // buf is reused for the next piece
+			mw.Abort(err)
+			return nil, err
+		}
+	}
+	return nil, mw.Close()
+}

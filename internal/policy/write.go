@@ -1,0 +1,184 @@
+package policy
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/store"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// writer is the write execution context: auth + ring replication +
+// direct placement + checksums.
+type writer struct {
+	d      *Deps
+	states sync.Pool // of *writeState
+}
+
+// writeState is the per-request state (the sPIN write descriptor). Only
+// fixed-size values survive the header handler: the header packet's
+// bytes are released when it returns.
+type writeState struct {
+	chunkOff int64 // where the write starts in the chunk
+	length   int64
+	rank     int
+	w        *store.Write
+	fwd      *forward // nil at the tail of the ring
+
+	hdr    wire.WriteHeader
+	cap    capability.Capability
+	fwdHdr []byte
+}
+
+func newWriter(d *Deps) *writer {
+	return &writer{d: d, states: sync.Pool{New: func() any { return &writeState{fwdHdr: make([]byte, 0, 512)} }}}
+}
+
+func (x *writer) context() *engine.Context {
+	return &engine.Context{Name: "write", Class: wire.OpWrite, Handlers: engine.Handlers{
+		Header:     x.header,
+		Payload:    x.payload,
+		Completion: x.completion,
+		Cleanup:    x.cleanup,
+	}}
+}
+
+func (x *writer) header(r *engine.Request, hdr []byte) error {
+	st := x.states.Get().(*writeState)
+	if err := x.admit(st, hdr); err != nil {
+		x.put(st)
+		return err
+	}
+	r.State = st
+	return nil
+}
+
+func (x *writer) admit(st *writeState, hdr []byte) error {
+	h := &st.hdr
+	if err := wire.ParseWrite(hdr, h); err != nil {
+		return wire.Errorf(wire.StatusBadRequest, "%v", err)
+	}
+	// Authentication: no round trip, no per-client state.
+	c := &st.cap
+	if _, err := x.d.Keys.Open(h.Cap, x.d.Now(), c); err != nil {
+		return wire.Errorf(wire.StatusAuth, "%v", err)
+	}
+	if err := c.Allows(capability.Write, h.Chunk, h.Off, h.Len); err != nil {
+		return wire.Errorf(wire.StatusAuth, "%v", err)
+	}
+	rank := c.RankOf(x.d.Self())
+	if rank != int(h.Rank) {
+		return wire.Errorf(wire.StatusAuth, "node %v is not replica rank %d of chunk %v", x.d.Self(), h.Rank, h.Chunk)
+	}
+	if h.Addrs.Len() != int(c.NReplicas) {
+		return wire.Errorf(wire.StatusBadRequest, "%d replica addresses for %d replicas", h.Addrs.Len(), c.NReplicas)
+	}
+	if h.Strategy != wire.StrategyRing {
+		return wire.Errorf(wire.StatusBadRequest, "unknown replication strategy %v", h.Strategy)
+	}
+	if (rank == 0) != (h.Version == 0) {
+		return wire.Errorf(wire.StatusBadRequest, "version %d at rank %d", h.Version, rank)
+	}
+	w, err := x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), h.Version)
+	if err != nil {
+		return storeError(err)
+	}
+	st.w, st.rank, st.chunkOff, st.length = w, rank, int64(h.Off), int64(h.Len)
+	if rank+1 < h.Addrs.Len() {
+		st.fwdHdr = wire.AppendForward(st.fwdHdr[:0], h, uint8(rank+1), w.Version())
+		st.fwd = startForward(x.d, string(h.Addrs.At(rank+1)), rank+1, st.fwdHdr, h.Len == 0)
+	}
+	st.hdr = wire.WriteHeader{} // drop references into the released packet
+	return nil
+}
+
+// storeError maps a store failure to the status the client should see.
+func storeError(err error) error {
+	switch {
+	case errors.Is(err, store.ErrBusy):
+		return wire.Errorf(wire.StatusBusy, "%v", err)
+	case errors.Is(err, store.ErrStale):
+		return wire.Errorf(wire.StatusStale, "%v", err)
+	case errors.Is(err, store.ErrRange), errors.Is(err, store.ErrIncomplete):
+		return wire.Errorf(wire.StatusBadRequest, "%v", err)
+	}
+	return wire.Errorf(wire.StatusIO, "%v", err)
+}
+
+// payload is the per-packet path: forward first (so the next replica
+// works in parallel), then place the packet in the store at its offset.
+func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
+	st := r.State.(*writeState)
+	if st.fwd != nil {
+		if err := st.fwd.failed(); err != nil {
+			return err // the ring is broken: stop early, the client learns now
+		}
+		p.Retain()
+		st.fwd.push(p)
+	}
+	if err := st.w.Place(st.chunkOff+p.Off, p.Data); err != nil {
+		return storeError(err)
+	}
+	return nil
+}
+
+// completion runs on the worker; the durable part goes to the host side.
+func (x *writer) completion(r *engine.Request) {
+	go x.finish(r, r.State.(*writeState))
+}
+
+func (x *writer) finish(r *engine.Request, st *writeState) {
+	err := st.w.Sync()
+	if err != nil {
+		err = storeError(err)
+	}
+	if st.fwd != nil {
+		if ferr := st.fwd.wait(); err == nil {
+			err = ferr
+		}
+	}
+	var reply []byte
+	if err == nil {
+		var info store.Info
+		if info, err = st.w.Commit(); err == nil {
+			reply = wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, "")
+		} else {
+			err = storeError(err)
+		}
+	}
+	if err != nil {
+		st.w.Abort()
+		reply = wire.AppendStatus(nil, wire.StatusOf(err), err.Error())
+	}
+	r.Finish(reply)
+	x.put(st)
+}
+
+func (x *writer) cleanup(r *engine.Request, reason error) {
+	st := r.State.(*writeState)
+	st.w.Abort()
+	if st.fwd != nil {
+		st.fwd.abort(reason)
+		st.fwd.wait()
+	}
+	x.put(st)
+}
+
+func (x *writer) put(st *writeState) {
+	st.w, st.fwd = nil, nil
+	x.states.Put(st)
+}
+
+// errAborted is the reason a forward stops when its request is cleaned up.
+var errAborted = errors.New("request aborted")
+
+func wrapReplica(rank int, addr string, err error) error {
+	var we *wire.Error
+	if errors.As(err, &we) && we.Status == wire.StatusBusy {
+		return wire.Errorf(wire.StatusBusy, "replica rank %d (%s): %s", rank, addr, we.Msg)
+	}
+	return wire.Errorf(wire.StatusReplica, "replica rank %d (%s): %v", rank, addr, err)
+}
