@@ -268,7 +268,7 @@ func verify(buf []byte, rep *wire.Reply, off, n int64) ([]byte, error) {
 		return nil, fmt.Errorf("reply carries %d bytes for a read of %d", dLen, n)
 	case int64(rep.NCRC()) != (dLen+bs-1)/bs:
 		return nil, fmt.Errorf("reply has %d checksums for %d bytes", rep.NCRC(), dLen)
-	case dLen < n+off-dOff && dOff+dLen != int64(rep.ChunkLen):
+	case dLen < n+off-dOff && dOff+dLen < int64(rep.ChunkLen):
 		return nil, fmt.Errorf("short reply (%d bytes) although the chunk has %d", dLen, rep.ChunkLen)
 	}
 	for i := 0; i < rep.NCRC(); i++ {

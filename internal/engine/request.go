@@ -67,7 +67,7 @@ func (r *Request) complete() {
 func (r *Request) refuse(err error) {
 	r.setPhase(phaseRefused)
 	r.e.refused.Add(1)
-	r.Conn.Post(r.ID, wire.AppendStatus(nil, wire.StatusOf(err), err.Error()))
+	r.Conn.Post(r.ID, wire.AppendError(nil, err))
 	r.e.event(Event{Kind: EventRefused, Context: r.ctx.Name, ID: r.ID, Peer: peer(r.Conn), Reason: err})
 }
 
@@ -75,7 +75,7 @@ func (r *Request) refuse(err error) {
 func (r *Request) fail(err error) {
 	r.setPhase(phaseRefused)
 	r.e.aborted.Add(1)
-	r.Conn.Post(r.ID, wire.AppendStatus(nil, wire.StatusOf(err), err.Error()))
+	r.Conn.Post(r.ID, wire.AppendError(nil, err))
 	if r.ctx.Cleanup != nil {
 		r.ctx.Cleanup(r, err)
 	}

@@ -110,7 +110,9 @@ type Policy struct {
 	Strategy Strategy `json:"strategy"`
 }
 
-func (p Policy) String() string { return fmt.Sprintf("replicas=%d strategy=%s", p.Replicas, p.Strategy) }
+func (p Policy) String() string {
+	return fmt.Sprintf("replicas=%d strategy=%s", p.Replicas, p.Strategy)
+}
 
 // Validate checks a policy on its own (not against the cluster size).
 func (p Policy) Validate() error {
@@ -185,10 +187,10 @@ type RenameReq struct {
 }
 
 type ReaddirReq struct {
-	Ino    ids.Ino `json:"ino"`
-	After  string  `json:"after,omitempty"` // return names strictly after this one
-	Limit  int     `json:"limit,omitempty"` // default and max MaxReaddirLimit
-	Who    Who     `json:"who"`
+	Ino   ids.Ino `json:"ino"`
+	After string  `json:"after,omitempty"` // return names strictly after this one
+	Limit int     `json:"limit,omitempty"` // default and max MaxReaddirLimit
+	Who   Who     `json:"who"`
 }
 type Dirent struct {
 	Name string   `json:"name"`
@@ -256,28 +258,42 @@ type ChunkLayout struct {
 	Replicas []Replica   `json:"replicas"`
 	Cap      []byte      `json:"cap"` // encoded capability.Capability (base64 in JSON)
 	Expiry   int64       `json:"expiry"`
+	// ZeroFrom, when non-zero, is the chunk-relative offset from which
+	// the bytes stored on the replicas are stale — left behind by a
+	// truncation inside this chunk — and must read as zeros. A writer
+	// writing [off, end) into such a chunk with off > ZeroFrom first
+	// writes zeros over [ZeroFrom, off), and reports End = end in its
+	// Commit; meta then raises ZeroFrom to End (clearing it at the chunk
+	// size).
+	ZeroFrom int64 `json:"zero_from,omitempty"`
 }
 
 type LayoutResp struct {
 	Attr   Attr          `json:"attr"`
 	Epoch  uint64        `json:"epoch"`
 	Chunks []ChunkLayout `json:"chunks"`
+	// More is set when the range holds more chunks than one reply may
+	// carry (MaxLayoutChunks): ask again from the last Index + 1.
+	More bool `json:"more,omitempty"`
 }
 
 // CommitReq records a completed write: the file grows to at least Size,
 // each listed chunk's committed version becomes at least Version, mtime
 // is set.
 type CommitReq struct {
-	Ino    ids.Ino          `json:"ino"`
-	Size   int64            `json:"size"`
-	Chunks []ChunkVersion   `json:"chunks"`
-	Mtime  int64            `json:"mtime"`
-	Who    Who              `json:"who"`
+	Ino    ids.Ino        `json:"ino"`
+	Size   int64          `json:"size"`
+	Chunks []ChunkVersion `json:"chunks"`
+	Mtime  int64          `json:"mtime"`
+	Who    Who            `json:"who"`
 }
 type ChunkVersion struct {
 	Index   int64       `json:"index"`
 	Chunk   ids.ChunkID `json:"chunk"`
 	Version uint64      `json:"version"`
+	// End is the chunk-relative offset just past the bytes this write
+	// covered in the chunk (0: not reported). See ChunkLayout.ZeroFrom.
+	End int64 `json:"end,omitempty"`
 }
 
 // ---- cluster ----

@@ -62,6 +62,8 @@ type Node struct {
 	wg     sync.WaitGroup
 
 	registered atomic.Bool
+	closeOnce  sync.Once
+	closeErr   error
 	mu         sync.Mutex
 	deleted    []ids.ChunkID // deletions to report with the next heartbeat
 }
@@ -174,8 +176,13 @@ func (n *Node) Store() *store.Store { return n.store }
 // Engine is the node's handler engine.
 func (n *Node) Engine() *engine.Engine { return n.eng }
 
-// Close stops the node.
+// Close stops the node. It is safe to call more than once.
 func (n *Node) Close() error {
+	n.closeOnce.Do(func() { n.closeErr = n.close() })
+	return n.closeErr
+}
+
+func (n *Node) close() error {
 	if n.cancel != nil {
 		n.cancel()
 	}

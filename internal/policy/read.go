@@ -80,7 +80,7 @@ func (x *reader) serve(r *engine.Request, st *readState) {
 	defer func() { <-x.slots }()
 	reply, err := x.read(r, &st.h)
 	if err != nil {
-		reply = wire.AppendStatus(nil, wire.StatusOf(err), err.Error())
+		reply = wire.AppendError(nil, err)
 	}
 	r.Finish(reply)
 }
@@ -97,11 +97,13 @@ func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
 	bs := int64(x.d.Store.BlockSize())
 	start := int64(h.Off) / bs * bs
 	end := min((int64(h.Off+h.Len)+bs-1)/bs*bs, info.Length)
-	end = max(end, start)
+	end = max(end, start) // a read past the chunk's end gets no data
 	nb := int((end - start + bs - 1) / bs)
-	crcs, err := rd.Checksums(int(start/bs), nb, make([]uint32, 0, nb))
-	if err != nil {
-		return nil, storeError(err)
+	var crcs []uint32
+	if nb > 0 {
+		if crcs, err = rd.Checksums(int(start/bs), nb, make([]uint32, 0, nb)); err != nil {
+			return nil, storeError(err)
+		}
 	}
 	reply := wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length),
 		DataOff: uint64(start), DataLen: uint64(end - start), BlockSize: uint32(bs)}, crcs, "")

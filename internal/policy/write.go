@@ -151,7 +151,7 @@ func (x *writer) finish(r *engine.Request, st *writeState) {
 	}
 	if err != nil {
 		st.w.Abort()
-		reply = wire.AppendStatus(nil, wire.StatusOf(err), err.Error())
+		reply = wire.AppendError(nil, err)
 	}
 	r.Finish(reply)
 	x.put(st)

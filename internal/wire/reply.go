@@ -127,6 +127,16 @@ func AppendStatus(b []byte, s Status, msg string) []byte {
 	return AppendReply(b, &Reply{Status: s}, nil, msg)
 }
 
+// AppendError encodes a reply for err: its status, and its text without
+// the "node: status:" prefix a *Error adds (the receiver adds it back).
+func AppendError(b []byte, err error) []byte {
+	var we *Error
+	if errors.As(err, &we) {
+		return AppendStatus(b, we.Status, we.Msg)
+	}
+	return AppendStatus(b, StatusIO, err.Error())
+}
+
 // StatusOf maps an error to the status a reply should carry.
 func StatusOf(err error) Status {
 	var we *Error

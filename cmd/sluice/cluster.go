@@ -1,0 +1,129 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+func (a *app) policyCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "policy", Short: "Set or show a directory's redundancy policy"}
+	var (
+		replicas int
+		strategy string
+	)
+	set := &cobra.Command{
+		Use:   "set PATH --replicas K [--strategy ring]",
+		Short: "Set the policy new files under directory PATH get",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("replicas") {
+				return fmt.Errorf("--replicas is required")
+			}
+			pol := metaapi.Policy{Replicas: replicas, Strategy: metaapi.Strategy(strategy)}
+			if err := pol.Validate(); err != nil {
+				return err
+			}
+			return a.withClient(func(c *client.Client) error {
+				st, err := c.Status(cmd.Context())
+				if err != nil {
+					return err
+				}
+				up := 0
+				for _, n := range st.Nodes {
+					if n.State == metaapi.NodeUp {
+						up++
+					}
+				}
+				if replicas > up {
+					return fmt.Errorf("--replicas %d is more than the %d storage nodes that are up", replicas, up)
+				}
+				return c.SetPolicy(cmd.Context(), args[0], pol)
+			})
+		},
+	}
+	set.Flags().IntVar(&replicas, "replicas", 0, "number of copies of each chunk")
+	set.Flags().StringVar(&strategy, "strategy", string(metaapi.StrategyRing), "replication strategy: ring")
+	get := &cobra.Command{
+		Use:   "get PATH",
+		Short: "Show the effective policy of PATH and where it comes from",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.withClient(func(c *client.Client) error {
+				pr, err := c.GetPolicy(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				at, err := c.Stat(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				from := "set here"
+				if pr.From != at.Ino {
+					from = fmt.Sprintf("inherited from inode %d", pr.From)
+				}
+				fmt.Fprintf(a.stdout, "%s: replicas=%d strategy=%s (%s)\n", args[0], pr.Policy.Replicas, pr.Policy.Strategy, from)
+				if at.Policy != nil && *at.Policy != pr.Policy {
+					fmt.Fprintf(a.stdout, "%s: this file keeps the policy it was created with: %s\n", args[0], at.Policy)
+				}
+				return nil
+			})
+		},
+	}
+	cmd.AddCommand(set, get)
+	return cmd
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the cluster: meta address, storage nodes up or down, capacity used",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.withClient(func(c *client.Client) error {
+				st, err := c.Status(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					enc := json.NewEncoder(a.stdout)
+					enc.SetIndent("", "  ")
+					return enc.Encode(st)
+				}
+				fmt.Fprintf(a.stdout, "meta: %s  epoch: %d  files: %d  dirs: %d  chunks: %d\n", st.MetaAddr, st.Epoch, st.Files, st.Dirs, st.Chunks)
+				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tCAPACITY\tCHUNKS\tLAST HEARTBEAT")
+				for _, n := range st.Nodes {
+					hb := "never"
+					if n.LastHeartbeat > 0 {
+						hb = time.Since(time.Unix(0, n.LastHeartbeat)).Round(time.Second).String() + " ago"
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", n.ID, n.Addr, n.Domain, n.State, human(n.Used), human(n.Capacity), n.Chunks, hb)
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func human(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,88 @@
+// Command sluice is Sluice's single binary: it runs a local cluster, the
+// meta service and storage nodes, and is the command-line client.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// app holds the global flags shared by subcommands.
+type app struct {
+	confPath string
+	logLevel string
+	stdout   *os.File
+	stderr   *os.File
+}
+
+func main() {
+	a := &app{stdout: os.Stdout, stderr: os.Stderr}
+	root := a.rootCmd()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "sluice:", explain(err))
+		os.Exit(1)
+	}
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "sluice",
+		Short:         "Sluice: a distributed file system whose storage nodes enforce policy as packets stream through them",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&a.confPath, "conf", "", "client config file (default $"+config.EnvConf+", else ./"+config.DefaultPath+")")
+	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	root.AddCommand(a.upCmd(), a.metaCmd(), a.nodeCmd())
+	root.AddCommand(a.putCmd(), a.getCmd(), a.catCmd(), a.lsCmd(), a.statCmd(), a.mkdirCmd(), a.rmCmd(), a.mvCmd(), a.policyCmd(), a.statusCmd())
+	return root
+}
+
+func (a *app) logger() *slog.Logger {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(a.logLevel)); err != nil {
+		lvl = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
+}
+
+// client opens the cluster named by the client config.
+func (a *app) client() (*client.Client, error) {
+	path := config.Find(a.confPath)
+	conf, err := config.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	return client.New(client.Options{Conf: conf, Logger: a.logger()})
+}
+
+// explain turns errors into one clear line.
+func explain(err error) string {
+	var me *metaapi.Error
+	if errors.As(err, &me) {
+		msg := err.Error()
+		if me.Code == metaapi.EAUTH {
+			msg += " (is the client config for this cluster?)"
+		}
+		return msg
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "connection refused") && strings.Contains(msg, "meta") {
+		msg += " (is the cluster running? start one with `sluice up`)"
+	}
+	return msg
+}

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/meta"
+	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/secret"
+)
+
+// engineFlags are the data-plane settings shared by `up` and `node`.
+type engineFlags struct {
+	mtu, quota, workers, table int
+	idle                       time.Duration
+}
+
+func (f *engineFlags) add(cmd *cobra.Command) {
+	cmd.Flags().IntVar(&f.mtu, "mtu", fabric.DefaultMTU, "largest packet payload in bytes")
+	cmd.Flags().IntVar(&f.quota, "recv-quota", 16, "receive buffers per connection")
+	cmd.Flags().IntVar(&f.workers, "workers", 0, "handler workers (default: number of CPUs)")
+	cmd.Flags().IntVar(&f.table, "request-table", 1024, "in-flight requests before new ones are refused busy")
+	cmd.Flags().DurationVar(&f.idle, "idle-timeout", 10*time.Second, "clean up a request silent this long mid-message")
+}
+
+func (f *engineFlags) options() (fabric.Options, engine.Options) {
+	return fabric.Options{MTU: f.mtu, Quota: f.quota},
+		engine.Options{Workers: f.workers, TableSize: f.table, IdleTimeout: f.idle}
+}
+
+func (a *app) upCmd() *cobra.Command {
+	var (
+		nodes  int
+		dir    string
+		listen string
+		ef     engineFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run a whole local cluster in this process (meta + storage nodes on loopback)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fo, eo := ef.options()
+			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, Fabric: fo, Engine: eo, Logger: a.logger()})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "sluice: meta listening on %s\n", c.MetaAddr)
+			for _, n := range c.Nodes {
+				fmt.Fprintf(a.stdout, "sluice: storage node %v listening on %s (data %s)\n", n.ID(), n.Addr(), filepath.Join(dir, "node*"))
+			}
+			abs, _ := filepath.Abs(c.ConfPath)
+			fmt.Fprintf(a.stdout, "sluice: client config written to %s\n", abs)
+			fmt.Fprintf(a.stdout, "sluice: try: SLUICE_CONF=%s sluice status\n", abs)
+			select {
+			case <-cmd.Context().Done():
+			case err := <-c.MetaErr():
+				if err != nil {
+					c.Close()
+					return fmt.Errorf("meta stopped: %w", err)
+				}
+			}
+			fmt.Fprintln(a.stdout, "sluice: shutting down")
+			return c.Close()
+		},
+	}
+	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of storage nodes")
+	cmd.Flags().StringVar(&dir, "data", "sluice-data", "data directory (kept across restarts)")
+	cmd.Flags().StringVar(&listen, "listen", cluster.DefaultMetaListen, "meta service address")
+	ef.add(cmd)
+	return cmd
+}
+
+func (a *app) metaCmd() *cobra.Command {
+	var (
+		dir, listen string
+		nodeTimeout time.Duration
+		replicas    int
+	)
+	cmd := &cobra.Command{
+		Use:   "meta",
+		Short: "Run the meta service (namespace, layouts, policies, membership)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return errors.New("--data is required")
+			}
+			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, DefaultReplicas: replicas})
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				ms.Close()
+				return fmt.Errorf("meta: listening on %s: %w", listen, err)
+			}
+			addr := meta.AdvertiseAddr(ln.Addr().String())
+			ms.SetMetaAddr(addr)
+			conf, err := ms.WriteClientConf(addr)
+			if err != nil {
+				ms.Close()
+				return err
+			}
+			fmt.Fprintf(a.stdout, "sluice: meta listening on %s\n", addr)
+			fmt.Fprintf(a.stdout, "sluice: cluster secret %s, client config %s\n", filepath.Join(dir, "cluster.secret"), conf)
+			errc := make(chan error, 1)
+			go func() { errc <- ms.Serve(ln) }()
+			select {
+			case <-cmd.Context().Done():
+				return ms.Close()
+			case err := <-errc:
+				ms.Close()
+				return err
+			}
+		},
+	}
+	cmd.Flags().StringVar(&dir, "data", "", "data directory")
+	cmd.Flags().StringVar(&listen, "listen", cluster.DefaultMetaListen, "listen address")
+	cmd.Flags().DurationVar(&nodeTimeout, "node-timeout", 10*time.Second, "mark a storage node down after this much silence")
+	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
+	return cmd
+}
+
+func (a *app) nodeCmd() *cobra.Command {
+	var (
+		dir, metaAddr, secretFile, listen, advertise, domain string
+		ef                                                   engineFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Run a storage node",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case dir == "":
+				return errors.New("--data is required")
+			case metaAddr == "":
+				return errors.New("--meta is required")
+			case secretFile == "":
+				return errors.New("--secret-file is required (the meta service's DIR/cluster.secret)")
+			}
+			sec, err := secret.Load(secretFile)
+			if err != nil {
+				return err
+			}
+			fo, eo := ef.options()
+			n, err := node.Start(cmd.Context(), node.Options{
+				DataDir: dir, MetaAddr: metaAddr, Secret: sec, Listen: listen, Advertise: advertise,
+				Domain: domain, Fabric: fo, Engine: eo, Logger: a.logger(),
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "sluice: storage node %v listening on %s\n", n.ID(), n.Addr())
+			<-cmd.Context().Done()
+			return n.Close()
+		},
+	}
+	cmd.Flags().StringVar(&dir, "data", "", "data directory")
+	cmd.Flags().StringVar(&metaAddr, "meta", "", "meta service address")
+	cmd.Flags().StringVar(&secretFile, "secret-file", "", "cluster secret file")
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "fabric listen address")
+	cmd.Flags().StringVar(&advertise, "advertise", "", "address registered with meta (default: the listen address)")
+	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
+	ef.add(cmd)
+	return cmd
+}

@@ -1,0 +1,161 @@
+package meta
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// Check verifies the invariants that tie the stored state together, as
+// fsck would: every entry points at a live inode of the recorded type;
+// link counts match the entries (plus "." and ".." for directories); each
+// directory has exactly one name and knows its parent; no inode is
+// unreachable; chunks belong to files and have unique ids below the
+// counter; the counters match what is stored. It reads a consistent view
+// and returns every problem found (up to a limit), or nil.
+func (s *Service) Check() error {
+	var problems []error
+	report := func(format string, args ...any) {
+		if len(problems) < 50 {
+			problems = append(problems, fmt.Errorf(format, args...))
+		}
+	}
+	err := s.read(func(v view) error {
+		inodes := map[ids.Ino]*inode{}
+		err := scan(v.r, []byte{pInode}, []byte{pInode + 1}, func(k, val []byte) (bool, error) {
+			in := new(inode)
+			if err := json.Unmarshal(val, in); err != nil {
+				return false, err
+			}
+			if key := ids.Ino(binary.BigEndian.Uint64(k[1:])); key != in.Ino {
+				report("inode key %d holds inode %d", key, in.Ino)
+			}
+			inodes[in.Ino] = in
+			return true, nil
+		})
+		if err != nil {
+			return err
+		}
+		refs := map[ids.Ino]int{}
+		subdirs := map[ids.Ino]uint32{}
+		err = scan(v.r, []byte{pDirent}, []byte{pDirent + 1}, func(k, val []byte) (bool, error) {
+			parent := ids.Ino(binary.BigEndian.Uint64(k[1:9]))
+			name := string(k[9:])
+			d, err := decodeDirent(val)
+			if err != nil {
+				return false, err
+			}
+			if err := validName(name); err != nil {
+				report("entry %q in %d: %v", name, parent, err)
+			}
+			p, ok := inodes[parent]
+			if !ok || !p.isDir() {
+				report("entry %q in %d: parent missing or not a directory", name, parent)
+			}
+			child, ok := inodes[d.Ino]
+			if !ok {
+				report("entry %q in %d points at missing inode %d", name, parent, d.Ino)
+				return true, nil
+			}
+			if child.Type != d.Type {
+				report("entry %q in %d says %s, inode %d is a %s", name, parent, d.Type, d.Ino, child.Type)
+			}
+			refs[d.Ino]++
+			if child.isDir() {
+				subdirs[parent]++
+				if child.Parent != parent {
+					report("directory %d named %q in %d records parent %d", d.Ino, name, parent, child.Parent)
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			return err
+		}
+		var files, dirs int64
+		var maxIno ids.Ino
+		for ino, in := range inodes {
+			maxIno = max(maxIno, ino)
+			if in.isDir() {
+				dirs++
+				if want := 2 + subdirs[ino]; in.Nlink != want {
+					report("directory %d has nlink %d, want %d", ino, in.Nlink, want)
+				}
+				wantRefs := 1
+				if ino == ids.RootIno {
+					wantRefs = 0
+					if in.Parent != ids.RootIno {
+						report("root's parent is %d", in.Parent)
+					}
+				}
+				if refs[ino] != wantRefs {
+					report("directory %d has %d names, want %d", ino, refs[ino], wantRefs)
+				}
+			} else {
+				files++
+				if refs[ino] == 0 {
+					report("%s %d is unreachable", in.Type, ino)
+				}
+				if int(in.Nlink) != refs[ino] {
+					report("%s %d has nlink %d but %d names", in.Type, ino, in.Nlink, refs[ino])
+				}
+				if in.Type == metaapi.TypeFile && (in.Policy == nil || in.ChunkSize <= 0) {
+					report("file %d has no policy or chunk size", ino)
+				}
+			}
+		}
+		if _, ok := inodes[ids.RootIno]; !ok {
+			report("no root directory")
+		}
+		var chunks int64
+		chunkIDs := map[ids.ChunkID]bool{}
+		err = scan(v.r, []byte{pChunk}, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
+			ino := ids.Ino(binary.BigEndian.Uint64(k[1:9]))
+			index := int64(binary.BigEndian.Uint64(k[9:17]))
+			var c chunkRec
+			if err := json.Unmarshal(val, &c); err != nil {
+				return false, err
+			}
+			chunks++
+			in, ok := inodes[ino]
+			if !ok || in.Type != metaapi.TypeFile {
+				report("chunk %v (index %d) belongs to missing or non-file inode %d", c.ID, index, ino)
+			}
+			if chunkIDs[c.ID] {
+				report("chunk id %v used twice", c.ID)
+			}
+			chunkIDs[c.ID] = true
+			if c.ID == 0 || c.ID >= s.ctr.NextChunk {
+				report("chunk id %v not below the counter %v", c.ID, s.ctr.NextChunk)
+			}
+			if len(c.Nodes) == 0 {
+				report("chunk %v has no replicas", c.ID)
+			}
+			return true, nil
+		})
+		if err != nil {
+			return err
+		}
+		if files != s.ctr.Files || dirs != s.ctr.Dirs || chunks != s.ctr.Chunks {
+			report("counters say %d files, %d dirs, %d chunks; found %d, %d, %d",
+				s.ctr.Files, s.ctr.Dirs, s.ctr.Chunks, files, dirs, chunks)
+		}
+		if maxIno >= s.ctr.NextIno {
+			report("inode %d not below the counter %d", maxIno, s.ctr.NextIno)
+		}
+		for id := range s.nodes {
+			if id >= s.ctr.NextNode {
+				report("node %d not below the counter %d", id, s.ctr.NextNode)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return errors.Join(problems...)
+}

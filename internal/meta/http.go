@@ -1,0 +1,235 @@
+package meta
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/secret"
+)
+
+// The HTTP layer: POST /v1/<Op> with a JSON body, as metaapi describes,
+// plus GET /healthz. It authenticates, decodes, calls the Service method
+// and encodes; no decision is made here.
+
+// callerKind says who presented which credential.
+type callerKind int
+
+const (
+	callerNone callerKind = iota
+	callerClient
+	callerNode
+)
+
+type caller struct {
+	kind   callerKind
+	client ids.ClientID
+}
+
+// authenticate checks an Authorization header value in constant time.
+func (s *Service) authenticate(h string) caller {
+	if rest, ok := strings.CutPrefix(h, "Bearer "); ok {
+		idText, cred, ok := strings.Cut(rest, ":")
+		if !ok {
+			return caller{}
+		}
+		id, err := strconv.ParseUint(idText, 10, 64)
+		if err != nil {
+			return caller{}
+		}
+		if secret.Equal(cred, s.sec.ClientCredential(id)) {
+			return caller{kind: callerClient, client: ids.ClientID(id)}
+		}
+		return caller{}
+	}
+	if tok, ok := strings.CutPrefix(h, "Node "); ok && secret.Equal(tok, s.nodeTk) {
+		return caller{kind: callerNode}
+	}
+	return caller{}
+}
+
+// An op is one /v1/<Op> endpoint.
+type op struct {
+	clients, nodes bool // which callers may use it
+	serve          func(s *Service, c caller, body io.Reader) (any, error)
+}
+
+// endpoint builds an op from a typed method.
+func endpoint[Req any, Resp any](clients, nodes bool, f func(s *Service, c caller, req Req) (Resp, error)) op {
+	return op{clients: clients, nodes: nodes, serve: func(s *Service, c caller, body io.Reader) (any, error) {
+		var req Req
+		if err := json.NewDecoder(body).Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				return nil, metaapi.Errorf(metaapi.EINVAL, "request body larger than %d bytes", tooBig.Limit)
+			}
+			return nil, metaapi.Errorf(metaapi.EINVAL, "decoding request: %v", err)
+		}
+		return f(s, c, req)
+	}}
+}
+
+type empty struct{}
+
+func attrResp(a metaapi.Attr, err error) (metaapi.AttrResp, error) {
+	return metaapi.AttrResp{Attr: a}, err
+}
+
+var ops = map[string]op{
+	metaapi.OpResolve: endpoint(true, false, func(s *Service, _ caller, r metaapi.ResolveReq) (metaapi.AttrResp, error) {
+		return attrResp(s.Resolve(r))
+	}),
+	metaapi.OpLookup: endpoint(true, false, func(s *Service, _ caller, r metaapi.LookupReq) (metaapi.AttrResp, error) {
+		return attrResp(s.Lookup(r))
+	}),
+	metaapi.OpGetAttr: endpoint(true, false, func(s *Service, _ caller, r metaapi.GetAttrReq) (metaapi.AttrResp, error) {
+		return attrResp(s.GetAttr(r))
+	}),
+	metaapi.OpCreate: endpoint(true, false, func(s *Service, _ caller, r metaapi.CreateReq) (metaapi.AttrResp, error) {
+		return attrResp(s.Create(r))
+	}),
+	metaapi.OpLink: endpoint(true, false, func(s *Service, _ caller, r metaapi.LinkReq) (metaapi.AttrResp, error) {
+		return attrResp(s.Link(r))
+	}),
+	metaapi.OpRemove: endpoint(true, false, func(s *Service, _ caller, r metaapi.RemoveReq) (empty, error) {
+		return empty{}, s.Remove(r)
+	}),
+	metaapi.OpRename: endpoint(true, false, func(s *Service, _ caller, r metaapi.RenameReq) (empty, error) {
+		return empty{}, s.Rename(r)
+	}),
+	metaapi.OpReaddir: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReaddirReq) (metaapi.ReaddirResp, error) {
+		return s.Readdir(r)
+	}),
+	metaapi.OpSetAttr: endpoint(true, false, func(s *Service, _ caller, r metaapi.SetAttrReq) (metaapi.AttrResp, error) {
+		return attrResp(s.SetAttr(r))
+	}),
+	metaapi.OpSetPolicy: endpoint(true, false, func(s *Service, _ caller, r metaapi.SetPolicyReq) (metaapi.PolicyResp, error) {
+		return s.SetPolicy(r)
+	}),
+	metaapi.OpGetPolicy: endpoint(true, false, func(s *Service, _ caller, r metaapi.GetPolicyReq) (metaapi.PolicyResp, error) {
+		return s.GetPolicy(r)
+	}),
+	metaapi.OpLayout: endpoint(true, false, func(s *Service, c caller, r metaapi.LayoutReq) (metaapi.LayoutResp, error) {
+		return s.Layout(c.client, r)
+	}),
+	metaapi.OpCommit: endpoint(true, false, func(s *Service, _ caller, r metaapi.CommitReq) (metaapi.AttrResp, error) {
+		return attrResp(s.Commit(r))
+	}),
+	metaapi.OpStatus: endpoint(true, true, func(s *Service, _ caller, _ empty) (metaapi.StatusResp, error) {
+		return s.Status()
+	}),
+	metaapi.OpRegister: endpoint(false, true, func(s *Service, _ caller, r metaapi.RegisterReq) (metaapi.RegisterResp, error) {
+		return s.Register(r)
+	}),
+	metaapi.OpHeartbeat: endpoint(false, true, func(s *Service, _ caller, r metaapi.HeartbeatReq) (metaapi.HeartbeatResp, error) {
+		return s.Heartbeat(r)
+	}),
+}
+
+// Handler returns the HTTP handler serving the API.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("/v1/{op}", s.serveOp)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, "", metaapi.Errorf(metaapi.EINVAL, "no such endpoint %s", r.URL.Path), http.StatusNotFound)
+	})
+	return mux
+}
+
+func (s *Service) serveOp(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	name := r.PathValue("op")
+	c := s.authenticate(r.Header.Get("Authorization"))
+	if c.kind == callerNone {
+		s.writeError(w, r, name, metaapi.Errorf(metaapi.EAUTH, "missing or invalid credential"), http.StatusUnauthorized)
+		return
+	}
+	o, ok := ops[name]
+	if !ok {
+		s.writeError(w, r, name, metaapi.Errorf(metaapi.EINVAL, "unknown operation %q", name), http.StatusNotFound)
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		s.writeError(w, r, name, metaapi.Errorf(metaapi.EINVAL, "%s needs POST, not %s", name, r.Method), http.StatusMethodNotAllowed)
+		return
+	}
+	if (c.kind == callerClient && !o.clients) || (c.kind == callerNode && !o.nodes) {
+		who := "client"
+		if c.kind == callerNode {
+			who = "storage node"
+		}
+		s.writeError(w, r, name, metaapi.Errorf(metaapi.EAUTH, "a %s credential may not call %s", who, name), http.StatusForbidden)
+		return
+	}
+	resp, err := o.serve(s, c, http.MaxBytesReader(w, r.Body, metaapi.MaxBodyBytes))
+	if err != nil {
+		s.writeError(w, r, name, err, 0)
+		return
+	}
+	body, err := json.Marshal(resp)
+	if err != nil {
+		s.writeError(w, r, name, err, 0)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(body)
+	if s.log.Enabled(r.Context(), slog.LevelDebug) {
+		s.log.Debug("meta call", "op", name, "dur", time.Since(start))
+	}
+}
+
+// writeError replies with err as a metaapi.Error. Errors that are not
+// *metaapi.Error are internal: they are logged and reported as EIO.
+// status 0 means derive it from the code.
+func (s *Service) writeError(w http.ResponseWriter, r *http.Request, op string, err error, status int) {
+	var me *metaapi.Error
+	if !errors.As(err, &me) {
+		s.log.Error("internal error", "op", op, "err", err)
+		me = metaapi.Errorf(metaapi.EIO, "internal error in %s: %v", op, err)
+	} else if me.Code == metaapi.EIO || me.Code == metaapi.EAUTH {
+		s.log.Warn("meta call failed", "op", op, "code", me.Code, "remote", r.RemoteAddr, "err", me.Message)
+	} else {
+		s.log.Debug("meta call failed", "op", op, "code", me.Code, "err", me.Message)
+	}
+	if status == 0 {
+		status = httpStatus(me.Code)
+	}
+	body, _ := json.Marshal(me)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+// httpStatus maps an error code to an HTTP status. Clients go by the code
+// in the body; the status is for humans and proxies.
+func httpStatus(c metaapi.Code) int {
+	switch c {
+	case metaapi.ENOENT:
+		return http.StatusNotFound
+	case metaapi.EEXIST, metaapi.ENOTEMPTY:
+		return http.StatusConflict
+	case metaapi.EACCES, metaapi.EPERM:
+		return http.StatusForbidden
+	case metaapi.EAUTH:
+		return http.StatusUnauthorized
+	case metaapi.ENOSPC:
+		return http.StatusInsufficientStorage
+	case metaapi.EAGAIN:
+		return http.StatusServiceUnavailable
+	case metaapi.EIO:
+		return http.StatusInternalServerError
+	}
+	return http.StatusBadRequest
+}

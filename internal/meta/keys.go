@@ -1,0 +1,246 @@
+package meta
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// The key space of meta.db. Integers are big-endian so that keys sort in
+// numeric order and a prefix scan visits a directory's entries by name and
+// a file's chunks by index.
+//
+//	v/schema                          schema version (decimal text)
+//	v/counters                        counters (JSON): next ino/chunk/node id, epoch, object counts
+//	i <ino:8>                         inode (JSON inode)
+//	d <parent:8> <name>               directory entry: <ino:8> <type:1>
+//	k <ino:8> <index:8>               chunk of a file (JSON chunkRec)
+//	g <node:4> <chunk:8>              chunk queued for deletion on node (empty value)
+//	n <node:4>                        storage node (JSON nodeRec)
+const (
+	pInode  = 'i'
+	pDirent = 'd'
+	pChunk  = 'k'
+	pGC     = 'g'
+	pNode   = 'n'
+)
+
+var (
+	keySchema   = []byte("v/schema")
+	keyCounters = []byte("v/counters")
+)
+
+// schemaVersion is bumped on incompatible changes to the key space.
+const schemaVersion = "1"
+
+func inodeKey(ino ids.Ino) []byte {
+	b := make([]byte, 9)
+	b[0] = pInode
+	binary.BigEndian.PutUint64(b[1:], uint64(ino))
+	return b
+}
+
+func direntPrefix(parent ids.Ino) []byte {
+	b := make([]byte, 9, 9+16)
+	b[0] = pDirent
+	binary.BigEndian.PutUint64(b[1:], uint64(parent))
+	return b
+}
+
+func direntKey(parent ids.Ino, name string) []byte {
+	return append(direntPrefix(parent), name...)
+}
+
+func chunkPrefix(ino ids.Ino) []byte {
+	b := make([]byte, 9, 17)
+	b[0] = pChunk
+	binary.BigEndian.PutUint64(b[1:], uint64(ino))
+	return b
+}
+
+func chunkKey(ino ids.Ino, index int64) []byte {
+	return binary.BigEndian.AppendUint64(chunkPrefix(ino), uint64(index))
+}
+
+func gcPrefix(node ids.NodeID) []byte {
+	b := make([]byte, 5, 13)
+	b[0] = pGC
+	binary.BigEndian.PutUint32(b[1:], uint32(node))
+	return b
+}
+
+func gcKey(node ids.NodeID, chunk ids.ChunkID) []byte {
+	return binary.BigEndian.AppendUint64(gcPrefix(node), uint64(chunk))
+}
+
+func nodeKey(id ids.NodeID) []byte {
+	b := make([]byte, 5)
+	b[0] = pNode
+	binary.BigEndian.PutUint32(b[1:], uint32(id))
+	return b
+}
+
+// prefixEnd returns the smallest key greater than every key with prefix p.
+func prefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil // p is all 0xff: no upper bound
+}
+
+// ---- records ----
+
+// inode is the stored form of an inode: its attributes plus what only meta
+// needs.
+type inode struct {
+	metaapi.Attr
+	// Parent is the directory containing a directory (directories have
+	// exactly one name); the root is its own parent. Zero for other types,
+	// which may have several names.
+	Parent ids.Ino `json:"parent,omitempty"`
+	// DirPolicy is the policy set on a directory with SetPolicy, if any.
+	DirPolicy *metaapi.Policy `json:"dir_policy,omitempty"`
+}
+
+func (in *inode) isDir() bool { return in.Type == metaapi.TypeDir }
+
+// dirent is the value of a directory entry.
+type dirent struct {
+	Ino  ids.Ino
+	Type metaapi.FileType
+}
+
+var typeCodes = map[metaapi.FileType]byte{
+	metaapi.TypeFile: 1, metaapi.TypeDir: 2, metaapi.TypeSymlink: 3, metaapi.TypeFIFO: 4,
+}
+
+var codeTypes = map[byte]metaapi.FileType{
+	1: metaapi.TypeFile, 2: metaapi.TypeDir, 3: metaapi.TypeSymlink, 4: metaapi.TypeFIFO,
+}
+
+func encodeDirent(d dirent) []byte {
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, 9), uint64(d.Ino))
+	return append(b, typeCodes[d.Type])
+}
+
+func decodeDirent(b []byte) (dirent, error) {
+	if len(b) != 9 {
+		return dirent{}, fmt.Errorf("corrupt directory entry: %d bytes", len(b))
+	}
+	t, ok := codeTypes[b[8]]
+	if !ok {
+		return dirent{}, fmt.Errorf("corrupt directory entry: type %d", b[8])
+	}
+	return dirent{Ino: ids.Ino(binary.BigEndian.Uint64(b)), Type: t}, nil
+}
+
+// chunkRec is one chunk of a file.
+type chunkRec struct {
+	ID      ids.ChunkID  `json:"id"`
+	Version uint64       `json:"version"`
+	Nodes   []ids.NodeID `json:"nodes"` // replica set, in chain order
+	// ZeroFrom, when non-zero, is the chunk-relative offset from which the
+	// stored bytes are stale (a truncation inside the chunk) and read as
+	// zeros. See metaapi.ChunkLayout.ZeroFrom.
+	ZeroFrom int64 `json:"zero_from,omitempty"`
+}
+
+// nodeRec is a storage node as persisted. Liveness is not persisted: after
+// a restart every node is down until it is heard from again.
+type nodeRec struct {
+	ID            ids.NodeID `json:"id"`
+	Addr          string     `json:"addr"`
+	Domain        string     `json:"domain,omitempty"`
+	Capacity      int64      `json:"capacity"`
+	Used          int64      `json:"used"`
+	Chunks        int64      `json:"chunks"`
+	LastHeartbeat int64      `json:"last_heartbeat"`
+}
+
+// counters are the singletons every mutation may touch.
+type counters struct {
+	NextIno   ids.Ino     `json:"next_ino"`
+	NextChunk ids.ChunkID `json:"next_chunk"`
+	NextNode  ids.NodeID  `json:"next_node"`
+	Epoch     uint64      `json:"epoch"`
+	Files     int64       `json:"files"` // non-directory inodes
+	Dirs      int64       `json:"dirs"`  // directories, including the root
+	Chunks    int64       `json:"chunks"`
+}
+
+// ---- reading ----
+
+// getJSON reads key into v; found is false if the key is absent.
+func getJSON(r pebble.Reader, key []byte, v any) (found bool, err error) {
+	raw, closer, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer closer.Close()
+	if err := json.Unmarshal(raw, v); err != nil {
+		return false, fmt.Errorf("decoding %q: %w", key, err)
+	}
+	return true, nil
+}
+
+func getRaw(r pebble.Reader, key []byte) ([]byte, bool, error) {
+	raw, closer, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	defer closer.Close()
+	return append([]byte(nil), raw...), true, nil
+}
+
+// scan calls fn for each key in [lower, upper) in order until fn returns
+// false or an error. Key and value are only valid during the call.
+func scan(r pebble.Reader, lower, upper []byte, fn func(k, v []byte) (bool, error)) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			it.Close()
+			return err
+		}
+		more, err := fn(it.Key(), v)
+		if err != nil {
+			it.Close()
+			return err
+		}
+		if !more {
+			break
+		}
+	}
+	if err := it.Error(); err != nil {
+		it.Close()
+		return err
+	}
+	return it.Close()
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("meta: encoding %T: %v", v, err)) // only our own plain structs are encoded
+	}
+	return b
+}

@@ -1,0 +1,285 @@
+package meta
+
+import (
+	"encoding/binary"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// Membership: storage nodes register once (getting a persistent id),
+// then heartbeat. A node is up while heartbeats keep arriving and down
+// once none has arrived for NodeTimeout; every change of a node's state,
+// address or domain, and every new node, bumps the cluster epoch, which is
+// persisted and stamped into capabilities. After a meta restart every
+// known node starts down and comes up with its first heartbeat: liveness
+// is never taken on trust from before the restart.
+
+// maxDeletePerHeartbeat bounds the chunk deletions handed to a node per
+// heartbeat.
+const maxDeletePerHeartbeat = 1024
+
+// maxDeletedAcks bounds the acknowledgements one heartbeat may carry.
+const maxDeletedAcks = 1 << 16
+
+// member is a storage node as meta tracks it.
+type member struct {
+	rec   nodeRec
+	state metaapi.NodeState
+	heard bool // heard from since this process started
+}
+
+func (m *member) info() metaapi.NodeInfo {
+	return metaapi.NodeInfo{
+		ID: m.rec.ID, Addr: m.rec.Addr, Domain: m.rec.Domain, State: m.state,
+		Capacity: m.rec.Capacity, Used: m.rec.Used, Chunks: m.rec.Chunks,
+		LastHeartbeat: m.rec.LastHeartbeat,
+	}
+}
+
+// nodeInfosLocked returns every node sorted by id. Needs s.mu.
+func (s *Service) nodeInfosLocked() []metaapi.NodeInfo {
+	out := make([]metaapi.NodeInfo, 0, len(s.nodes))
+	for _, m := range s.nodes {
+		out = append(out, m.info())
+	}
+	slices.SortFunc(out, func(a, b metaapi.NodeInfo) int { return int(a.ID) - int(b.ID) })
+	return out
+}
+
+// addrsLocked returns the nodes' current addresses. Needs s.mu.
+func (s *Service) addrsLocked() map[ids.NodeID]string {
+	out := make(map[ids.NodeID]string, len(s.nodes))
+	for id, m := range s.nodes {
+		out[id] = m.rec.Addr
+	}
+	return out
+}
+
+func validNodeAddr(addr string) error {
+	if len(addr) > 256 {
+		return metaapi.Errorf(metaapi.EINVAL, "node address of %d bytes", len(addr))
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return metaapi.Errorf(metaapi.EINVAL, "node address %q: %v", addr, err)
+	}
+	return nil
+}
+
+// Register records a storage node, assigning an id on its first start.
+func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error) {
+	var out metaapi.RegisterResp
+	if err := validNodeAddr(req.Addr); err != nil {
+		return out, err
+	}
+	if len(req.Domain) > 256 {
+		return out, metaapi.Errorf(metaapi.EINVAL, "failure domain name of %d bytes", len(req.Domain))
+	}
+	if req.Capacity < 0 || req.Used < 0 || req.Chunks < 0 {
+		return out, metaapi.Errorf(metaapi.EINVAL, "negative capacity or usage")
+	}
+	err := s.update(func(tx *txn) error {
+		s.sweepTx(tx, req.ID)
+		id := req.ID
+		old := s.nodes[id]
+		switch {
+		case id == 0:
+			id = tx.ctr.NextNode
+			tx.ctr.NextNode++
+		case old == nil:
+			// A node that kept its id while meta's state was lost or
+			// restored from an older copy: take it, and never hand the
+			// id out again.
+			s.log.Warn("registering node with an id meta does not know", "node", id, "addr", req.Addr)
+			if id >= tx.ctr.NextNode {
+				tx.ctr.NextNode = id + 1
+			}
+		}
+		rec := nodeRec{
+			ID: id, Addr: req.Addr, Domain: req.Domain,
+			Capacity: req.Capacity, Used: req.Used, Chunks: req.Chunks,
+			LastHeartbeat: tx.now,
+		}
+		if old == nil || old.state != metaapi.NodeUp || old.rec.Addr != rec.Addr || old.rec.Domain != rec.Domain {
+			tx.ctr.Epoch++
+		}
+		if err := tx.setJSON(nodeKey(id), &rec); err != nil {
+			return err
+		}
+		tx.after = append(tx.after, func() {
+			s.nodes[id] = &member{rec: rec, state: metaapi.NodeUp, heard: true}
+			s.log.Info("storage node registered", "node", id, "addr", rec.Addr, "domain", rec.Domain, "epoch", tx.ctr.Epoch)
+		})
+		out = metaapi.RegisterResp{ID: id, Epoch: tx.ctr.Epoch, HeartbeatInterval: int64(s.opts.HeartbeatInterval)}
+		return nil
+	})
+	return out, err
+}
+
+// Heartbeat records that a node is alive, takes its usage and deletion
+// acknowledgements, and hands back the cluster map and chunks to delete.
+func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, error) {
+	var out metaapi.HeartbeatResp
+	if req.Addr != "" {
+		if err := validNodeAddr(req.Addr); err != nil {
+			return out, err
+		}
+	}
+	if req.Capacity < 0 || req.Used < 0 || req.Chunks < 0 {
+		return out, metaapi.Errorf(metaapi.EINVAL, "negative capacity or usage")
+	}
+	if len(req.Deleted) > maxDeletedAcks {
+		return out, metaapi.Errorf(metaapi.EINVAL, "%d deletion acknowledgements, at most %d", len(req.Deleted), maxDeletedAcks)
+	}
+	err := s.update(func(tx *txn) error {
+		m := s.nodes[req.ID]
+		if m == nil {
+			return metaapi.Errorf(metaapi.ENOENT, "unknown storage node %d: register first", req.ID)
+		}
+		rec := m.rec
+		rec.Capacity, rec.Used, rec.Chunks = req.Capacity, req.Used, req.Chunks
+		rec.LastHeartbeat = tx.now
+		persist := false
+		if req.Addr != "" && req.Addr != rec.Addr {
+			rec.Addr = req.Addr
+			tx.ctr.Epoch++
+			persist = true
+		}
+		if m.state != metaapi.NodeUp {
+			tx.ctr.Epoch++
+			persist = true
+		}
+		if persist {
+			if err := tx.setJSON(nodeKey(rec.ID), &rec); err != nil {
+				return err
+			}
+		}
+		for _, c := range req.Deleted {
+			if err := tx.b.Delete(gcKey(rec.ID, c), nil); err != nil {
+				return err
+			}
+		}
+		s.sweepTx(tx, rec.ID)
+		p := gcPrefix(rec.ID)
+		err := scan(tx.b, p, prefixEnd(p), func(k, v []byte) (bool, error) {
+			out.Delete = append(out.Delete, ids.ChunkID(binary.BigEndian.Uint64(k[len(p):])))
+			return len(out.Delete) < maxDeletePerHeartbeat, nil
+		})
+		if err != nil {
+			return err
+		}
+		wasUp := m.state == metaapi.NodeUp
+		tx.after = append(tx.after, func() {
+			m.rec, m.state, m.heard = rec, metaapi.NodeUp, true
+			if !wasUp {
+				s.log.Info("storage node up", "node", rec.ID, "addr", rec.Addr, "epoch", tx.ctr.Epoch)
+			}
+			out.Nodes = s.nodeInfosLocked()
+			out.Epoch = tx.ctr.Epoch
+		})
+		return nil
+	})
+	return out, err
+}
+
+// Sweep marks nodes that have been silent for NodeTimeout down, bumping
+// the epoch. A background ticker calls it; Status and allocation call it
+// first too, so a node's state never lags the clock.
+func (s *Service) Sweep() {
+	now := s.opts.Now().UnixNano()
+	s.mu.RLock()
+	due := false
+	for _, m := range s.nodes {
+		if s.silent(m, now) {
+			due = true
+			break
+		}
+	}
+	s.mu.RUnlock()
+	if !due {
+		return
+	}
+	if err := s.update(func(tx *txn) error { s.sweepTx(tx, 0); return nil }); err != nil && err != errClosed {
+		s.log.Error("marking silent nodes down", "err", err)
+	}
+}
+
+func (s *Service) silent(m *member, now int64) bool {
+	return m.state == metaapi.NodeUp && now-m.rec.LastHeartbeat > int64(s.opts.NodeTimeout)
+}
+
+// sweepTx does Sweep's work inside a mutation, leaving node except alone
+// (it is being heard from in this very mutation).
+func (s *Service) sweepTx(tx *txn, except ids.NodeID) {
+	for _, m := range s.nodes {
+		if m.rec.ID == except || !s.silent(m, tx.now) {
+			continue
+		}
+		tx.ctr.Epoch++
+		tx.after = append(tx.after, func() {
+			m.state = metaapi.NodeDown
+			s.log.Warn("storage node down", "node", m.rec.ID, "addr", m.rec.Addr,
+				"silent_for", time.Duration(tx.now-m.rec.LastHeartbeat).String(), "epoch", tx.ctr.Epoch)
+		})
+	}
+}
+
+func (s *Service) sweeper() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.opts.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sweep()
+		}
+	}
+}
+
+// placementError turns a placement failure into the caller's error. Just
+// after a restart every node is down until its first heartbeat, so a
+// shortage then is reported as EAGAIN (the client retries) rather than
+// ENOSPC.
+func (s *Service) placementError(err error) error {
+	if !metaapi.IsCode(err, metaapi.ENOSPC) {
+		return err
+	}
+	now := s.opts.Now()
+	if now.Sub(s.openedAt) >= s.opts.NodeTimeout {
+		return err
+	}
+	waiting := 0
+	for _, m := range s.nodes {
+		if !m.heard {
+			waiting++
+		}
+	}
+	if waiting == 0 {
+		return err
+	}
+	return metaapi.Errorf(metaapi.EAGAIN, "meta restarted %s ago and is waiting for %d storage nodes to report in (%v)",
+		now.Sub(s.openedAt).Round(time.Millisecond), waiting, err)
+}
+
+// Status reports the cluster map and object counts.
+func (s *Service) Status() (metaapi.StatusResp, error) {
+	s.Sweep()
+	var out metaapi.StatusResp
+	err := s.read(func(v view) error {
+		out = metaapi.StatusResp{
+			MetaAddr: s.metaAddr,
+			Epoch:    s.ctr.Epoch,
+			Nodes:    s.nodeInfosLocked(),
+			Files:    s.ctr.Files,
+			Dirs:     s.ctr.Dirs,
+			Chunks:   s.ctr.Chunks,
+		}
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,504 @@
+// Package meta is Sluice's control plane: the namespace (inodes and
+// directories with POSIX semantics), file layouts (which chunk lives on
+// which storage nodes), per-directory redundancy policies, storage-node
+// membership with heartbeats and a cluster epoch, and the minting of the
+// capabilities storage nodes check on the data path.
+//
+// All state lives in one pebble database (DIR/meta.db); keys.go describes
+// the key space. Every mutation runs under one mutex as a single pebble
+// batch, so multi-key updates (a rename touches two directories, up to two
+// inodes and the deletion queue) are atomic. Reads run under a read lock.
+//
+// Durability and group commit: a mutation applies its batch while holding
+// the lock with "sync requested, but don't wait" (pebble's
+// ApplyNoSyncWait), releases the lock, and then waits for the WAL fsync.
+// Mutations that arrive while an fsync is in flight queue behind it and
+// share the next one, so N concurrent creates cost far fewer than N
+// fsyncs, yet nothing is acknowledged before it is on disk. Because a
+// batch is visible to readers as soon as it is applied, every operation —
+// reads included — also waits until everything it could have observed is
+// durable before it returns (durability.wait), so no caller ever sees state
+// that a crash could take back.
+//
+// The decision logic is plain Go over a pebble reader or batch (namespace.go,
+// layout.go, membership.go) and is tested without HTTP; http.go is a thin
+// JSON layer over the Service methods.
+package meta
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/secret"
+)
+
+// File names inside the data directory.
+const (
+	SecretFile = "cluster.secret"
+	DBDir      = "meta.db"
+)
+
+// Options configure a Service. Zero values take the defaults.
+type Options struct {
+	Dir               string        // data dir; cluster.secret is created there on first start
+	Logger            *slog.Logger  // default: slog.Default()
+	HeartbeatInterval time.Duration // told to nodes; default 1s
+	NodeTimeout       time.Duration // node marked down after this silence; default 10s
+	CapabilityTTL     time.Duration // default 10m
+	DefaultReplicas   int           // root policy on first start; default 3
+	ChunkSize         int64         // chunk size of new files; default metaapi.DefaultChunkSize
+	MetaAddr          string        // reported by Status; see also SetMetaAddr
+	Now               func() time.Time
+	// Seed seeds placement's random choices; 0 picks a random seed.
+	Seed uint64
+	// SweepInterval is how often a background ticker marks silent nodes
+	// down; default HeartbeatInterval. Negative disables the ticker (tests
+	// drive Sweep themselves).
+	SweepInterval time.Duration
+
+	fs vfs.FS // tests: an in-memory file system for meta.db
+}
+
+func (o *Options) setDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.HeartbeatInterval <= 0 {
+		o.HeartbeatInterval = time.Second
+	}
+	if o.NodeTimeout <= 0 {
+		o.NodeTimeout = 10 * time.Second
+	}
+	if o.CapabilityTTL <= 0 {
+		o.CapabilityTTL = 10 * time.Minute
+	}
+	if o.DefaultReplicas <= 0 {
+		o.DefaultReplicas = 3
+	}
+	if o.ChunkSize <= 0 {
+		o.ChunkSize = metaapi.DefaultChunkSize
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.SweepInterval == 0 {
+		o.SweepInterval = o.HeartbeatInterval
+	}
+}
+
+// Service is the meta service. Its exported methods are safe for
+// concurrent use; each returns *metaapi.Error for every failure a caller
+// can act on (other errors are internal and map to EIO).
+type Service struct {
+	opts   Options
+	log    *slog.Logger
+	db     *pebble.DB
+	sec    secret.Secret
+	keys   *capability.Keyring
+	nodeTk string
+	dur    durability
+
+	mu       sync.RWMutex
+	closed   bool
+	ctr      counters
+	nodes    map[ids.NodeID]*member
+	rng      *rand.Rand // under mu (write)
+	metaAddr string
+	openedAt time.Time
+
+	srvMu sync.Mutex
+	srv   *http.Server
+
+	stop     chan struct{}
+	wg       sync.WaitGroup // background goroutines
+	inflight sync.WaitGroup // mutations applied but not yet synced
+}
+
+// Open opens (creating on first start) the meta service's state in
+// opts.Dir.
+func Open(opts Options) (*Service, error) {
+	opts.setDefaults()
+	if opts.Dir == "" {
+		return nil, errors.New("meta: no data directory")
+	}
+	if opts.DefaultReplicas > 16 {
+		return nil, fmt.Errorf("meta: default replicas %d out of range 1..16", opts.DefaultReplicas)
+	}
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("meta: creating data directory: %w", err)
+	}
+	sec, err := secret.LoadOrCreate(filepath.Join(opts.Dir, SecretFile))
+	if err != nil {
+		return nil, fmt.Errorf("meta: %w", err)
+	}
+	db, err := pebble.Open(filepath.Join(opts.Dir, DBDir), &pebble.Options{Logger: pebbleLogger{opts.Logger}, FS: opts.fs})
+	if err != nil {
+		return nil, fmt.Errorf("meta: opening %s: %w", DBDir, err)
+	}
+	seed := opts.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	s := &Service{
+		opts:     opts,
+		log:      opts.Logger,
+		db:       db,
+		sec:      sec,
+		keys:     capability.NewKeyring(sec),
+		nodeTk:   sec.NodeToken(),
+		nodes:    make(map[ids.NodeID]*member),
+		rng:      rand.New(rand.NewPCG(seed, seed^0x5eed)),
+		metaAddr: opts.MetaAddr,
+		openedAt: opts.Now(),
+		stop:     make(chan struct{}),
+	}
+	s.dur.init()
+	if err := s.load(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("meta: %w", err)
+	}
+	if opts.SweepInterval > 0 {
+		s.wg.Add(1)
+		go s.sweeper()
+	}
+	s.log.Info("meta service open", "dir", opts.Dir, "epoch", s.ctr.Epoch, "nodes", len(s.nodes),
+		"files", s.ctr.Files, "dirs", s.ctr.Dirs, "chunks", s.ctr.Chunks)
+	return s, nil
+}
+
+// load reads the counters and the node table, initialising a fresh
+// database with the root directory and the root policy.
+func (s *Service) load() error {
+	raw, found, err := getRaw(s.db, keySchema)
+	if err != nil {
+		return err
+	}
+	if !found {
+		return s.initDB()
+	}
+	if string(raw) != schemaVersion {
+		return fmt.Errorf("%s has schema version %q, this build understands %q", DBDir, raw, schemaVersion)
+	}
+	if ok, err := getJSON(s.db, keyCounters, &s.ctr); err != nil || !ok {
+		return fmt.Errorf("reading counters: found=%v: %v", ok, err)
+	}
+	return scan(s.db, []byte{pNode}, []byte{pNode + 1}, func(k, v []byte) (bool, error) {
+		m := new(member)
+		if err := json.Unmarshal(v, &m.rec); err != nil {
+			return false, err
+		}
+		m.state = metaapi.NodeDown // until heard from
+		s.nodes[m.rec.ID] = m
+		return true, nil
+	})
+}
+
+func (s *Service) initDB() error {
+	now := s.opts.Now().UnixNano()
+	pol := metaapi.Policy{Replicas: s.opts.DefaultReplicas, Strategy: metaapi.StrategyRing}
+	root := &inode{
+		Attr: metaapi.Attr{
+			Ino: ids.RootIno, Type: metaapi.TypeDir, Mode: 0o755, Nlink: 2,
+			Atime: now, Mtime: now, Ctime: now,
+		},
+		Parent:    ids.RootIno,
+		DirPolicy: &pol,
+	}
+	s.ctr = counters{NextIno: ids.RootIno + 1, NextChunk: 1, NextNode: 1, Epoch: 1, Dirs: 1}
+	b := s.db.NewBatch()
+	defer b.Close()
+	b.Set(inodeKey(ids.RootIno), mustJSON(root), nil)
+	b.Set(keyCounters, mustJSON(&s.ctr), nil)
+	b.Set(keySchema, []byte(schemaVersion), nil) // last: its presence marks a complete init
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("initialising %s: %w", DBDir, err)
+	}
+	s.log.Info("initialised new namespace", "root_policy", pol.String())
+	return nil
+}
+
+// Secret returns the cluster secret (for writing node configuration; never
+// log it).
+func (s *Service) Secret() secret.Secret { return s.sec }
+
+// ClientConf returns the client configuration for client id 1 at addr.
+func (s *Service) ClientConf(addr string) config.ClientConf {
+	return config.ClientConf{Meta: addr, ClientID: 1, Credential: s.sec.ClientCredential(1)}
+}
+
+// WriteClientConf writes DIR/client.conf for clients reaching meta at
+// addr and returns its path.
+func (s *Service) WriteClientConf(addr string) (string, error) {
+	path := filepath.Join(s.opts.Dir, config.FileName)
+	if err := config.Save(path, s.ClientConf(addr)); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// SetMetaAddr sets the address Status reports.
+func (s *Service) SetMetaAddr(addr string) {
+	s.mu.Lock()
+	s.metaAddr = addr
+	s.mu.Unlock()
+}
+
+// Serve serves the HTTP API on ln until Shutdown or Close. It also sets
+// the reported meta address from ln if none is set yet.
+func (s *Service) Serve(ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	s.srvMu.Lock()
+	if s.srv != nil {
+		s.srvMu.Unlock()
+		return errors.New("meta: already serving")
+	}
+	s.srv = srv
+	s.srvMu.Unlock()
+	s.mu.Lock()
+	if s.metaAddr == "" {
+		s.metaAddr = AdvertiseAddr(ln.Addr().String())
+	}
+	s.mu.Unlock()
+	s.log.Info("meta service listening", "addr", ln.Addr().String())
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops serving HTTP, waiting for calls in progress.
+func (s *Service) Shutdown(ctx context.Context) error {
+	s.srvMu.Lock()
+	srv := s.srv
+	s.srvMu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return srv.Shutdown(ctx)
+}
+
+// AdvertiseAddr turns a listen address into one clients can dial: an
+// unspecified host (":7000", "0.0.0.0:7000", "[::]:7000") becomes
+// loopback.
+func AdvertiseAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// Close stops the service and closes the database. Calls after Close fail
+// with EAGAIN (meta is restarting, from the caller's point of view).
+func (s *Service) Close() error {
+	s.srvMu.Lock()
+	srv := s.srv
+	s.srvMu.Unlock()
+	if srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		srv.Shutdown(ctx)
+		cancel()
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.stop)
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.inflight.Wait()
+	return s.db.Close()
+}
+
+var errClosed = metaapi.Errorf(metaapi.EAGAIN, "meta service is shutting down")
+
+// update runs fn as one atomic, durable mutation. fn's error, if any, is
+// returned and nothing is written. Otherwise the batch is committed, the
+// in-memory side effects (tx.after) applied, and update returns once the
+// batch — and everything before it — is durable.
+func (s *Service) update(fn func(tx *txn) error) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errClosed
+	}
+	tx := &txn{
+		b:      s.db.NewIndexedBatch(),
+		now:    s.opts.Now().UnixNano(),
+		ctr:    s.ctr,
+		ctr0:   s.ctr,
+		inodes: make(map[ids.Ino]*inode),
+		dirtyI: make(map[ids.Ino]bool),
+		freed:  make(map[ids.Ino]bool),
+	}
+	err := fn(tx)
+	if err == nil {
+		err = tx.flush()
+	}
+	if err != nil {
+		// The refusal may rest on state not yet durable (EEXIST for a
+		// name whose create is still syncing): wait for it like a read.
+		seen := s.dur.committed()
+		s.mu.Unlock()
+		tx.b.Close()
+		if werr := s.dur.wait(seen); werr != nil {
+			return werr
+		}
+		return err
+	}
+	if tx.b.Empty() {
+		for _, f := range tx.after {
+			f()
+		}
+		seen := s.dur.committed()
+		s.mu.Unlock()
+		tx.b.Close()
+		return s.dur.wait(seen) // it may have read state not yet durable
+	}
+	if err := s.db.ApplyNoSyncWait(tx.b, pebble.Sync); err != nil {
+		s.mu.Unlock()
+		tx.b.Close()
+		s.log.Error("committing mutation", "err", err)
+		return metaapi.Errorf(metaapi.EIO, "committing: %v", err)
+	}
+	s.ctr = tx.ctr
+	for _, f := range tx.after {
+		f()
+	}
+	seq := s.dur.commit()
+	s.inflight.Add(1) // under mu, so Close cannot miss it
+	s.mu.Unlock()
+
+	err = tx.b.SyncWait()
+	tx.b.Close()
+	s.inflight.Done()
+	if err != nil {
+		s.log.Error("syncing WAL", "err", err)
+		s.dur.fail(err)
+		return metaapi.Errorf(metaapi.EIO, "syncing: %v", err)
+	}
+	s.dur.done(seq)
+	return nil
+}
+
+// read runs fn over committed state under the read lock and returns once
+// everything fn could have observed is durable.
+func (s *Service) read(fn func(v view) error) error {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return errClosed
+	}
+	err := fn(view{s.db})
+	seen := s.dur.committed()
+	s.mu.RUnlock()
+	// Errors are observations too (ENOENT for a name whose removal is
+	// still syncing), so wait either way.
+	if werr := s.dur.wait(seen); werr != nil {
+		return werr
+	}
+	return err
+}
+
+// durability tracks which applied batches are known to be on disk.
+// Batches are applied in sequence order under Service.mu, and pebble's WAL
+// is sequential, so when the fsync for batch n completes, every batch up
+// to n is durable.
+type durability struct {
+	mu      sync.Mutex
+	cond    sync.Cond
+	applied uint64 // written under Service.mu as well as dur.mu
+	durable uint64
+	err     error
+}
+
+func (d *durability) init() { d.cond.L = &d.mu }
+
+func (d *durability) commit() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.applied++
+	return d.applied
+}
+
+func (d *durability) committed() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.applied
+}
+
+func (d *durability) done(seq uint64) {
+	d.mu.Lock()
+	if seq > d.durable {
+		d.durable = seq
+	}
+	d.mu.Unlock()
+	d.cond.Broadcast()
+}
+
+func (d *durability) fail(err error) {
+	d.mu.Lock()
+	if d.err == nil {
+		d.err = err
+	}
+	d.mu.Unlock()
+	d.cond.Broadcast()
+}
+
+func (d *durability) wait(seq uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for d.durable < seq && d.err == nil {
+		d.cond.Wait()
+	}
+	if d.durable < seq {
+		return metaapi.Errorf(metaapi.EIO, "write-ahead log sync failed: %v", d.err)
+	}
+	return nil
+}
+
+// pebbleLogger routes pebble's messages to slog.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug("pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error("pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	p.l.Error("pebble fatal: " + fmt.Sprintf(format, args...))
+	os.Exit(1)
+}

@@ -1,0 +1,155 @@
+// Package placement chooses the storage nodes that hold a new chunk's
+// replicas. It is pure: it sees a snapshot of the cluster map and a random
+// source, does no I/O, and keeps no state, so meta can call it under its
+// lock and tests can drive it deterministically.
+//
+// The policy, in order of priority:
+//
+//  1. Only live nodes (State == up), never an excluded node, never a node
+//     that reports itself full (Capacity > 0 and Used >= Capacity).
+//  2. Spread across failure domains: the first replicas go to distinct
+//     domains (nodes sharing NodeInfo.Domain are one domain; a node with
+//     an empty domain is a domain of its own); only when every domain
+//     holds a replica are further replicas doubled up inside domains.
+//  3. Within those bounds, prefer emptier nodes without herding: each pick
+//     is a "power of two choices" — draw two candidates at random and keep
+//     the one with the lower used/capacity ratio. A fully deterministic
+//     "least used first" would send every chunk allocated between two
+//     heartbeats to the same nodes, since usage is only refreshed by
+//     heartbeats; two random choices keep the load balanced with
+//     exponentially smaller imbalance than one random choice, yet still
+//     spread a burst of allocations over the whole cluster.
+package placement
+
+import (
+	"math/rand/v2"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// Choose returns k distinct node ids for a new chunk, chosen from nodes as
+// described in the package comment. The first returned node is the head of
+// the replication chain. If fewer than k nodes qualify it returns an
+// ENOSPC *metaapi.Error naming both numbers.
+func Choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, rng *rand.Rand) ([]ids.NodeID, error) {
+	if k < 1 {
+		return nil, metaapi.Errorf(metaapi.EINVAL, "placement: need at least 1 replica, got %d", k)
+	}
+	cands := make([]cand, 0, len(nodes))
+	seen := make(map[ids.NodeID]bool, len(nodes))
+	up, full := 0, 0
+	for i := range nodes {
+		n := &nodes[i]
+		if n.State != metaapi.NodeUp || n.ID == 0 || seen[n.ID] || contains(exclude, n.ID) {
+			continue
+		}
+		seen[n.ID] = true // a duplicated id would break distinctness
+		up++
+		if n.Capacity > 0 && n.Used >= n.Capacity {
+			full++
+			continue
+		}
+		dom := n.Domain
+		if dom == "" {
+			dom = "\x00node:" + n.ID.String() // cannot collide with a configured domain name
+		}
+		cands = append(cands, cand{id: n.ID, domain: dom, ratio: ratio(n)})
+	}
+	if len(cands) < k {
+		switch {
+		case full > 0:
+			return nil, metaapi.Errorf(metaapi.ENOSPC,
+				"policy needs %d replicas but only %d storage nodes are up with free space (%d up, %d full)",
+				k, len(cands), up, full)
+		case len(exclude) > 0:
+			return nil, metaapi.Errorf(metaapi.ENOSPC,
+				"policy needs %d replicas but only %d storage nodes are up (not counting %d excluded)",
+				k, len(cands), len(exclude))
+		default:
+			return nil, metaapi.Errorf(metaapi.ENOSPC,
+				"policy needs %d replicas but only %d storage nodes are up", k, len(cands))
+		}
+	}
+	out := make([]ids.NodeID, 0, k)
+	used := make(map[string]bool)
+	// Pass 1: one node per domain not yet holding a replica.
+	for len(out) < k {
+		i := pick(cands, rng, func(c *cand) bool { return !c.taken && !used[c.domain] })
+		if i < 0 {
+			break // every domain has a replica
+		}
+		cands[i].taken = true
+		used[cands[i].domain] = true
+		out = append(out, cands[i].id)
+	}
+	// Pass 2: fill from the remaining nodes.
+	for len(out) < k {
+		i := pick(cands, rng, func(c *cand) bool { return !c.taken })
+		if i < 0 {
+			break // cannot happen: len(cands) >= k
+		}
+		cands[i].taken = true
+		out = append(out, cands[i].id)
+	}
+	return out, nil
+}
+
+type cand struct {
+	id     ids.NodeID
+	domain string
+	ratio  float64
+	taken  bool
+}
+
+// ratio is the fraction of a node's capacity in use; a node that does not
+// report its capacity counts as empty rather than being starved.
+func ratio(n *metaapi.NodeInfo) float64 {
+	if n.Capacity <= 0 {
+		return 0
+	}
+	used := max(n.Used, 0)
+	return float64(used) / float64(n.Capacity)
+}
+
+// pick draws two eligible candidates uniformly at random (with
+// replacement; identical when only one is eligible) and returns the index
+// of the one with the lower ratio, or -1 when none is eligible.
+func pick(cands []cand, rng *rand.Rand, ok func(*cand) bool) int {
+	n := 0
+	for i := range cands {
+		if ok(&cands[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return -1
+	}
+	a, b := nth(cands, ok, rng.IntN(n)), nth(cands, ok, rng.IntN(n))
+	if cands[b].ratio < cands[a].ratio {
+		return b
+	}
+	return a
+}
+
+// nth returns the index of the j-th eligible candidate.
+func nth(cands []cand, ok func(*cand) bool, j int) int {
+	for i := range cands {
+		if ok(&cands[i]) {
+			if j == 0 {
+				return i
+			}
+			j--
+		}
+	}
+	return -1
+}
+
+func contains(list []ids.NodeID, id ids.NodeID) bool {
+	for _, x := range list {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
