@@ -286,16 +286,20 @@ func (c *Client) Put(ctx context.Context, p string, r io.Reader, mode uint32) (i
 	return n, nil
 }
 
-// writeFrom writes r's content from offset 0, with one buffer being
-// filled while another is being written; writes to the same chunk are
-// serialised here rather than refused busy by the node.
+// writeFrom writes r's content from offset 0, with buffers being filled
+// while others are written. Writes to one chunk run one at a time and in
+// file order (the node would refuse a concurrent one busy, and an
+// out-of-order one would turn a plain append into an overwrite of a
+// hole); different chunks proceed in parallel.
 func (f *File) writeFrom(ctx context.Context, r io.Reader) (int64, error) {
 	c := f.c
 	cs := f.Attr().ChunkSize
 	depth := max(2, c.opts.Parallel/2)
 	type job struct {
-		off int64
-		buf []byte
+		off   int64
+		buf   []byte
+		after <-chan struct{} // the previous write to the same chunk
+		done  chan struct{}
 	}
 	free := make(chan []byte, depth)
 	for range depth {
@@ -309,15 +313,15 @@ func (f *File) writeFrom(ctx context.Context, r io.Reader) (int64, error) {
 		versions []metaapi.ChunkVersion
 		werr     error
 		wg       sync.WaitGroup
-		locks    sync.Map // chunk index -> *sync.Mutex
 	)
 	for range depth {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				lk, _ := locks.LoadOrStore(j.off/cs, new(sync.Mutex))
-				lk.(*sync.Mutex).Lock()
+				if j.after != nil {
+					<-j.after
+				}
 				var v metaapi.ChunkVersion
 				var err error
 				for done := 0; done < len(j.buf) && err == nil; {
@@ -330,7 +334,7 @@ func (f *File) writeFrom(ctx context.Context, r io.Reader) (int64, error) {
 						mu.Unlock()
 					}
 				}
-				lk.(*sync.Mutex).Unlock()
+				close(j.done)
 				if err != nil {
 					mu.Lock()
 					if werr == nil {
@@ -345,6 +349,7 @@ func (f *File) writeFrom(ctx context.Context, r io.Reader) (int64, error) {
 	}
 	var total int64
 	var rerr error
+	var prev chan struct{} // done channel of the last job, if in the current chunk
 	for ctx.Err() == nil {
 		var buf []byte
 		select {
@@ -358,8 +363,13 @@ func (f *File) writeFrom(ctx context.Context, r io.Reader) (int64, error) {
 		want := min(int64(len(buf)), cs-total%cs)
 		n, err := io.ReadFull(r, buf[:want])
 		if n > 0 {
+			j := job{off: total, buf: buf[:n], done: make(chan struct{})}
+			if total%cs != 0 {
+				j.after = prev
+			}
+			prev = j.done
 			select {
-			case jobs <- job{off: total, buf: buf[:n]}:
+			case jobs <- j:
 			case <-ctx.Done():
 			}
 			total += int64(n)

@@ -46,6 +46,14 @@ type Handlers struct {
 	// Header for a header-only message). It must eventually call
 	// r.Finish, from any goroutine; the table entry is held until then.
 	Completion func(r *Request)
+	// Direct, if set, offers the destination for data packet [off, off+n)
+	// of an accepted request so the fabric receives it in place (direct
+	// placement); nil means "use a receive buffer". It runs on the
+	// connection's reader goroutine, concurrently with the request's other
+	// handlers, and must not block. DirectDone follows each non-nil Direct
+	// once the bytes are in.
+	Direct     func(r *Request, off int64, n int) []byte
+	DirectDone func(r *Request)
 	// Cleanup runs when an accepted request ends before its last packet:
 	// its client went silent or disconnected, or Payload failed. It frees
 	// the policy's state (aborts the store write, the forward).
@@ -203,6 +211,35 @@ func (e *Engine) event(ev Event) { e.opts.OnEvent(ev) }
 type connState struct {
 	cur     *Request
 	discard bool
+	placing *Request // a Direct placement is in progress for it
+}
+
+// PlaceBegin implements fabric.Placer: a data packet of an accepted
+// request is received where its context says it belongs.
+func (e *Engine) PlaceBegin(c *fabric.Conn, id uint64, off int64, n int) []byte {
+	cs, _ := c.Local.(*connState)
+	if cs == nil || cs.discard || cs.cur == nil || cs.cur.ID != id {
+		return nil
+	}
+	r := cs.cur
+	// The header handler runs on a worker; until it has accepted the
+	// request (published by the phase store), packets take the normal path.
+	if r.ctx.Direct == nil || r.getPhase() != phaseReceiving {
+		return nil
+	}
+	b := r.ctx.Direct(r, off, n)
+	if b != nil {
+		cs.placing = r
+	}
+	return b
+}
+
+// PlaceEnd implements fabric.Placer.
+func (e *Engine) PlaceEnd(c *fabric.Conn) {
+	cs := c.Local.(*connState)
+	r := cs.placing
+	cs.placing = nil
+	r.ctx.DirectDone(r)
 }
 
 // HandlePacket implements fabric.Handler.

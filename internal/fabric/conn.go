@@ -24,6 +24,19 @@ type Handler interface {
 	Closed(c *Conn, err error)
 }
 
+// Placer is implemented by Handlers that can receive a data packet's
+// payload straight into its final location (direct placement) instead of
+// a receive buffer. The reader goroutine calls PlaceBegin with the
+// packet's message id, offset within the message data and length before
+// reading its payload; a non-nil result (exactly n bytes) is filled from
+// the socket, then PlaceEnd is called, then HandlePacket gets a packet
+// whose Data is that slice. Both run on the reader goroutine and must not
+// block.
+type Placer interface {
+	PlaceBegin(c *Conn, id uint64, off int64, n int) []byte
+	PlaceEnd(c *Conn)
+}
+
 // ErrClosed is returned by operations on a closed connection.
 var ErrClosed = errors.New("fabric: connection closed")
 
@@ -42,6 +55,7 @@ type Conn struct {
 	nc      net.Conn
 	br      *bufio.Reader
 	handler Handler
+	placer  Placer // the handler, if it places directly
 	quota   *quota
 	sendMTU int // the peer's receive MTU, capped by ours
 	recvMTU int
@@ -108,6 +122,7 @@ func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU int) *Conn {
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
 	}
+	c.placer, _ = h.(Placer)
 	go c.readLoop()
 	go c.ctrlLoop()
 	return c
@@ -227,14 +242,24 @@ func (c *Conn) recvSend(h header) error {
 	p.ID, p.Flags, p.Conn = h.id, h.flags, c
 	p.refs.Store(1)
 	p.Data = p.buf[:h.length]
+	placed := false
 	if first {
 		c.inMsg, c.inID, c.inOff = true, h.id, 0
 		p.Off = 0
 	} else {
 		p.Off = c.inOff
 		c.inOff += int64(h.length)
+		if c.placer != nil && h.length > 0 {
+			if dst := c.placer.PlaceBegin(c, h.id, p.Off, int(h.length)); dst != nil {
+				p.Data, placed = dst, true
+			}
+		}
 	}
-	if _, err := io.ReadFull(c.br, p.Data); err != nil {
+	_, err := io.ReadFull(c.br, p.Data)
+	if placed {
+		c.placer.PlaceEnd(c)
+	}
+	if err != nil {
 		p.Release()
 		return err
 	}

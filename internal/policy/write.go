@@ -2,7 +2,6 @@ package policy
 
 import (
 	"errors"
-	"sync"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
@@ -14,8 +13,7 @@ import (
 // writer is the write execution context: auth + ring replication +
 // direct placement + checksums.
 type writer struct {
-	d      *Deps
-	states sync.Pool // of *writeState
+	d *Deps
 }
 
 // writeState is the per-request state (the sPIN write descriptor). Only
@@ -33,9 +31,7 @@ type writeState struct {
 	fwdHdr []byte
 }
 
-func newWriter(d *Deps) *writer {
-	return &writer{d: d, states: sync.Pool{New: func() any { return &writeState{fwdHdr: make([]byte, 0, 512)} }}}
-}
+func newWriter(d *Deps) *writer { return &writer{d: d} }
 
 func (x *writer) context() *engine.Context {
 	return &engine.Context{Name: "write", Class: wire.OpWrite, Handlers: engine.Handlers{
@@ -43,13 +39,18 @@ func (x *writer) context() *engine.Context {
 		Payload:    x.payload,
 		Completion: x.completion,
 		Cleanup:    x.cleanup,
+		Direct:     x.direct,
+		DirectDone: x.directDone,
 	}}
 }
 
+// header admits a write. Its state is not pooled: the fabric's reader may
+// still be finishing a direct placement when a failed request is cleaned
+// up, and must find the state intact (the store makes the late placement
+// harmless).
 func (x *writer) header(r *engine.Request, hdr []byte) error {
-	st := x.states.Get().(*writeState)
+	st := &writeState{}
 	if err := x.admit(st, hdr); err != nil {
-		x.put(st)
 		return err
 	}
 	r.State = st
@@ -108,6 +109,15 @@ func storeError(err error) error {
 	return wire.Errorf(wire.StatusIO, "%v", err)
 }
 
+// direct runs on the fabric's reader: a data packet in the append region
+// is received straight into the chunk file's mapped pages.
+func (x *writer) direct(r *engine.Request, off int64, n int) []byte {
+	st := r.State.(*writeState)
+	return st.w.DirectBegin(st.chunkOff+off, n)
+}
+
+func (x *writer) directDone(r *engine.Request) { r.State.(*writeState).w.DirectEnd() }
+
 // payload is the per-packet path: forward first (so the next replica
 // works in parallel), then place the packet in the store at its offset.
 func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
@@ -154,22 +164,17 @@ func (x *writer) finish(r *engine.Request, st *writeState) {
 		reply = wire.AppendError(nil, err)
 	}
 	r.Finish(reply)
-	x.put(st)
 }
 
 func (x *writer) cleanup(r *engine.Request, reason error) {
 	st := r.State.(*writeState)
-	st.w.Abort()
 	if st.fwd != nil {
+		// Stop the forward first: it may still be sending from the
+		// mapped pages the abort releases.
 		st.fwd.abort(reason)
 		st.fwd.wait()
 	}
-	x.put(st)
-}
-
-func (x *writer) put(st *writeState) {
-	st.w, st.fwd = nil, nil
-	x.states.Put(st)
+	st.w.Abort()
 }
 
 // errAborted is the reason a forward stops when its request is cleaned up.

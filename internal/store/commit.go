@@ -51,8 +51,10 @@ func (w *Write) Commit() (Info, error) {
 		return Info{}, err
 	case err != nil && !published:
 		w.state = writeAborted
-		w.discard()
-		s.chunks.release(w.id, w.c, true)
+		w.closeDirect(func() {
+			w.discard()
+			s.chunks.release(w.id, w.c, true)
+		})
 		return Info{}, fmt.Errorf("store: commit %v v%d: %w", w.id, w.version, err)
 	}
 	w.state = writeCommitted
@@ -77,6 +79,9 @@ func (w *Write) commit(info Info) (published bool, err error) {
 			return false, err
 		}
 	}
+	// Every byte is placed and durable; a replica forwarding from the
+	// mapped pages has finished before it commits. The mapping is done.
+	w.closeDirect(func() {})
 
 	b := s.db.NewBatch()
 	defer b.Close()
@@ -159,6 +164,9 @@ func (w *Write) Sync() error {
 // syncData makes everything the write put on disk durable before the
 // commit point.
 func (w *Write) syncData() error {
+	if err := w.syncDirect(); err != nil {
+		return err
+	}
 	if w.f != nil {
 		if w.end == w.off && w.newLen > w.old.Length {
 			// A zero-length write that extends the chunk: the new tail is

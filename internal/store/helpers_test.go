@@ -57,14 +57,24 @@ func randBytes(rng *rand.Rand, n int) []byte {
 	return p
 }
 
-// placeAll places data at off in random packet sizes.
+// placeAll places data at off in random packet sizes, receiving packets
+// directly into the mapped append region when the store offers it, as the
+// fabric does.
 func placeAll(w *Write, rng *rand.Rand, off int64, data []byte) error {
 	for len(data) > 0 {
 		n := min(len(data), 1+rng.IntN(3*w.s.blockSize/2))
 		if rng.IntN(4) == 0 {
 			n = min(len(data), 1+rng.IntN(64))
 		}
-		if err := w.Place(off, data[:n]); err != nil {
+		pkt := data[:n]
+		if dst := w.DirectBegin(off, n); dst != nil && rng.IntN(4) != 0 {
+			copy(dst, pkt)
+			w.DirectEnd()
+			pkt = dst
+		} else if dst != nil {
+			w.DirectEnd()
+		}
+		if err := w.Place(off, pkt); err != nil {
 			return err
 		}
 		off += int64(n)

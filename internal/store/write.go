@@ -36,6 +36,8 @@ type Write struct {
 	fb   int64
 	crcs []uint32
 
+	direct *directMap // the append region, mapped for direct placement
+
 	state  writeState
 	synced bool  // Sync made the placed bytes durable; Commit skips that step
 	err    error // sticky I/O failure: the write can only be aborted
@@ -121,6 +123,7 @@ func (w *Write) begin(version uint64) error {
 		lb := (w.end - 1) >> s.blockShift
 		w.crcs = make([]uint32, lb-w.fb+1)
 	}
+	w.setupDirect()
 	return nil
 }
 
@@ -197,6 +200,10 @@ func (w *Write) Place(off int64, p []byte) error {
 		}
 		q, pos = q[k:], pos+k
 	}
+	if len(q) > 0 && w.isDirect(pos, q) {
+		// Already in place: the fabric received it into the mapping.
+		q = nil
+	}
 	if len(q) > 0 {
 		if _, err := w.f.WriteAt(q, pos); err != nil {
 			w.err = fmt.Errorf("store: place %v [%d, +%d): write chunk file: %w", w.id, pos, len(q), err)
@@ -234,8 +241,12 @@ func (w *Write) Abort() {
 		return
 	}
 	w.state = writeAborted
-	w.discard()
-	w.s.chunks.release(w.id, w.c, true)
+	// A packet may still be arriving into the mapped region: the cleanup
+	// waits for it (see directMap).
+	w.closeDirect(func() {
+		w.discard()
+		w.s.chunks.release(w.id, w.c, true)
+	})
 }
 
 // discard removes what the write left on disk. Failures only cost space:
