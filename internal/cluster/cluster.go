@@ -37,9 +37,9 @@ type Options struct {
 	// DefaultReplicas of the root policy on first start; default
 	// min(3, Nodes).
 	DefaultReplicas int
-	Fabric        fabric.Options
-	Engine        engine.Options
-	Logger        *slog.Logger
+	Fabric          fabric.Options
+	Engine          engine.Options
+	Logger          *slog.Logger
 }
 
 // DefaultMetaListen is where `sluice up` and `sluice meta` listen unless told otherwise.

@@ -17,11 +17,11 @@ import (
 // "fail" fails on the first payload, "hold" completes only when released),
 // payloads are appended, completion replies with the collected length.
 type echo struct {
-	mu       sync.Mutex
-	got      map[uint64]*bytes.Buffer
-	cleaned  map[uint64]error
-	order    []string
-	hold     chan *Request
+	mu      sync.Mutex
+	got     map[uint64]*bytes.Buffer
+	cleaned map[uint64]error
+	order   []string
+	hold    chan *Request
 }
 
 type echoState struct {

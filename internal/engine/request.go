@@ -86,8 +86,8 @@ func (r *Request) free() { r.e.table.free(r) }
 
 // table is the bounded request table.
 type table struct {
-	mu    sync.Mutex
-	slots []Request
+	mu       sync.Mutex
+	slots    []Request
 	freeList []int
 }
 
