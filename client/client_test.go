@@ -402,3 +402,37 @@ func TestNamespaceErrors(t *testing.T) {
 		t.Fatalf("placing 3 replicas on 1 node: %v", err)
 	}
 }
+
+// TestPutFromFile covers the mapped-source path: the put sends straight
+// from the file's pages, from its current offset.
+func TestPutFromFile(t *testing.T) {
+	c := startCluster(t, 3)
+	cl := newClient(t, c, client.Options{WriteMsg: 700 << 10})
+	ctx := context.Background()
+	data := randBytes(rand.New(rand.NewPCG(5, 5)), 3*testChunk+4321)
+	src := filepath.Join(tmpDir(t), "src")
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, skip := range []int64{0, 5000} {
+		fh, err := os.Open(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fh.Seek(skip, io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		p := fmt.Sprintf("/from-file-%d", skip)
+		if n, err := cl.Put(ctx, p, fh, 0o600); err != nil || n != int64(len(data))-skip {
+			t.Fatalf("put: %d, %v", n, err)
+		}
+		if pos, _ := fh.Seek(0, io.SeekCurrent); pos != int64(len(data)) {
+			t.Fatalf("source offset %d after put, want the end", pos)
+		}
+		fh.Close()
+		var out bytes.Buffer
+		if _, err := cl.Get(ctx, p, &out); err != nil || !bytes.Equal(out.Bytes(), data[skip:]) {
+			t.Fatalf("get %s: %v", p, err)
+		}
+	}
+}

@@ -6,9 +6,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -105,19 +108,64 @@ func (f *File) WriteAtContext(ctx context.Context, p []byte, off int64) (int, er
 	if off+int64(len(p)) > metaapi.MaxFileSize {
 		return 0, pathErr("write", f.path, metaapi.Errorf(metaapi.EFBIG, "write ends beyond the largest file size"))
 	}
-	var versions []metaapi.ChunkVersion
-	for done := 0; done < len(p); {
-		n, v, err := f.writeOne(ctx, p[done:], off+int64(done))
-		if err != nil {
-			return done, pathErr("write", f.path, err)
-		}
-		versions = append(versions, v)
-		done += n
+	versions, err := f.writeRange(ctx, p, off)
+	if err != nil {
+		return 0, pathErr("write", f.path, err)
 	}
 	if err := f.commit(ctx, off+int64(len(p)), versions); err != nil {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// writeRange writes p at off straight from p (no copy): the chunks it
+// spans in parallel, the messages within one chunk in order.
+func (f *File) writeRange(ctx context.Context, p []byte, off int64) ([]metaapi.ChunkVersion, error) {
+	cs := f.Attr().ChunkSize
+	type part struct {
+		off int64
+		p   []byte
+	}
+	var parts []part
+	for done := int64(0); done < int64(len(p)); {
+		pos := off + done
+		n := min(int64(len(p))-done, cs-pos%cs)
+		parts = append(parts, part{pos, p[done : done+n]})
+		done += n
+	}
+	var (
+		mu       sync.Mutex
+		versions []metaapi.ChunkVersion
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	sem := make(chan struct{}, f.c.opts.Parallel)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, pt := range parts {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			for done := 0; done < len(pt.p); {
+				n, v, err := f.writeOne(ctx, pt.p[done:], pt.off+int64(done))
+				mu.Lock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					cancel()
+					return
+				}
+				versions = append(versions, v)
+				mu.Unlock()
+				done += n
+			}
+		}()
+	}
+	wg.Wait()
+	return versions, firstErr
 }
 
 // writeOne writes the front of p that fits in one chunk and one message.
@@ -273,7 +321,7 @@ func (c *Client) Put(ctx context.Context, p string, r io.Reader, mode uint32) (i
 	if err != nil {
 		return 0, err
 	}
-	n, err := f.writeFrom(ctx, r)
+	n, err := f.writeSource(ctx, r)
 	if err == nil {
 		err = c.Rename(ctx, tmp, p)
 	}
@@ -284,6 +332,47 @@ func (c *Client) Put(ctx context.Context, p string, r io.Reader, mode uint32) (i
 		return n, pathErr("put", p, err)
 	}
 	return n, nil
+}
+
+// writeSource writes everything r yields from offset 0 and records it.
+// A regular file is mapped and sent straight from the page cache (no copy
+// through a buffer); anything else is streamed through buffers.
+func (f *File) writeSource(ctx context.Context, r io.Reader) (int64, error) {
+	if src, ok := r.(*os.File); ok {
+		if data, release, ok := mapFile(src); ok {
+			defer release()
+			versions, err := f.writeRange(ctx, data, 0)
+			if err != nil {
+				return 0, err
+			}
+			return int64(len(data)), f.commit(ctx, int64(len(data)), versions)
+		}
+	}
+	return f.writeFrom(ctx, r)
+}
+
+// mapFile maps the rest of a regular file read-only, from its current
+// offset, and moves the offset to the end as reading would.
+func mapFile(src *os.File) (data []byte, release func(), ok bool) {
+	fi, err := src.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil, nil, false
+	}
+	pos, err := src.Seek(0, io.SeekCurrent)
+	if err != nil || fi.Size()-pos < 1<<20 {
+		return nil, nil, false
+	}
+	base := pos &^ int64(os.Getpagesize()-1)
+	mem, err := unix.Mmap(int(src.Fd()), base, int(fi.Size()-base), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, nil, false
+	}
+	unix.Madvise(mem, unix.MADV_SEQUENTIAL)
+	if _, err := src.Seek(0, io.SeekEnd); err != nil {
+		unix.Munmap(mem)
+		return nil, nil, false
+	}
+	return mem[pos-base:], func() { unix.Munmap(mem) }, true
 }
 
 // writeFrom writes r's content from offset 0, with buffers being filled

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,7 +31,22 @@ type directMap struct {
 	users  int
 	closed bool
 	onIdle func() // deferred teardown, run by the last DirectEnd
+
+	// ready is the chunk offset up to which pages are populated. The head
+	// is populated at BeginWrite, the rest by a background goroutine
+	// running ahead of the packets; a packet that outruns it is placed by
+	// copy instead.
+	ready        atomic.Int64
+	populated    chan struct{} // closed when the populator stops
+	stopPopulate atomic.Bool
 }
+
+// directHead is populated before the write is admitted; directStep is the
+// background populator's unit of work.
+const (
+	directHead = 1 << 20
+	directStep = 2 << 20
+)
 
 var pageSize = int64(os.Getpagesize())
 
@@ -57,14 +73,33 @@ func (w *Write) setupDirect() {
 		w.s.log.Debug("store: direct placement off: mmap", "chunk", w.id, "err", err)
 		return
 	}
-	if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
+	head := min(int64(len(mem)), start-base+directHead)
+	if err := unix.Madvise(mem[:head], unix.MADV_POPULATE_WRITE); err != nil {
 		// No space (or an old kernel): place with pwrite, which reports
 		// ENOSPC as an ordinary error.
 		w.s.log.Debug("store: direct placement off: populate", "chunk", w.id, "err", err)
 		unix.Munmap(mem)
 		return
 	}
-	w.direct = &directMap{base: base, from: start, mem: mem}
+	d := &directMap{base: base, from: start, mem: mem, populated: make(chan struct{})}
+	d.ready.Store(base + head)
+	w.direct = d
+	go d.populate(head)
+}
+
+// populate maps the rest of the region in steps, publishing progress.
+// It stops early on failure (those packets are copied, and pwrite reports
+// a lack of space properly) or when the write ends.
+func (d *directMap) populate(from int64) {
+	defer close(d.populated)
+	for pos := from; pos < int64(len(d.mem)) && !d.stopPopulate.Load(); {
+		end := min(int64(len(d.mem)), pos+directStep)
+		if unix.Madvise(d.mem[pos:end], unix.MADV_POPULATE_WRITE) != nil {
+			return
+		}
+		d.ready.Store(d.base + end)
+		pos = end
+	}
 }
 
 // DirectBegin returns the bytes of the chunk file where the packet for
@@ -76,7 +111,7 @@ func (w *Write) setupDirect() {
 // Write's other methods.
 func (w *Write) DirectBegin(off int64, n int) []byte {
 	d := w.direct
-	if d == nil || n <= 0 || off < d.from || off+int64(n) > w.end {
+	if d == nil || n <= 0 || off < d.from || off+int64(n) > d.ready.Load() {
 		return nil
 	}
 	d.mu.Lock()
@@ -154,6 +189,8 @@ func (w *Write) closeDirect(then func()) {
 
 func (w *Write) unmapDirect() {
 	d := w.direct
+	d.stopPopulate.Store(true)
+	<-d.populated
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.mem == nil {

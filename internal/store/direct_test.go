@@ -106,6 +106,7 @@ func TestDirectPlaceDoesNotAllocate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Abort()
+	<-w.direct.populated // the whole region is mapped
 	src := make([]byte, 64<<10)
 	var off int64
 	allocs := testing.AllocsPerRun(100, func() {
