@@ -153,13 +153,20 @@ func (c *Client) Lstat(ctx context.Context, p string) (metaapi.Attr, error) {
 }
 
 func (c *Client) resolve(ctx context.Context, p string, follow bool) (metaapi.Attr, error) {
+	// As in POSIX, a trailing slash means the path must be a directory
+	// (following a symlink to one).
+	mustDir := len(p) > 1 && strings.HasSuffix(p, "/")
+	orig := p
 	p, err := clean(p)
 	if err != nil {
 		return metaapi.Attr{}, err
 	}
 	var resp metaapi.AttrResp
-	err = c.meta.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: p, Follow: follow}, &resp)
-	return resp.Attr, pathErr("stat", p, err)
+	err = c.meta.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: p, Follow: follow || mustDir}, &resp)
+	if err == nil && mustDir && resp.Attr.Type != metaapi.TypeDir {
+		err = metaapi.Errorf(metaapi.ENOTDIR, "not a directory")
+	}
+	return resp.Attr, pathErr("stat", orig, err)
 }
 
 // GetAttr returns the attributes of an inode.
@@ -247,6 +254,9 @@ func (c *Client) Symlink(ctx context.Context, target, p string) error {
 
 // Remove removes a file, symlink or empty directory.
 func (c *Client) Remove(ctx context.Context, p string) error {
+	if cp, err := clean(p); err == nil && cp == "/" {
+		return pathErr("remove", p, metaapi.Errorf(metaapi.EINVAL, "refusing to remove the root directory"))
+	}
 	a, err := c.Lstat(ctx, p)
 	if err != nil {
 		return err
@@ -266,8 +276,12 @@ func (c *Client) Remove(ctx context.Context, p string) error {
 	return pathErr("remove", p, err)
 }
 
-// RemoveAll removes p and everything below it.
+// RemoveAll removes p and everything below it. It refuses the root
+// before touching anything.
 func (c *Client) RemoveAll(ctx context.Context, p string) error {
+	if cp, err := clean(p); err == nil && cp == "/" {
+		return pathErr("remove", p, metaapi.Errorf(metaapi.EINVAL, "refusing to remove the root directory"))
+	}
 	a, err := c.Lstat(ctx, p)
 	if err != nil {
 		return err

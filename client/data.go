@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/fabric"
@@ -206,7 +207,7 @@ func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n i
 		c.log.Debug("read from replica failed, trying the next", "chunk", l.Chunk, "node", r.Node, "addr", r.Addr, "err", err)
 		errs = append(errs, &NodeError{Op: fmt.Sprintf("read chunk %v", l.Chunk), Addr: r.Addr, Err: err})
 	}
-	return piece{}, fmt.Errorf("no replica of chunk %v could be read: %w", l.Chunk, errors.Join(errs...))
+	return piece{}, fmt.Errorf("no replica of chunk %v could be read: %w", l.Chunk, oneLine(errs))
 }
 
 // errStale: the replica has not seen the last committed write.
@@ -284,3 +285,18 @@ func verify(buf []byte, rep *wire.Reply, off, n int64) ([]byte, error) {
 	}
 	return data, nil
 }
+
+// joined is several errors on one line, each still matchable with errors.Is/As.
+type joined []error
+
+func (j joined) Error() string {
+	parts := make([]string, len(j))
+	for i, e := range j {
+		parts[i] = e.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (j joined) Unwrap() []error { return j }
+
+func oneLine(errs []error) error { return joined(errs) }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -308,6 +309,18 @@ func (f *File) readPiece(ctx context.Context, s span, i int, use func([]byte)) e
 func (c *Client) Put(ctx context.Context, p string, r io.Reader, mode uint32) (int64, error) {
 	dir, name, err := split(p)
 	if err != nil {
+		return 0, err
+	}
+	// Refuse what the final rename would refuse before uploading anything.
+	if len(name) > metaapi.MaxNameLen {
+		return 0, pathErr("put", p, metaapi.Errorf(metaapi.ENAMETOOLONG, "name of %d bytes, at most %d", len(name), metaapi.MaxNameLen))
+	}
+	if strings.HasSuffix(p, "/") {
+		return 0, pathErr("put", p, metaapi.Errorf(metaapi.EISDIR, "needs a file name, not a directory"))
+	}
+	if a, err := c.Lstat(ctx, p); err == nil && a.Type == metaapi.TypeDir {
+		return 0, pathErr("put", p, metaapi.Errorf(metaapi.EISDIR, "is a directory"))
+	} else if err != nil && !IsNotExist(err) {
 		return 0, err
 	}
 	var rnd [6]byte

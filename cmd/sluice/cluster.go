@@ -64,14 +64,15 @@ func (a *app) policyCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if at.Type != metaapi.TypeDir && at.Policy != nil {
+					fmt.Fprintf(a.stdout, "%s: %s (fixed when the file was created)\n", args[0], at.Policy)
+					return nil
+				}
 				from := "set here"
 				if pr.From != at.Ino {
-					from = fmt.Sprintf("inherited from inode %d", pr.From)
+					from = fmt.Sprintf("inherited from the directory with inode %d", pr.From)
 				}
-				fmt.Fprintf(a.stdout, "%s: replicas=%d strategy=%s (%s)\n", args[0], pr.Policy.Replicas, pr.Policy.Strategy, from)
-				if at.Policy != nil && *at.Policy != pr.Policy {
-					fmt.Fprintf(a.stdout, "%s: this file keeps the policy it was created with: %s\n", args[0], at.Policy)
-				}
+				fmt.Fprintf(a.stdout, "%s: %s (%s)\n", args[0], pr.Policy, from)
 				return nil
 			})
 		},

@@ -56,6 +56,9 @@ func (a *app) putCmd() *cobra.Command {
 					in = f
 				}
 				if strings.HasSuffix(remote, "/") {
+					if _, err := c.Stat(ctx, remote); err != nil {
+						return err // missing, or not a directory
+					}
 					if local == "-" {
 						return errors.New("put from stdin needs a file name, not a directory")
 					}

@@ -24,7 +24,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -181,6 +180,12 @@ type proc struct {
 // The process is killed when the test ends.
 func startProc(t *testing.T, logDir, name string, args ...string) *proc {
 	t.Helper()
+	return startProcWith(t, logDir, name, nil, args...)
+}
+
+// startProcWith is startProc with the child's stdin (nil: /dev/null).
+func startProcWith(t *testing.T, logDir, name string, stdin *os.File, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, out: &lineBuffer{notify: make(chan struct{}, 1)}, done: make(chan struct{})}
 	p.stderrPath = filepath.Join(logDir, name+".stderr")
 	ef, err := os.OpenFile(p.stderrPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -190,6 +195,9 @@ func startProc(t *testing.T, logDir, name string, args ...string) *proc {
 	p.cmd = exec.Command(sluiceBin, args...)
 	p.cmd.Stdout = p.out
 	p.cmd.Stderr = ef
+	if stdin != nil {
+		p.cmd.Stdin = stdin
+	}
 	if err := p.cmd.Start(); err != nil {
 		ef.Close()
 		t.Fatalf("starting %s: %v", name, err)
@@ -654,6 +662,3 @@ func checkReplicas(t *testing.T, mc *metaapi.Client, dirs map[ids.NodeID]string,
 		}
 	}
 }
-
-// counter is an atomic byte counter.
-type counter struct{ n atomic.Int64 }

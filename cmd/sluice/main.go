@@ -75,7 +75,7 @@ func explain(err error) string {
 	var me *metaapi.Error
 	if errors.As(err, &me) {
 		msg := err.Error()
-		if me.Code == metaapi.EAUTH {
+		if me.Code == metaapi.EAUTH && !strings.Contains(msg, "secret") {
 			msg += " (is the client config for this cluster?)"
 		}
 		return msg

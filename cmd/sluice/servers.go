@@ -28,11 +28,11 @@ func (f *engineFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.quota, "recv-quota", 16, "receive buffers per connection")
 	cmd.Flags().IntVar(&f.workers, "workers", 0, "handler workers (default: number of CPUs)")
 	cmd.Flags().IntVar(&f.table, "request-table", 1024, "in-flight requests before new ones are refused busy")
-	cmd.Flags().DurationVar(&f.idle, "idle-timeout", 10*time.Second, "clean up a request silent this long mid-message")
+	cmd.Flags().DurationVar(&f.idle, "idle-timeout", 10*time.Second, "clean up a request (or close a connection) whose sender is silent this long mid-message")
 }
 
 func (f *engineFlags) options() (fabric.Options, engine.Options) {
-	return fabric.Options{MTU: f.mtu, Quota: f.quota},
+	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle},
 		engine.Options{Workers: f.workers, TableSize: f.table, IdleTimeout: f.idle}
 }
 
@@ -160,8 +160,13 @@ func (a *app) nodeCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.stdout, "sluice: storage node %v listening on %s\n", n.ID(), n.Addr())
-			<-cmd.Context().Done()
-			return n.Close()
+			select {
+			case <-cmd.Context().Done():
+				return n.Close()
+			case err := <-n.Fatal():
+				n.Close()
+				return err
+			}
 		},
 	}
 	cmd.Flags().StringVar(&dir, "data", "", "data directory")

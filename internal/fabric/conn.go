@@ -75,6 +75,10 @@ type Conn struct {
 
 	readSem chan struct{} // bounds remote READs served concurrently
 
+	// busySince is the coarse time a packet began arriving, 0 between
+	// packets: the endpoint's watchdog closes connections stalled mid-packet.
+	busySince atomic.Int64
+
 	// Reader-goroutine state for the message being received.
 	inMsg bool
 	inID  uint64
@@ -101,6 +105,22 @@ type ctrlMsg struct {
 	flags uint8
 	id    uint64
 	data  []byte
+	flush chan struct{} // if set: a marker, closed once everything before it is sent
+}
+
+// flushCtrl waits (at most d) until the small sends queued so far are out.
+func (c *Conn) flushCtrl(d time.Duration) {
+	done := make(chan struct{})
+	select {
+	case c.ctrl <- ctrlMsg{flush: done}:
+	default:
+		return
+	}
+	select {
+	case <-done:
+	case <-c.done:
+	case <-time.After(d):
+	}
 }
 
 func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU int) *Conn {
@@ -188,6 +208,11 @@ func (c *Conn) fail(err error) {
 func (c *Conn) readLoop() {
 	var err error
 	defer func() {
+		if errors.Is(err, io.EOF) {
+			// The peer finished sending; let replies already queued for
+			// it (refusals, say) leave before the connection closes.
+			c.flushCtrl(time.Second)
+		}
 		c.fail(err)
 		reason := c.err // the first cause, e.g. a CloseWithError reason
 		if c.inMsg {
@@ -198,6 +223,13 @@ func (c *Conn) readLoop() {
 	}()
 	var hb [HeaderSize]byte
 	for {
+		// Idle between packets is normal (pooled connections wait for
+		// minutes); once a packet has begun, the peer must finish it
+		// within the stall timeout (see Endpoint.watch).
+		if _, err = c.br.Peek(1); err != nil {
+			return
+		}
+		c.busySince.Store(c.ep.clock.Load())
 		if _, err = io.ReadFull(c.br, hb[:]); err != nil {
 			return
 		}
@@ -217,6 +249,7 @@ func (c *Conn) readLoop() {
 		case KindAck, KindAccessErr:
 			err = c.recvCompletion(h)
 		}
+		c.busySince.Store(0)
 		if err != nil {
 			return
 		}
@@ -235,10 +268,13 @@ func (c *Conn) recvSend(h header) error {
 	case !first && h.id != c.inID:
 		return fmt.Errorf("%w: packet for message %d inside message %d", ErrProtocol, h.id, c.inID)
 	}
+	// Waiting for a receive buffer is our slowness, not the peer's.
+	c.busySince.Store(0)
 	p := c.quota.get()
 	if p == nil {
 		return ErrClosed
 	}
+	c.busySince.Store(c.ep.clock.Load())
 	p.ID, p.Flags, p.Conn = h.id, h.flags, c
 	p.refs.Store(1)
 	p.Data = p.buf[:h.length]
@@ -266,6 +302,7 @@ func (c *Conn) recvSend(h header) error {
 	if h.flags&FlagLast != 0 {
 		c.inMsg = false
 	}
+	c.busySince.Store(0)
 	c.handler.HandlePacket(p)
 	return nil
 }
@@ -409,6 +446,10 @@ func (c *Conn) ctrlLoop() {
 	for {
 		select {
 		case m := <-c.ctrl:
+			if m.flush != nil {
+				close(m.flush)
+				continue
+			}
 			if err := c.sendOne(m.kind, m.flags, m.id, m.data); err != nil {
 				c.fail(err)
 				return

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,7 +26,10 @@ type Options struct {
 	HandshakeTimeout time.Duration
 	// MaxConns bounds inbound connections; more are refused. Default 4096.
 	MaxConns int
-	Logger   *slog.Logger
+	// StallTimeout closes a connection whose peer stops sending in the
+	// middle of a packet for this long. Default 10s.
+	StallTimeout time.Duration
+	Logger       *slog.Logger
 }
 
 func (o *Options) fill() error {
@@ -50,6 +54,9 @@ func (o *Options) fill() error {
 	if o.MaxConns == 0 {
 		o.MaxConns = 4096
 	}
+	if o.StallTimeout == 0 {
+		o.StallTimeout = 10 * time.Second
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -67,6 +74,8 @@ type Endpoint struct {
 	conns  map[*Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+	stop   chan struct{}
+	clock  atomic.Int64 // coarse unix nanoseconds, advanced by watch
 }
 
 // NewEndpoint creates an endpoint.
@@ -74,7 +83,45 @@ func NewEndpoint(opts Options) (*Endpoint, error) {
 	if err := opts.fill(); err != nil {
 		return nil, err
 	}
-	return &Endpoint{opts: opts, conns: make(map[*Conn]struct{})}, nil
+	e := &Endpoint{opts: opts, conns: make(map[*Conn]struct{}), stop: make(chan struct{})}
+	e.clock.Store(time.Now().UnixNano())
+	e.wg.Add(1)
+	go e.watch()
+	return e, nil
+}
+
+// ErrStalled is why a connection whose peer stopped mid-packet is closed.
+var ErrStalled = errors.New("fabric: peer stalled in the middle of a packet")
+
+// watch advances the coarse clock and closes connections stalled
+// mid-packet: without it, a peer could pin a connection (and its receive
+// quota) forever by sending half a packet, and enough such peers would
+// exhaust the endpoint's connections.
+func (e *Endpoint) watch() {
+	defer e.wg.Done()
+	t := time.NewTicker(max(e.opts.StallTimeout/8, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case now := <-t.C:
+			e.clock.Store(now.UnixNano())
+			limit := now.Add(-e.opts.StallTimeout).UnixNano()
+			e.mu.Lock()
+			var stalled []*Conn
+			for c := range e.conns {
+				if b := c.busySince.Load(); b != 0 && b < limit {
+					stalled = append(stalled, c)
+				}
+			}
+			e.mu.Unlock()
+			for _, c := range stalled {
+				e.opts.Logger.Info("fabric: closing stalled connection", "peer", c.RemoteAddr())
+				c.CloseWithError(ErrStalled)
+			}
+		}
+	}
 }
 
 // Options returns the endpoint's effective options.
@@ -201,6 +248,9 @@ func (e *Endpoint) forget(c *Conn) {
 // Close stops listening and closes every connection.
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
+	if !e.closed {
+		close(e.stop)
+	}
 	e.closed = true
 	lns := e.lns
 	conns := make([]*Conn, 0, len(e.conns))

@@ -391,3 +391,44 @@ type discard struct{}
 
 func (discard) HandlePacket(p *Packet) { p.Release() }
 func (discard) Closed(*Conn, error)    {}
+
+// TestStalledPeerIsClosedIdlePeerIsNot: a peer that stops in the middle of
+// a packet loses its connection after the stall timeout; one that is just
+// idle between messages keeps it.
+func TestStalledPeerIsClosedIdlePeerIsNot(t *testing.T) {
+	col := newCollector()
+	srv, err := NewEndpoint(Options{StallTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	addr, _ := srv.Listen("127.0.0.1:0", col)
+
+	idle := rawPeer(t, addr.String())
+	defer idle.Close()
+	stalled := rawPeer(t, addr.String())
+	defer stalled.Close()
+	h := make([]byte, HeaderSize)
+	putHeader(h, header{kind: KindSend, flags: FlagFirst | FlagLast, length: 4096, id: 1})
+	stalled.Write(append(h, 1, 2, 3)) // header plus 3 of 4096 bytes, then nothing
+
+	select {
+	case err := <-col.closed:
+		if !errors.Is(err, ErrStalled) {
+			t.Fatalf("closed for %v, want ErrStalled", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("stalled connection still open")
+	}
+	// The idle one is still served.
+	putHeader(h, header{kind: KindSend, flags: FlagFirst | FlagLast, length: 2, id: 9})
+	idle.Write(append(h, 'h', 'i'))
+	select {
+	case id := <-col.done:
+		if id != 9 {
+			t.Fatalf("got message %d", id)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("idle connection was closed")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +54,11 @@ type Client struct {
 	auth     string
 	hc       *http.Client
 	RetryFor time.Duration
+	// FirstContactRetry bounds retries before meta has ever answered this
+	// client: a wrong address or a cluster that is not running should
+	// fail in seconds, while a meta restart later is ridden out.
+	FirstContactRetry time.Duration
+	reached           atomic.Bool
 }
 
 // NewClient returns a client for the meta service at addr (host:port).
@@ -64,10 +70,11 @@ func NewClient(addr, auth string) *Client {
 		IdleConnTimeout:     90 * time.Second,
 	}
 	return &Client{
-		base:     "http://" + addr + "/v1/",
-		auth:     auth,
-		hc:       &http.Client{Transport: tr, Timeout: 30 * time.Second},
-		RetryFor: 15 * time.Second,
+		base:              "http://" + addr + "/v1/",
+		auth:              auth,
+		hc:                &http.Client{Transport: tr, Timeout: 30 * time.Second},
+		RetryFor:          15 * time.Second,
+		FirstContactRetry: 2 * time.Second,
 	}
 }
 
@@ -81,7 +88,11 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
 	if err != nil {
 		return fmt.Errorf("meta %s: encoding request: %w", op, err)
 	}
-	deadline := time.Now().Add(c.RetryFor)
+	retryFor := c.RetryFor
+	if !c.reached.Load() {
+		retryFor = min(retryFor, c.FirstContactRetry)
+	}
+	deadline := time.Now().Add(retryFor)
 	backoff := 20 * time.Millisecond
 	for {
 		err = c.once(ctx, op, body, resp)
@@ -120,6 +131,7 @@ func (c *Client) once(ctx context.Context, op string, body []byte, resp any) err
 	if err != nil {
 		return fmt.Errorf("meta %s: %w", op, err)
 	}
+	c.reached.Store(true)
 	defer hresp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(hresp.Body, MaxBodyBytes+1))
 	if err != nil {

@@ -62,6 +62,7 @@ type Node struct {
 	wg     sync.WaitGroup
 
 	registered atomic.Bool
+	fatal      chan error // errors the node cannot recover from by itself
 	closeOnce  sync.Once
 	closeErr   error
 	mu         sync.Mutex
@@ -86,7 +87,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: creating data dir: %w", err)
 	}
-	n := &Node{opts: opts, log: opts.Logger}
+	n := &Node{opts: opts, log: opts.Logger, fatal: make(chan error, 1)}
 	id, err := loadIdentity(opts.DataDir)
 	if err != nil {
 		return nil, err
@@ -163,6 +164,13 @@ func (n *Node) onEvent(ev engine.Event) {
 		n.log.Warn("message of unknown class", "peer", ev.Peer, "reason", ev.Reason)
 	}
 }
+
+// errRefused: meta does not accept this node's credential.
+var errRefused = errors.New("meta refused this node (wrong cluster secret?)")
+
+// Fatal yields an error when the node cannot go on by itself (meta
+// refuses its credential); the process should stop.
+func (n *Node) Fatal() <-chan error { return n.fatal }
 
 // Addr is the node's fabric address.
 func (n *Node) Addr() string { return n.addr }
@@ -253,7 +261,7 @@ func (n *Node) register(ctx context.Context) error {
 			break
 		}
 		if metaapi.IsCode(err, metaapi.EAUTH) {
-			return fmt.Errorf("node: meta refused registration (wrong cluster secret?): %w", err)
+			return fmt.Errorf("node: %w: %w", errRefused, err)
 		}
 		n.log.Warn("registering with meta", "meta", n.opts.MetaAddr, "err", err)
 		select {
@@ -285,6 +293,11 @@ func (n *Node) controlLoop(ctx context.Context) {
 		if !n.registered.Load() {
 			if err := n.register(ctx); err != nil {
 				if ctx.Err() != nil {
+					return
+				}
+				if errors.Is(err, errRefused) {
+					// Retrying cannot help: the operator must fix the secret.
+					n.fatal <- err
 					return
 				}
 				n.log.Error("registration failed", "err", err)

@@ -180,10 +180,20 @@ func (x *writer) cleanup(r *engine.Request, reason error) {
 // errAborted is the reason a forward stops when its request is cleaned up.
 var errAborted = errors.New("request aborted")
 
+// wrapReplica names the downstream replica in an error from it. A busy
+// downstream stays retryable; a replica error from further down is
+// extended rather than re-prefixed, so the client reads the whole path:
+// "replica rank 1 (a): replica rank 2 (b): connection refused".
 func wrapReplica(rank int, addr string, err error) error {
 	var we *wire.Error
-	if errors.As(err, &we) && we.Status == wire.StatusBusy {
-		return wire.Errorf(wire.StatusBusy, "replica rank %d (%s): %s", rank, addr, we.Msg)
+	if errors.As(err, &we) {
+		switch we.Status {
+		case wire.StatusBusy:
+			return wire.Errorf(wire.StatusBusy, "replica rank %d (%s): %s", rank, addr, we.Msg)
+		case wire.StatusReplica:
+			return wire.Errorf(wire.StatusReplica, "replica rank %d (%s): %s", rank, addr, we.Msg)
+		}
+		return wire.Errorf(wire.StatusReplica, "replica rank %d (%s): %s: %s", rank, addr, we.Status, we.Msg)
 	}
 	return wire.Errorf(wire.StatusReplica, "replica rank %d (%s): %v", rank, addr, err)
 }
