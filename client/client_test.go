@@ -230,8 +230,15 @@ func TestConcurrentOverlappingWriters(t *testing.T) {
 				return
 			}
 			for r := 0; r < rounds; r++ {
-				// Every writer covers the same 64 KiB window with its own byte.
-				if _, err := f.WriteAt(bytes.Repeat([]byte{byte(1 + w)}, 64<<10), int64(r%4)*16<<10); err != nil {
+				// Every write covers the same window (straddling checksum
+				// blocks) with the writer's own byte, alternating with a
+				// shorter write inside it; each write is atomic, so the
+				// window always ends as one whole write.
+				off, n := int64(10000), 70000
+				if r%2 == 1 {
+					off, n = 20000, 30000
+				}
+				if _, err := f.WriteAt(bytes.Repeat([]byte{byte(1 + w)}, n), off); err != nil {
 					t.Errorf("writer %d: %v", w, err)
 					return
 				}
@@ -244,11 +251,17 @@ func TestConcurrentOverlappingWriters(t *testing.T) {
 	if _, err := setup.Get(ctx, "/cw/shared", &out); err != nil {
 		t.Fatal(err)
 	}
-	// The last round wrote [48K, 112K): whichever write came last, its
-	// 64 KiB are all one writer's byte.
-	last := out.Bytes()[48<<10 : 112<<10]
-	if last[0] == 0 || !bytes.Equal(last, bytes.Repeat(last[:1], len(last))) {
-		t.Fatalf("final window mixes writers or is empty: first byte %d", last[0])
+	// [10000, 80000) is covered by every long write, and [20000, 50000)
+	// also by the short ones: the window outside the short range holds the
+	// last long write's byte throughout, and the short range one writer's.
+	got := out.Bytes()
+	uniform := func(b []byte) bool { return b[0] != 0 && bytes.Equal(b, bytes.Repeat(b[:1], len(b))) }
+	outer := append(append([]byte(nil), got[10000:20000]...), got[50000:80000]...)
+	if !uniform(outer) || !uniform(got[20000:50000]) {
+		t.Fatalf("a write was torn: bytes at 10000=%d 49999=%d 50000=%d 79999=%d", got[10000], got[49999], got[50000], got[79999])
+	}
+	if got[9999] != 0 || got[80000] != 0 {
+		t.Fatal("bytes outside every write changed")
 	}
 }
 
