@@ -115,7 +115,7 @@ func TestAbortNewChunk(t *testing.T) {
 
 // TestGarbageBeyondLengthIsCut: bytes a crashed write left past the
 // committed length must not show through a later hole.
-func TestGarbageBeyondLengthIsCut(t *testing.T) {
+func TestGarbageBeyondLengthNeverShows(t *testing.T) {
 	s := openStore(t, Options{})
 	rng := rand.New(rand.NewPCG(4, 4))
 	m := newModel()

@@ -168,14 +168,21 @@ func (w *Write) syncData() error {
 		return err
 	}
 	if w.f != nil {
-		if w.end == w.off && w.newLen > w.old.Length {
+		if w.end == w.off && w.newLen > w.fileSize {
 			// A zero-length write that extends the chunk: the new tail is
 			// a hole, but the file must reach the new length.
 			if err := w.f.Truncate(w.newLen); err != nil {
 				return fmt.Errorf("extend chunk file: %w", err)
 			}
 		}
-		if w.appended || w.newLen > w.old.Length {
+		switch {
+		case w.punched:
+			// A punched hole is a change of the file's block map: fsync,
+			// not just fdatasync, so it cannot come back as stale data.
+			if err := w.f.Sync(); err != nil {
+				return fmt.Errorf("sync chunk file: %w", err)
+			}
+		case w.appended || w.newLen > w.old.Length:
 			if err := fdatasync(w.f); err != nil {
 				return fmt.Errorf("sync chunk file: %w", err)
 			}

@@ -30,8 +30,8 @@ func (s *Store) Delete(id ids.ChunkID) error {
 	return nil
 }
 
-// delete removes metadata first: once that is durable the chunk is gone,
-// and a file left behind by a crash is cut to length 0 by the next write.
+// delete removes metadata first: once that is durable the chunk is gone
+// (a file left behind by a crash holds only stale bytes past length 0).
 func (s *Store) delete(id ids.ChunkID) error {
 	info, err := s.loadInfo(id)
 	if err != nil {
@@ -72,8 +72,8 @@ func (s *Store) delete(id ids.ChunkID) error {
 		s.usedBytes.Add(-info.Length)
 		s.numChunks.Add(-1)
 	}
-	if err := removeFile(s.chunkPath(id)); err != nil {
-		return fmt.Errorf("remove chunk file: %w", err)
+	if err := s.pool.put(s.chunkPath(id)); err != nil {
+		return fmt.Errorf("recycle chunk file: %w", err)
 	}
 	if stagePath != "" {
 		if err := removeFile(stagePath); err != nil {

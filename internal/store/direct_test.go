@@ -44,13 +44,17 @@ func TestDirectAbortWaitsForReceiver(t *testing.T) {
 	const id = ids.ChunkID(9)
 	m.mustWrite(t, s, rng, id, 0, randBytes(rng, 100000))
 
-	w, err := s.BeginWrite(id, 100000, 1<<20, 0)
+	w, err := s.BeginWrite(id, 100000, 4<<20, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if w.direct == nil {
+		t.Fatal("no direct placement for a 4 MiB append")
+	}
+	<-w.direct.populated
 	dst := w.DirectBegin(100000, 65536)
 	if dst == nil {
-		t.Fatal("no direct placement for a 1 MiB append")
+		t.Fatal("populated region not handed out")
 	}
 	w.Abort() // the "fabric" still holds dst
 	copy(dst, bytes.Repeat([]byte{0xAB}, len(dst)))
@@ -77,7 +81,7 @@ func TestDirectSyncThenAbort(t *testing.T) {
 	m := newModel()
 	const id = ids.ChunkID(11)
 	m.mustWrite(t, s, rng, id, 0, randBytes(rng, 5000))
-	data := randBytes(rng, 1<<20)
+	data := randBytes(rng, 3<<20)
 	w, err := s.BeginWrite(id, 5000, int64(len(data)), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -102,6 +106,9 @@ func TestDirectPlaceDoesNotAllocate(t *testing.T) {
 	}
 	s := openStore(t, Options{BlockSize: 16384, MaxChunkSize: 64 << 20})
 	w, err := s.BeginWrite(3, 0, 32<<20, 0)
+	if w != nil && w.direct == nil {
+		t.Fatal("no direct placement for a 32 MiB write")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

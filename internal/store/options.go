@@ -12,6 +12,9 @@ type Options struct {
 	BlockSize    int          // checksum block size; default 16384 (power of two, 4 KiB..1 MiB)
 	MaxChunkSize int64        // default 1 << 30; no write may end beyond it
 	Logger       *slog.Logger // default: discard
+	// RecycleBytes bounds the pool of deleted chunk files kept for reuse
+	// (see recycle.go). 0 means DefaultRecycleBytes; negative disables it.
+	RecycleBytes int64
 }
 
 const (
@@ -41,6 +44,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.RecycleBytes == 0 {
+		o.RecycleBytes = DefaultRecycleBytes
 	}
 	return o, nil
 }

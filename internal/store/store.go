@@ -33,6 +33,7 @@ type Store struct {
 
 	gate   gate
 	chunks chunkTable
+	pool   pool
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -82,6 +83,10 @@ func Open(opts Options) (*Store, error) {
 		gate:     newGate(),
 	}
 	s.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }
+	if err := s.pool.open(opts.Dir, opts.RecycleBytes); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("store: open recycle pool in %s: %w", opts.Dir, err)
+	}
 	if err := s.open(blockSizeAsked, opts.BlockSize); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("store: open %s: %w", opts.Dir, err)

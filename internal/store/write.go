@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
@@ -25,7 +27,9 @@ type Write struct {
 	ovEnd    int64 // [off, ovEnd) overwrites committed bytes and is staged
 
 	f         *os.File // chunk file; nil for a zero-length write that changes nothing on disk
-	created   bool     // this write created the chunk file
+	fileSize  int64    // size of the chunk file when opened (it may exceed the committed length)
+	created   bool     // this write created the chunk file (perhaps from a recycled one)
+	punched   bool     // zeroGap changed the file's layout: sync metadata too
 	appended  bool     // bytes went into the chunk file's append region
 	stage     *os.File // staging file for [off, ovEnd); nil if nothing is overwritten
 	stagePath string
@@ -127,9 +131,9 @@ func (w *Write) begin(version uint64) error {
 	return nil
 }
 
-// openChunkFile opens (or creates) the chunk file and cuts off anything
-// beyond the committed length: bytes an aborted or crashed write left in
-// the append region would otherwise show through holes this write leaves.
+// openChunkFile opens the chunk file, or makes a new one (from a
+// recycled file when the pool has one), then zeroes the gap between the
+// committed length and this write.
 func (w *Write) openChunkFile() error {
 	path := w.s.chunkPath(w.id)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -137,7 +141,11 @@ func (w *Write) openChunkFile() error {
 		if w.old.Length > 0 {
 			return fmt.Errorf("chunk file %s missing for committed length %d: %w", path, w.old.Length, ErrCorrupt)
 		}
-		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if ok, rerr := w.s.pool.take(path, w.end); rerr == nil && ok {
+			f, err = os.OpenFile(path, os.O_RDWR, 0)
+		} else {
+			f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		}
 		w.created = err == nil
 	}
 	if err != nil {
@@ -148,17 +156,38 @@ func (w *Write) openChunkFile() error {
 	if err != nil {
 		return fmt.Errorf("stat chunk file: %w", err)
 	}
-	if fi.Size() > w.old.Length {
-		// Rare (only after an abort whose cleanup failed, or a crash), so
-		// pay for a sync: the cut must be durable before this write's data
-		// lands beyond it, or a crash could resurrect the garbage.
-		if err := f.Truncate(w.old.Length); err != nil {
-			return fmt.Errorf("truncate uncommitted tail of chunk file: %w", err)
+	w.fileSize = fi.Size()
+	return w.zeroGap()
+}
+
+// zeroGap makes [committed length, start of this write) read as zeros.
+// The file may hold stale bytes there — from a recycled file, an aborted
+// write or a crash — which a hole in the chunk must not expose. Bytes
+// past the end of this write stay stale and stay invisible.
+func (w *Write) zeroGap() error {
+	from, to := w.old.Length, min(w.off, w.fileSize)
+	if to <= from {
+		return nil
+	}
+	err := unix.Fallocate(int(w.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, from, to-from)
+	if err != nil {
+		// No hole punching here: write the zeros.
+		if err = writeZeros(w.f, from, to-from); err != nil {
+			return fmt.Errorf("zero the gap before the write: %w", err)
 		}
-		if err := f.Sync(); err != nil {
-			return fmt.Errorf("sync truncated chunk file: %w", err)
+	}
+	w.punched, w.appended = true, true // syncData must make it durable
+	return nil
+}
+
+func writeZeros(f *os.File, off, n int64) error {
+	zeros := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		k := min(n, int64(len(zeros)))
+		if _, err := f.WriteAt(zeros[:k], off); err != nil {
+			return err
 		}
-		w.s.log.Debug("store: cut uncommitted tail", "chunk", w.id, "size", fi.Size(), "length", w.old.Length)
+		off, n = off+k, n-k
 	}
 	return nil
 }
@@ -249,20 +278,16 @@ func (w *Write) Abort() {
 	})
 }
 
-// discard removes what the write left on disk. Failures only cost space:
-// the next BeginWrite cuts the chunk file back to its committed length and
-// Open clears staging, so they are logged, not returned.
+// discard removes what the write left on disk. Bytes it placed past the
+// committed length stay there, stale and invisible (the next write zeroes
+// any gap it leaves); a chunk that never committed gives its file back to
+// the recycle pool. Failures only cost space, so they are logged.
 func (w *Write) discard() {
-	if w.f != nil {
-		var err error
-		if w.created && w.old.Version == 0 {
-			// A chunk that never committed: drop the file altogether.
-			err = os.Remove(w.f.Name())
-		} else if w.appended || w.newLen > w.old.Length {
-			err = w.f.Truncate(w.old.Length)
-		}
-		if err != nil {
-			w.s.log.Warn("store: abort: cleaning chunk file", "chunk", w.id, "err", err)
+	if w.f != nil && w.created && w.old.Version == 0 {
+		path := w.f.Name()
+		w.closeFiles()
+		if err := w.s.pool.put(path); err != nil {
+			w.s.log.Warn("store: abort: recycling chunk file", "chunk", w.id, "err", err)
 		}
 	}
 	if w.stage != nil {
