@@ -23,6 +23,20 @@ func dirInode(r ns, ino ids.Ino) (*inode, error) {
 	return in, nil
 }
 
+// child looks up name in directory dir and loads the inode it names:
+// ENOENT when there is no such entry.
+func child(r ns, dir ids.Ino, name string) (dirent, *inode, error) {
+	d, found, err := r.entry(dir, name)
+	if err != nil {
+		return d, nil, err
+	}
+	if !found {
+		return d, nil, metaapi.Errorf(metaapi.ENOENT, "no entry %q in directory %d", name, dir)
+	}
+	in, err := r.inode(d.Ino)
+	return d, in, err
+}
+
 // isEmptyDir reports whether a directory has no entries.
 func isEmptyDir(r ns, ino ids.Ino) (bool, error) {
 	empty := true
@@ -103,14 +117,7 @@ func (s *Service) Lookup(req metaapi.LookupReq) (metaapi.Attr, error) {
 		if _, err := dirInode(v, req.Parent); err != nil {
 			return err
 		}
-		d, found, err := v.entry(req.Parent, req.Name)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return metaapi.Errorf(metaapi.ENOENT, "no entry %q in directory %d", req.Name, req.Parent)
-		}
-		in, err := v.inode(d.Ino)
+		_, in, err := child(v, req.Parent, req.Name)
 		if err == nil {
 			out = in.Attr
 		}
@@ -281,14 +288,7 @@ func (s *Service) Remove(req metaapi.RemoveReq) error {
 		if err := access(parent, who, mayExec); err != nil {
 			return err
 		}
-		d, found, err := tx.entry(parent.Ino, req.Name)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return metaapi.Errorf(metaapi.ENOENT, "no entry %q in directory %d", req.Name, parent.Ino)
-		}
-		victim, err := tx.inode(d.Ino)
+		_, victim, err := child(tx, parent.Ino, req.Name)
 		if err != nil {
 			return err
 		}
@@ -348,14 +348,7 @@ func (s *Service) Rename(req metaapi.RenameReq) error {
 		if err := access(np, who, mayExec); err != nil {
 			return err
 		}
-		sd, found, err := tx.entry(op.Ino, req.OldName)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return metaapi.Errorf(metaapi.ENOENT, "no entry %q in directory %d", req.OldName, op.Ino)
-		}
-		src, err := tx.inode(sd.Ino)
+		_, src, err := child(tx, op.Ino, req.OldName)
 		if err != nil {
 			return err
 		}
