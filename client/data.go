@@ -193,21 +193,41 @@ const minAssumedBlock = 4096
 // readChunk reads [off, off+n) of chunk l, trying its replicas in turn
 // from replica first, and returns the verified bytes in a registered
 // buffer (release it with c.bufs.put(p.region)).
+//
+// A replica answering busy (a write committed while it was sending) is
+// retried with backoff for up to BusyRetry once every replica has been
+// tried.
 func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n int64, first int) (piece, error) {
-	var errs []error
-	for i := range l.Replicas {
-		r := l.Replicas[(first+i)%len(l.Replicas)]
-		p, err := c.readReplica(ctx, r.Addr, l, off, n)
-		if err == nil {
-			return p, nil
+	deadline := time.Now().Add(c.opts.BusyRetry)
+	backoff := time.Millisecond
+	for {
+		var errs []error
+		busy := false
+		for i := range l.Replicas {
+			r := l.Replicas[(first+i)%len(l.Replicas)]
+			p, err := c.readReplica(ctx, r.Addr, l, off, n)
+			if err == nil {
+				return p, nil
+			}
+			if ctx.Err() != nil {
+				return piece{}, ctx.Err()
+			}
+			if s, ok := statusOf(err); ok && s.Retryable() {
+				busy = true
+			}
+			c.log.Debug("read from replica failed, trying the next", "chunk", l.Chunk, "node", r.Node, "addr", r.Addr, "err", err)
+			errs = append(errs, &NodeError{Op: fmt.Sprintf("read chunk %v", l.Chunk), Addr: r.Addr, Err: err})
 		}
-		if ctx.Err() != nil {
+		if !busy || time.Now().After(deadline) {
+			return piece{}, fmt.Errorf("no replica of chunk %v could be read: %w", l.Chunk, oneLine(errs))
+		}
+		select {
+		case <-ctx.Done():
 			return piece{}, ctx.Err()
+		case <-time.After(backoff + rand.N(backoff)):
 		}
-		c.log.Debug("read from replica failed, trying the next", "chunk", l.Chunk, "node", r.Node, "addr", r.Addr, "err", err)
-		errs = append(errs, &NodeError{Op: fmt.Sprintf("read chunk %v", l.Chunk), Addr: r.Addr, Err: err})
+		backoff = min(2*backoff, 100*time.Millisecond)
 	}
-	return piece{}, fmt.Errorf("no replica of chunk %v could be read: %w", l.Chunk, oneLine(errs))
 }
 
 // errStale: the replica has not seen the last committed write.

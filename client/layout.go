@@ -126,31 +126,34 @@ func (c *Client) chunkLayouts(ctx context.Context, ino ids.Ino, chunkSize, off, 
 	return out, attr, nil
 }
 
-// bufferPool keeps registered receive buffers: a node's read reply lands
-// in one by one-sided WRITE, with no copy through the message stream.
+// bufferPool keeps receive buffers: a node's read reply lands in one by
+// one-sided WRITE, with no copy through the message stream. A buffer is
+// registered under a fresh key for each read and deregistered when the
+// read is done, so no node can write into it outside its own read.
 type bufferPool struct {
 	ep   *fabric.Endpoint
 	size int
-	free chan *fabric.Region
+	free chan []byte
 }
 
 func newBufferPool(ep *fabric.Endpoint, size int) *bufferPool {
-	return &bufferPool{ep: ep, size: size, free: make(chan *fabric.Region, 32)}
+	return &bufferPool{ep: ep, size: size, free: make(chan []byte, 32)}
 }
 
 func (b *bufferPool) get() *fabric.Region {
+	var buf []byte
 	select {
-	case r := <-b.free:
-		return r
+	case buf = <-b.free:
 	default:
-		return b.ep.Register(make([]byte, b.size), fabric.RemoteWrite)
+		buf = make([]byte, b.size)
 	}
+	return b.ep.Register(buf, fabric.RemoteWrite)
 }
 
 func (b *bufferPool) put(r *fabric.Region) {
+	b.ep.Deregister(r)
 	select {
-	case b.free <- r:
+	case b.free <- r.Bytes():
 	default:
-		b.ep.Deregister(r)
 	}
 }

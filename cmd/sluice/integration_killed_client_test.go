@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/secret"
 	"io"
 	"net"
 	"os"
@@ -227,37 +229,45 @@ func TestClientKilledMidPut(t *testing.T) {
 		if len(layout) != 1 {
 			t.Errorf("temporary has %d chunks, want 1", len(layout))
 		}
+		sec, err := secret.Load(filepath.Join(dir, "meta", "cluster.secret"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := capability.NewKeyring(sec)
 		for _, l := range layout {
-			var length int
+			var length uint64
 			eventually(t, 10*time.Second, 100*time.Millisecond, func() (bool, string) {
-				var sums []string
+				var states []string
 				for _, r := range l.Replicas {
+					// Ask the node (at its own address, not the proxy)
+					// what it has committed: a chunk file may be longer.
+					ver, n := committed(t, c.nodes[r.Node].addr, r.Node, l.Chunk, keys)
+					states = append(states, fmt.Sprintf("v%d:%d", ver, n))
 					p := filepath.Join(dirs[r.Node], "store", "chunks", fmt.Sprintf("%02x", uint64(l.Chunk)&0xff), chunkFileName(l.Chunk))
 					b, err := os.ReadFile(p)
-					switch {
-					case os.IsNotExist(err):
-						sums = append(sums, "none")
-						continue
-					case err != nil:
+					if err != nil && !os.IsNotExist(err) {
 						t.Fatal(err)
 					}
-					for off := 0; off < len(b); off += len(block) {
-						if !bytes.Equal(b[off:min(off+len(block), len(b))], block[:min(len(block), len(b)-off)]) {
-							return false, fmt.Sprintf("replica on %v is not a prefix of the input at %d", r.Node, off)
+					if uint64(len(b)) < n {
+						return false, fmt.Sprintf("replica on %v: file of %d bytes for %d committed", r.Node, len(b), n)
+					}
+					for off := 0; off < int(n); off += len(block) {
+						end := min(off+len(block), int(n))
+						if !bytes.Equal(b[off:end], block[:end-off]) {
+							return false, fmt.Sprintf("replica on %v: committed bytes are not a prefix of the input at %d", r.Node, off)
 						}
 					}
-					sums = append(sums, fmt.Sprintf("%d:%s", len(b), sum(b)))
-					length = len(b)
+					length = n
 				}
-				for _, s := range sums[1:] {
-					if s != sums[0] {
-						return false, fmt.Sprintf("replicas of %v differ: %v", l.Chunk, sums)
+				for _, s := range states[1:] {
+					if s != states[0] {
+						return false, fmt.Sprintf("replicas of %v differ: %v", l.Chunk, states)
 					}
 				}
 				return true, ""
 			})
 			// The first message committed; the second was rolled back.
-			t.Logf("temporary's chunk %v: %d bytes on every replica", l.Chunk, length)
+			t.Logf("temporary's chunk %v: %d bytes committed on every replica", l.Chunk, length)
 			if length < 1<<20 || length%(1<<20) != 0 {
 				t.Errorf("temporary's chunk %v holds %d bytes after the abort, want the committed first write message", l.Chunk, length)
 			}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/engine"
@@ -113,7 +114,26 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 		c.Nodes = append(c.Nodes, n)
 	}
+	c.waitMaps(5 * time.Second)
 	return c, nil
+}
+
+// waitMaps waits (at most d) until every node's cluster map knows every
+// node, so the first writes are not answered busy while maps converge.
+func (c *Cluster) waitMaps(d time.Duration) {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		all := true
+		for _, n := range c.Nodes {
+			for _, p := range c.Nodes {
+				if _, ok := n.PeerAddr(p.ID()); !ok {
+					all = false
+				}
+			}
+		}
+		if all {
+			return
+		}
+	}
 }
 
 // Conf returns the client configuration.

@@ -48,12 +48,13 @@ type Handlers struct {
 	Completion func(r *Request)
 	// Direct, if set, offers the destination for data packet [off, off+n)
 	// of an accepted request so the fabric receives it in place (direct
-	// placement); nil means "use a receive buffer". It runs on the
+	// placement); nil means "use a receive buffer". It is given the
+	// request's State as the header handler left it, runs on the
 	// connection's reader goroutine, concurrently with the request's other
-	// handlers, and must not block. DirectDone follows each non-nil Direct
-	// once the bytes are in.
-	Direct     func(r *Request, off int64, n int) []byte
-	DirectDone func(r *Request)
+	// handlers (even its cleanup), and must not block. DirectDone follows
+	// each non-nil Direct once the bytes are in.
+	Direct     func(state any, off int64, n int) []byte
+	DirectDone func(state any)
 	// Cleanup runs when an accepted request ends before its last packet:
 	// its client went silent or disconnected, or Payload failed. It frees
 	// the policy's state (aborts the store write, the forward).
@@ -207,29 +208,50 @@ func (e *Engine) event(ev Event) { e.opts.OnEvent(ev) }
 // ---- dispatch (on each connection's reader goroutine) ----
 
 // connState is the engine's per-connection state: the message being
-// received, or that the rest of a refused message is being dropped.
+// received (its request, the generation of that request's table entry,
+// its worker), or that the rest of a refused message is being dropped.
+// Only the connection's reader goroutine touches it.
 type connState struct {
 	cur     *Request
+	gen     uint64
+	id      uint64
+	w       *worker
 	discard bool
-	placing *Request // a Direct placement is in progress for it
+	placing *directState // a Direct placement is in progress
+}
+
+// current returns the request the next data packet belongs to, or nil if
+// it was refused or failed meanwhile (its entry freed, perhaps reused):
+// then the rest of the message is dropped here.
+func (cs *connState) current(p *fabric.Packet) *Request {
+	r := cs.cur
+	if r.gen.Load() == cs.gen {
+		return r
+	}
+	cs.cur, cs.discard = nil, !p.Last()
+	return nil
 }
 
 // PlaceBegin implements fabric.Placer: a data packet of an accepted
 // request is received where its context says it belongs.
 func (e *Engine) PlaceBegin(c *fabric.Conn, id uint64, off int64, n int) []byte {
 	cs, _ := c.Local.(*connState)
-	if cs == nil || cs.discard || cs.cur == nil || cs.cur.ID != id {
+	if cs == nil || cs.discard || cs.cur == nil || cs.id != id {
 		return nil
 	}
-	r := cs.cur
 	// The header handler runs on a worker; until it has accepted the
-	// request (published by the phase store), packets take the normal path.
-	if r.ctx.Direct == nil || r.getPhase() != phaseReceiving {
+	// request and published its state, packets take the normal path. The
+	// generation is checked after the load so the state is this request's,
+	// not that of a later request reusing the entry. Nothing else of the
+	// entry is read here: it may be being reused.
+	r := cs.cur
+	ds := r.direct.Load()
+	if ds == nil || r.gen.Load() != cs.gen {
 		return nil
 	}
-	b := r.ctx.Direct(r, off, n)
+	b := ds.ctx.Direct(ds.state, off, n)
 	if b != nil {
-		cs.placing = r
+		cs.placing = ds
 	}
 	return b
 }
@@ -237,9 +259,9 @@ func (e *Engine) PlaceBegin(c *fabric.Conn, id uint64, off int64, n int) []byte 
 // PlaceEnd implements fabric.Placer.
 func (e *Engine) PlaceEnd(c *fabric.Conn) {
 	cs := c.Local.(*connState)
-	r := cs.placing
+	ds := cs.placing
 	cs.placing = nil
-	r.ctx.DirectDone(r)
+	ds.ctx.DirectDone(ds.state)
 }
 
 // HandlePacket implements fabric.Handler.
@@ -260,12 +282,16 @@ func (e *Engine) HandlePacket(p *fabric.Packet) {
 		p.Release()
 		return
 	}
-	r := cs.cur
+	r := cs.current(p)
+	if r == nil {
+		p.Release()
+		return
+	}
 	r.lastActive.Store(e.clock.Load())
 	if p.Last() {
 		cs.cur = nil
 	}
-	r.worker.q <- task{r: r, p: p, kind: taskPayload}
+	cs.w.q <- task{r: r, gen: cs.gen, p: p, kind: taskPayload}
 }
 
 func (e *Engine) start(cs *connState, p *fabric.Packet) {
@@ -287,7 +313,7 @@ func (e *Engine) start(cs *connState, p *fabric.Packet) {
 		return
 	}
 	w := e.workers[int(e.next.Add(1))%len(e.workers)]
-	r := e.table.alloc(p.Conn, p.ID, ctx, w)
+	r := e.table.alloc(p.Conn, p.ID, ctx)
 	if r == nil {
 		e.refusedBusy.Add(1)
 		e.event(Event{Kind: EventTableFull, Context: ctx.Name, ID: p.ID, Peer: peer(p.Conn)})
@@ -295,10 +321,11 @@ func (e *Engine) start(cs *connState, p *fabric.Packet) {
 		return
 	}
 	e.accepted.Add(1)
+	gen := r.gen.Load()
 	if !last {
-		cs.cur = r
+		cs.cur, cs.gen, cs.id, cs.w = r, gen, p.ID, w
 	}
-	w.q <- task{r: r, p: p, kind: taskHeader}
+	w.q <- task{r: r, gen: gen, p: p, kind: taskHeader}
 }
 
 // Closed implements fabric.Handler: a request cut off mid-message is
@@ -308,12 +335,12 @@ func (e *Engine) Closed(c *fabric.Conn, err error) {
 	if cs == nil || cs.cur == nil {
 		return
 	}
-	r := cs.cur
+	r, gen, w := cs.cur, cs.gen, cs.w
 	cs.cur = nil
 	if err == nil {
 		err = errors.New("connection closed")
 	}
-	r.worker.q <- task{r: r, kind: taskAbort, reason: err}
+	w.q <- task{r: r, gen: gen, kind: taskAbort, reason: err}
 }
 
 func peer(c *fabric.Conn) string { return c.RemoteAddr().String() }
@@ -330,6 +357,7 @@ const (
 
 type task struct {
 	r      *Request
+	gen    uint64 // the request's generation when the task was queued
 	p      *fabric.Packet
 	kind   taskKind
 	reason error
@@ -347,8 +375,17 @@ func (w *worker) run() {
 	}
 }
 
+// do runs one task. A refused or failed request gives its table entry back
+// at once; tasks still queued for it (and later packets, see
+// connState.current) see its generation has moved on and are dropped.
 func (w *worker) do(t task) {
 	r := t.r
+	if r.gen.Load() != t.gen {
+		if t.p != nil {
+			t.p.Release()
+		}
+		return
+	}
 	switch t.kind {
 	case taskHeader:
 		last := t.p.Last()
@@ -356,10 +393,11 @@ func (w *worker) do(t task) {
 		t.p.Release()
 		if err != nil {
 			r.refuse(err)
-			if last {
-				r.free()
-			}
+			r.free()
 			return
+		}
+		if r.ctx.Direct != nil {
+			r.direct.Store(&directState{ctx: r.ctx, state: r.State})
 		}
 		r.setPhase(phaseReceiving)
 		if last {
@@ -367,13 +405,6 @@ func (w *worker) do(t task) {
 		}
 	case taskPayload:
 		last := t.p.Last()
-		if r.getPhase() != phaseReceiving {
-			t.p.Release()
-			if last {
-				r.free()
-			}
-			return
-		}
 		var err error
 		if r.ctx.Payload != nil {
 			err = r.ctx.Payload(r, t.p)
@@ -383,25 +414,19 @@ func (w *worker) do(t task) {
 		t.p.Release()
 		if err != nil {
 			r.fail(err)
-			if last {
-				r.free()
-			}
+			r.free()
 			return
 		}
 		if last {
 			r.complete()
 		}
 	case taskAbort:
-		if r.getPhase() == phaseReceiving {
-			r.e.aborted.Add(1)
-			if r.ctx.Cleanup != nil {
-				r.ctx.Cleanup(r, t.reason)
-			}
-			r.e.event(Event{Kind: EventAborted, Context: r.ctx.Name, ID: r.ID, Peer: peer(r.Conn), Reason: t.reason})
+		r.e.aborted.Add(1)
+		if r.ctx.Cleanup != nil {
+			r.ctx.Cleanup(r, t.reason)
 		}
-		if r.getPhase() != phaseCompleting {
-			r.free()
-		}
+		r.e.event(Event{Kind: EventAborted, Context: r.ctx.Name, ID: r.ID, Peer: peer(r.Conn), Reason: t.reason})
+		r.free()
 	}
 }
 

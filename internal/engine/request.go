@@ -15,9 +15,15 @@ const (
 	phaseFree       phase = iota
 	phaseHeader           // allocated, header handler not yet run
 	phaseReceiving        // accepted, data packets flowing
-	phaseRefused          // refused or failed; remaining packets are dropped
 	phaseCompleting       // completion handler ran; waiting for Finish
 )
+
+// directState is what the reader goroutine needs for direct placement,
+// published by the worker once the header handler has accepted.
+type directState struct {
+	ctx   *Context
+	state any
+}
 
 // Request is one entry of the request table: the state of an in-flight
 // request, reused from a fixed array. Handlers of the request run on one
@@ -31,11 +37,15 @@ type Request struct {
 
 	e          *Engine
 	ctx        *Context
-	worker     *worker
 	index      int
 	phase      atomic.Int32
 	lastActive atomic.Int64
 	finished   atomic.Bool
+	// gen changes every time the entry is freed, so references held by
+	// the reader goroutine and by queued tasks can tell their request from
+	// a later one reusing the entry.
+	gen    atomic.Uint64
+	direct atomic.Pointer[directState]
 }
 
 // Context is the request's execution context name.
@@ -65,7 +75,6 @@ func (r *Request) complete() {
 
 // refuse answers a header the handler rejected.
 func (r *Request) refuse(err error) {
-	r.setPhase(phaseRefused)
 	r.e.refused.Add(1)
 	r.Conn.Post(r.ID, wire.AppendError(nil, err))
 	r.e.event(Event{Kind: EventRefused, Context: r.ctx.Name, ID: r.ID, Peer: peer(r.Conn), Reason: err})
@@ -73,7 +82,6 @@ func (r *Request) refuse(err error) {
 
 // fail aborts an accepted request whose payload handler failed.
 func (r *Request) fail(err error) {
-	r.setPhase(phaseRefused)
 	r.e.aborted.Add(1)
 	r.Conn.Post(r.ID, wire.AppendError(nil, err))
 	if r.ctx.Cleanup != nil {
@@ -101,7 +109,7 @@ func (t *table) init(e *Engine, n int) {
 	}
 }
 
-func (t *table) alloc(c *fabric.Conn, id uint64, ctx *Context, w *worker) *Request {
+func (t *table) alloc(c *fabric.Conn, id uint64, ctx *Context) *Request {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := len(t.freeList)
@@ -110,7 +118,7 @@ func (t *table) alloc(c *fabric.Conn, id uint64, ctx *Context, w *worker) *Reque
 	}
 	r := &t.slots[t.freeList[n-1]]
 	t.freeList = t.freeList[:n-1]
-	r.ID, r.Conn, r.ctx, r.worker, r.State = id, c, ctx, w, nil
+	r.ID, r.Conn, r.ctx, r.State = id, c, ctx, nil
 	r.finished.Store(false)
 	r.lastActive.Store(r.e.clock.Load())
 	r.setPhase(phaseHeader)
@@ -124,6 +132,8 @@ func (t *table) free(r *Request) {
 		panic(fmt.Sprintf("engine: request %d freed twice", r.ID))
 	}
 	r.setPhase(phaseFree)
+	r.direct.Store(nil)
+	r.gen.Add(1)
 	r.Conn, r.State, r.ctx = nil, nil, nil
 	t.freeList = append(t.freeList, r.index)
 }
@@ -143,7 +153,7 @@ func (t *table) idle(limit int64) []*fabric.Conn {
 	for i := range t.slots {
 		r := &t.slots[i]
 		switch r.getPhase() {
-		case phaseHeader, phaseReceiving, phaseRefused:
+		case phaseHeader, phaseReceiving:
 			if r.lastActive.Load() < limit {
 				out = append(out, r.Conn)
 			}

@@ -220,6 +220,7 @@ func (c *Conn) readLoop() {
 		}
 		c.handler.Closed(c, reason)
 		close(c.readerDone)
+		c.ep.readers.Done()
 	}()
 	var hb [HeaderSize]byte
 	for {

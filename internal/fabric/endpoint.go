@@ -69,13 +69,18 @@ type Endpoint struct {
 	opts    Options
 	regions regions
 
-	mu     sync.Mutex
-	lns    []net.Listener
-	conns  map[*Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
-	stop   chan struct{}
-	clock  atomic.Int64 // coarse unix nanoseconds, advanced by watch
+	mu          sync.Mutex
+	lns         []net.Listener
+	conns       map[*Conn]struct{}
+	handshaking int // accepted connections still in their hello
+	closed      bool
+	wg          sync.WaitGroup
+	// readers counts connections whose reader goroutine has not exited:
+	// a failed connection leaves conns at once but its reader may still be
+	// calling its handler, and Close must wait for that.
+	readers sync.WaitGroup
+	stop    chan struct{}
+	clock   atomic.Int64 // coarse unix nanoseconds, advanced by watch
 }
 
 // NewEndpoint creates an endpoint.
@@ -153,19 +158,38 @@ func (e *Endpoint) Listen(addr string, h Handler) (net.Addr, error) {
 	return ln.Addr(), nil
 }
 
+// acceptLoop accepts until the listener is closed. Errors such as running
+// out of file descriptors are survived with a backoff (as net/http does):
+// a moment of exhaustion must not stop the node accepting for good.
+// Connections still in their hello count against MaxConns, so a flood of
+// bare TCP connects cannot pile up goroutines and descriptors.
 func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 	defer e.wg.Done()
+	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			e.mu.Lock()
+			closed := e.closed
+			e.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			e.opts.Logger.Warn("fabric: accept failed, retrying", "err", err, "in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-e.stop:
+				return
+			}
+			continue
 		}
+		backoff = 0
 		e.mu.Lock()
-		full := len(e.conns) >= e.opts.MaxConns
+		full := len(e.conns)+e.handshaking >= e.opts.MaxConns
+		if !full {
+			e.handshaking++
+		}
 		e.mu.Unlock()
 		if full {
 			e.opts.Logger.Warn("fabric: refusing connection, too many open", "peer", nc.RemoteAddr(), "max", e.opts.MaxConns)
@@ -173,7 +197,11 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 			continue
 		}
 		go func() {
-			if _, err := e.handshake(nc, h); err != nil {
+			_, err := e.handshake(nc, h)
+			e.mu.Lock()
+			e.handshaking--
+			e.mu.Unlock()
+			if err != nil {
 				e.opts.Logger.Debug("fabric: handshake failed", "peer", nc.RemoteAddr(), "err", err)
 			}
 		}()
@@ -233,6 +261,7 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler) (*Conn, error) {
 		nc.Close()
 		return nil, ErrClosed
 	}
+	e.readers.Add(1)
 	c := newConn(e, nc, h, mtu)
 	e.conns[c] = struct{}{}
 	e.mu.Unlock()
@@ -264,9 +293,7 @@ func (e *Endpoint) Close() error {
 	for _, c := range conns {
 		c.Close()
 	}
-	for _, c := range conns {
-		c.Wait()
-	}
 	e.wg.Wait()
+	e.readers.Wait() // including connections that failed before Close
 	return nil
 }

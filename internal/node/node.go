@@ -61,12 +61,16 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	registered atomic.Bool
-	fatal      chan error // errors the node cannot recover from by itself
-	closeOnce  sync.Once
-	closeErr   error
-	mu         sync.Mutex
-	deleted    []ids.ChunkID // deletions to report with the next heartbeat
+	registered  atomic.Bool
+	peers       atomic.Pointer[map[ids.NodeID]string] // the cluster map, from heartbeats
+	refresh     chan struct{}                         // asks the control loop to heartbeat now
+	refreshMu   sync.Mutex
+	lastRefresh time.Time
+	fatal       chan error // errors the node cannot recover from by itself
+	closeOnce   sync.Once
+	closeErr    error
+	mu          sync.Mutex
+	deleted     []ids.ChunkID // deletions to report with the next heartbeat
 }
 
 type identity struct {
@@ -87,7 +91,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: creating data dir: %w", err)
 	}
-	n := &Node{opts: opts, log: opts.Logger, fatal: make(chan error, 1)}
+	n := &Node{opts: opts, log: opts.Logger, fatal: make(chan error, 1), refresh: make(chan struct{}, 1)}
 	id, err := loadIdentity(opts.DataDir)
 	if err != nil {
 		return nil, err
@@ -136,6 +140,8 @@ func (n *Node) serve() error {
 		Store:        n.store,
 		Forward:      n.pool,
 		ForwardQuota: n.ep.Options().Quota,
+		ReplicaAddr:  n.PeerAddr,
+		RefreshMap:   n.refreshMap,
 		Logger:       n.log,
 	})
 	if n.eng, err = engine.New(eopts, ctxs...); err != nil {
@@ -163,6 +169,42 @@ func (n *Node) onEvent(ev engine.Event) {
 	case engine.EventUnknownClass:
 		n.log.Warn("message of unknown class", "peer", ev.Peer, "reason", ev.Reason)
 	}
+}
+
+// PeerAddr resolves a node id with the node's latest cluster map; a miss
+// makes the node refresh the map from meta at once.
+func (n *Node) PeerAddr(id ids.NodeID) (string, bool) {
+	m := n.peers.Load()
+	var a string
+	ok := false
+	if m != nil {
+		a, ok = (*m)[id]
+	}
+	if !ok {
+		// A node that joined since the last heartbeat: refresh the map now
+		// rather than in a second (the client retries the busy answer).
+		select {
+		case n.refresh <- struct{}{}:
+		default:
+		}
+	}
+	return a, ok
+}
+
+// refreshMap heartbeats now (at most every 50ms; concurrent callers share
+// one call) so the cluster map is current.
+func (n *Node) refreshMap() {
+	n.refreshMu.Lock()
+	defer n.refreshMu.Unlock()
+	if time.Since(n.lastRefresh) < 50*time.Millisecond {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := n.heartbeat(ctx); err != nil {
+		n.log.Debug("refreshing the cluster map", "err", err)
+	}
+	n.lastRefresh = time.Now()
 }
 
 // errRefused: meta does not accept this node's credential.
@@ -309,6 +351,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(interval):
+		case <-n.refresh:
 		}
 	}
 }
@@ -332,6 +375,11 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		}
 		return err
 	}
+	peers := make(map[ids.NodeID]string, len(resp.Nodes))
+	for _, p := range resp.Nodes {
+		peers[p.ID] = p.Addr
+	}
+	n.peers.Store(&peers)
 	var done []ids.ChunkID
 	for _, c := range resp.Delete {
 		if err := n.store.Delete(c); err != nil {

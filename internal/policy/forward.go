@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -19,26 +20,28 @@ import (
 // only the connection feeding it.
 type forward struct {
 	d    *Deps
+	node ids.NodeID
 	addr string
 	rank int
 
-	q       chan *fabric.Packet
-	stop    chan struct{}
-	stopMu  sync.Once
-	reason  error
-	err     atomic.Pointer[error] // set once the forward has failed
-	done    chan struct{}
-	result  error
-	started time.Time
+	q      chan *fabric.Packet
+	stop   chan struct{}
+	stopMu sync.Once
+	reason error
+	err    atomic.Pointer[error] // set once the forward has failed
+	done   chan struct{}
+	result error
+	// conn is the connection in use, so abort can close it and interrupt
+	// a send blocked on a slow replica.
+	conn atomic.Pointer[fabric.PeerConn]
 }
 
-func startForward(d *Deps, addr string, rank int, hdr []byte, headerOnly bool) *forward {
+func startForward(d *Deps, node ids.NodeID, addr string, rank int, hdr []byte, headerOnly bool) *forward {
 	f := &forward{
-		d: d, addr: addr, rank: rank,
-		q:       make(chan *fabric.Packet, d.ForwardQuota+1),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		started: time.Now(),
+		d: d, node: node, addr: addr, rank: rank,
+		q:    make(chan *fabric.Packet, d.ForwardQuota+1),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
 	hdr = append([]byte(nil), hdr...) // the caller's buffer is reused
 	go f.run(hdr, headerOnly)
@@ -56,12 +59,17 @@ func (f *forward) failed() error {
 	return nil
 }
 
-// abort stops the forward; the next replica sees its connection close
-// mid-message and cleans up at once.
+// abort stops the forward without waiting: a dial in progress is
+// cancelled and the connection closed, so a send blocked on a slow replica
+// returns; the next replica sees its connection close mid-message and
+// cleans up at once.
 func (f *forward) abort(reason error) {
 	f.stopMu.Do(func() {
 		f.reason = reason
 		close(f.stop)
+		if pc := f.conn.Load(); pc != nil {
+			pc.Close()
+		}
 	})
 }
 
@@ -105,18 +113,43 @@ func (f *forward) drain(sawLast bool) {
 }
 
 func (f *forward) send(hdr []byte, headerOnly bool) error {
-	ctx, cancel := context.WithTimeout(context.Background(), f.d.ReplyTimeout)
+	dctx, cancel := context.WithTimeout(context.Background(), f.d.ReplyTimeout)
 	defer cancel()
-	pc, err := f.d.Forward.Get(ctx, f.addr)
+	go func() {
+		select {
+		case <-f.stop:
+			cancel()
+		case <-dctx.Done():
+		}
+	}()
+	pc, err := f.d.Forward.Get(dctx, f.addr)
+	if err != nil && f.d.RefreshMap != nil && f.d.ReplicaAddr != nil && !stopped(f.stop) {
+		// The map may predate the replica's restart on a new address.
+		f.d.RefreshMap()
+		if a, ok := f.d.ReplicaAddr(f.node); ok && a != f.addr {
+			f.addr = a
+			pc, err = f.d.Forward.Get(dctx, f.addr)
+		}
+	}
 	if err != nil {
+		if stopped(f.stop) {
+			return f.reason
+		}
 		err = f.fail(err)
 		f.drain(headerOnly)
 		return err
+	}
+	f.conn.Store(pc)
+	if stopped(f.stop) { // abort may have missed the connection
+		pc.Close()
+		f.drain(headerOnly)
+		return f.reason
 	}
 	id := pc.NewID()
 	replies := pc.Replies.Expect(id)
 	mw, err := pc.Begin(id, hdr, headerOnly)
 	if err != nil {
+		pc.Close()
 		err = f.fail(err)
 		f.drain(headerOnly)
 		return err
@@ -159,8 +192,12 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 				return err
 			}
 		case <-f.stop:
-			flush()
+			// Do not flush: the replica may be the slow one. Aborting
+			// drops the batched packets and closes the connection.
 			mw.Abort(f.reason)
+			for i := range np {
+				pending[i].Release()
+			}
 			f.drain(false)
 			return f.reason
 		case p, ok := <-replies:
@@ -179,20 +216,34 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 	if err := mw.Close(); err != nil {
 		return f.fail(err)
 	}
+	// The reply timeout counts from the end of the transfer: a slow
+	// transfer must not make a replica that has everything look dead.
+	t := time.NewTimer(f.d.ReplyTimeout)
+	defer t.Stop()
 	select {
 	case p, ok := <-replies:
 		if err := replyErr(p, ok, pc); err != nil {
 			pc.Close()
 			return f.fail(err)
 		}
+		f.conn.Store(nil)
 		f.d.Forward.Put(pc)
 		return nil
-	case <-ctx.Done():
+	case <-t.C:
 		pc.Close()
-		return f.fail(wire.Errorf(wire.StatusReplica, "no reply within %s", f.d.ReplyTimeout))
+		return f.fail(wire.Errorf(wire.StatusReplica, "no reply within %s of the end of the transfer", f.d.ReplyTimeout))
 	case <-f.stop:
 		pc.Close()
 		return f.reason
+	}
+}
+
+func stopped(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -51,6 +51,17 @@ type Deps struct {
 	// ReadSlots bounds reads served at once (each holds one buffer).
 	// Default 32.
 	ReadSlots int
+	// ReplicaAddr maps a node id to its fabric address from this node's
+	// view of the cluster map. A forward goes to that address for the next
+	// replica's id (which the capability's MAC covers), never to the
+	// address the client wrote in the header; a node the map does not know
+	// yet gets a retryable busy answer. Nil means "trust the header" (for
+	// tools and tests without a cluster map).
+	ReplicaAddr func(ids.NodeID) (string, bool)
+	// RefreshMap, if set, fetches the cluster map from meta now (bounded
+	// in time): used when a replica cannot be reached at the address the
+	// map gave, which may be from before that node restarted.
+	RefreshMap func()
 	// Now returns unix nanoseconds (for capability expiry).
 	Now    func() int64
 	Logger *slog.Logger

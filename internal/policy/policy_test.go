@@ -3,8 +3,10 @@ package policy_test
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,5 +310,61 @@ func TestReadReplyIsVerifiable(t *testing.T) {
 	pc.Send(id, hdr)
 	if r := e.reply(t, pc, ch); r.Status != wire.StatusAuth {
 		t.Fatalf("read with another node's capability: %v %s", r.Status, r.Msg)
+	}
+}
+
+// TestForwardUsesClusterMapNotClientAddress: the replica addresses in a
+// write header come from the client; a node forwards to the address its
+// own cluster map gives for the next replica's id (covered by the
+// capability's MAC), so a client cannot point it elsewhere.
+func TestForwardUsesClusterMapNotClientAddress(t *testing.T) {
+	e := newEnv(t, engine.Options{})
+	n := e.c.Nodes
+	ring := []*node.Node{n[0], n[1]}
+	// A decoy that counts connections.
+	decoy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer decoy.Close()
+	var dialed atomic.Int32
+	go func() {
+		for {
+			c, err := decoy.Accept()
+			if err != nil {
+				return
+			}
+			dialed.Add(1)
+			c.Close()
+		}
+	}()
+	// Wait until the head's map knows the second replica (first heartbeat).
+	deadline := time.Now().Add(5 * time.Second)
+	cp := e.mint(8, capability.Write|capability.Read, time.Now().Add(time.Minute), ring...)
+	data := bytes.Repeat([]byte("z"), 100000)
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 8, Len: uint64(len(data)), Cap: cp},
+		[]string{n[0].Addr(), decoy.Addr().String()})
+	for {
+		pc, err := e.pool.Get(context.Background(), n[0].Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := pc.NewID()
+		ch := pc.Replies.Expect(id)
+		pc.Send(id, hdr, data)
+		r := e.reply(t, pc, ch)
+		if r.Status == wire.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("write never succeeded: %v %s", r.Status, r.Msg)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if dialed.Load() != 0 {
+		t.Fatal("the node forwarded to the address the client supplied")
+	}
+	if info, got := chunkState(t, n[1], 8); info.Version != 1 || !bytes.Equal(got, data) {
+		t.Fatalf("second replica: %+v", info)
 	}
 }

@@ -2,6 +2,8 @@ package policy
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sync"
 
 	"github.com/sluicefs/sluice/internal/capability"
@@ -86,13 +88,16 @@ func (x *reader) serve(r *engine.Request, st *readState) {
 }
 
 // read places the data and returns the reply (nil if the reply was sent
-// inline with the data).
+// inline with the data). The chunk's read view (a shared lock that
+// commits wait for) is never held while sending: each piece is read under
+// a view of its own, and if a write commits between pieces the read ends
+// with a retryable busy answer rather than mixing versions. A client that
+// stops reading therefore delays nobody but itself.
 func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
 	rd, err := x.d.Store.OpenRead(h.Chunk)
 	if err != nil {
 		return nil, storeError(err)
 	}
-	defer rd.Close()
 	info := rd.Info()
 	bs := int64(x.d.Store.BlockSize())
 	start := int64(h.Off) / bs * bs
@@ -102,27 +107,45 @@ func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
 	var crcs []uint32
 	if nb > 0 {
 		if crcs, err = rd.Checksums(int(start/bs), nb, make([]uint32, 0, nb)); err != nil {
+			rd.Close()
 			return nil, storeError(err)
 		}
 	}
+	rd.Close()
 	reply := wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length),
 		DataOff: uint64(start), DataLen: uint64(end - start), BlockSize: uint32(bs)}, crcs, "")
 
 	bp := x.bufs.Get().(*[]byte)
 	defer x.bufs.Put(bp)
 	buf := *bp
+	// piece reads [pos, pos+n) under a fresh view of the same version.
+	piece := func(pos int64) ([]byte, error) {
+		n := min(int64(len(buf)), end-pos)
+		rd, err := x.d.Store.OpenRead(h.Chunk)
+		if err != nil {
+			return nil, storeError(err)
+		}
+		defer rd.Close()
+		if rd.Info() != info {
+			return nil, wire.Errorf(wire.StatusBusy, "chunk %v changed during the read (version %d, now %d)", h.Chunk, info.Version, rd.Info().Version)
+		}
+		if _, err := rd.ReadAt(buf[:n], pos); err != nil && !errors.Is(err, io.EOF) {
+			return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", h.Chunk, pos, err)
+		}
+		return buf[:n], nil
+	}
 	if h.RegionKey != 0 {
 		// Direct placement: one-sided WRITEs into the client's buffer; the
 		// reply that follows on the same connection arrives after them.
 		for pos := start; pos < end; {
-			n := min(int64(len(buf)), end-pos)
-			if _, err := rd.ReadAt(buf[:n], pos); err != nil {
-				return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", h.Chunk, pos, err)
+			b, err := piece(pos)
+			if err != nil {
+				return nil, err
 			}
-			if err := r.Conn.Write(context.Background(), h.RegionKey, h.RegionOff+uint64(pos-start), buf[:n], false); err != nil {
+			if err := r.Conn.Write(context.Background(), h.RegionKey, h.RegionOff+uint64(pos-start), b, false); err != nil {
 				return nil, wire.Errorf(wire.StatusIO, "placing data in the client's region: %v", err)
 			}
-			pos += n
+			pos += int64(len(b))
 		}
 		return reply, nil
 	}
@@ -132,13 +155,13 @@ func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
 		return nil, err
 	}
 	for pos := start; pos < end; {
-		n := min(int64(len(buf)), end-pos)
-		if _, err := rd.ReadAt(buf[:n], pos); err != nil {
-			mw.Abort(err)
-			return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", h.Chunk, pos, err)
+		b, err := piece(pos)
+		if err != nil {
+			mw.Abort(err) // the reply is already out: only closing can say so
+			return nil, err
 		}
-		pos += n
-		if err := mw.Write(buf[:n], pos == end); err != nil {
+		pos += int64(len(b))
+		if err := mw.Write(b, pos == end); err != nil {
 			mw.Abort(err)
 			return nil, err
 		}

@@ -6,6 +6,7 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -83,14 +84,27 @@ func (x *writer) admit(st *writeState, hdr []byte) error {
 	if (rank == 0) != (h.Version == 0) {
 		return wire.Errorf(wire.StatusBadRequest, "version %d at rank %d", h.Version, rank)
 	}
+	var next string
+	var nextID ids.NodeID
+	if rank+1 < h.Addrs.Len() {
+		nextID = c.Replicas[rank+1]
+		if x.d.ReplicaAddr == nil {
+			next = string(h.Addrs.At(rank + 1))
+		} else {
+			var known bool
+			if next, known = x.d.ReplicaAddr(c.Replicas[rank+1]); !known {
+				return wire.Errorf(wire.StatusBusy, "replica %v is not in this node's cluster map yet", c.Replicas[rank+1])
+			}
+		}
+	}
 	w, err := x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), h.Version)
 	if err != nil {
 		return storeError(err)
 	}
 	st.w, st.rank, st.chunkOff, st.length = w, rank, int64(h.Off), int64(h.Len)
-	if rank+1 < h.Addrs.Len() {
+	if next != "" {
 		st.fwdHdr = wire.AppendForward(st.fwdHdr[:0], h, uint8(rank+1), w.Version())
-		st.fwd = startForward(x.d, string(h.Addrs.At(rank+1)), rank+1, st.fwdHdr, h.Len == 0)
+		st.fwd = startForward(x.d, nextID, next, rank+1, st.fwdHdr, h.Len == 0)
 	}
 	st.hdr = wire.WriteHeader{} // drop references into the released packet
 	return nil
@@ -110,27 +124,38 @@ func storeError(err error) error {
 }
 
 // direct runs on the fabric's reader: a data packet in the append region
-// is received straight into the chunk file's mapped pages.
-func (x *writer) direct(r *engine.Request, off int64, n int) []byte {
-	st := r.State.(*writeState)
+// is received straight into the chunk file's mapped pages. (The store
+// makes this safe even while the request is being aborted.)
+func (x *writer) direct(state any, off int64, n int) []byte {
+	st := state.(*writeState)
 	return st.w.DirectBegin(st.chunkOff+off, n)
 }
 
-func (x *writer) directDone(r *engine.Request) { r.State.(*writeState).w.DirectEnd() }
+func (x *writer) directDone(state any) { state.(*writeState).w.DirectEnd() }
 
-// payload is the per-packet path: forward first (so the next replica
-// works in parallel), then place the packet in the store at its offset.
+// payload is the per-packet path: place the packet in the store at its
+// offset (usually it is already there: direct placement), then hand it
+// to the forward, which sends it to the next replica at once. Placing
+// first means a packet this replica could not store never reaches the
+// replicas after it, so a local failure cannot leave them ahead.
 func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
 	st := r.State.(*writeState)
+	if end := p.Off + int64(len(p.Data)); end > st.length || (st.length == 0 && p.Off == 0) {
+		// Beyond what the header declared (a zero-length write carries no
+		// data packet at all).
+		return wire.Errorf(wire.StatusBadRequest, "data packet [%d, %d) beyond the write's %d bytes", p.Off, end, st.length)
+	}
 	if st.fwd != nil {
 		if err := st.fwd.failed(); err != nil {
 			return err // the ring is broken: stop early, the client learns now
 		}
-		p.Retain()
-		st.fwd.push(p)
 	}
 	if err := st.w.Place(st.chunkOff+p.Off, p.Data); err != nil {
 		return storeError(err)
+	}
+	if st.fwd != nil {
+		p.Retain()
+		st.fwd.push(p)
 	}
 	return nil
 }
@@ -166,15 +191,20 @@ func (x *writer) finish(r *engine.Request, st *writeState) {
 	r.Finish(reply)
 }
 
+// cleanup must not block the worker: a forward still dialing or sending
+// to a slow replica takes time to stop, so the store write is aborted
+// once it has (it may still be sending from the pages the abort releases).
 func (x *writer) cleanup(r *engine.Request, reason error) {
 	st := r.State.(*writeState)
-	if st.fwd != nil {
-		// Stop the forward first: it may still be sending from the
-		// mapped pages the abort releases.
-		st.fwd.abort(reason)
-		st.fwd.wait()
+	if st.fwd == nil {
+		st.w.Abort()
+		return
 	}
-	st.w.Abort()
+	st.fwd.abort(reason)
+	go func() {
+		st.fwd.wait()
+		st.w.Abort()
+	}()
 }
 
 // errAborted is the reason a forward stops when its request is cleaned up.

@@ -128,7 +128,9 @@ func (w *Write) DirectEnd() {
 	}
 	d.mu.Unlock()
 	if fn != nil {
-		fn()
+		// The deferred teardown does file I/O: not on the caller (the
+		// fabric's reader goroutine, which must not block).
+		go fn()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
 )
@@ -64,13 +65,19 @@ func TestDirectAbortWaitsForReceiver(t *testing.T) {
 	if again := w.DirectBegin(200000, 10); again != nil {
 		t.Fatal("aborted write still hands out its mapping")
 	}
-	w.DirectEnd() // the receiver finishes: the deferred abort runs now
-	m.check(t, s, id)
-	w2, err := s.BeginWrite(id, 0, 1, 0)
+	w.DirectEnd() // the receiver finishes: the deferred abort runs now (in the background)
+	var w2 *Write
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		if w2, err = s.BeginWrite(id, 0, 1, 0); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("chunk still locked after the receiver finished: %v", err)
 	}
 	w2.Abort()
+	m.check(t, s, id)
 }
 
 // TestDirectSyncThenAbort: data made durable in the mapping but never

@@ -1,0 +1,149 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// blockingHandler blocks in HandlePacket until released, and records when
+// Closed runs.
+type blockingHandler struct {
+	entered chan *Conn
+	release chan struct{}
+	closed  chan struct{}
+}
+
+func (h *blockingHandler) HandlePacket(p *Packet) {
+	h.entered <- p.Conn
+	<-h.release
+	p.Release()
+}
+
+func (h *blockingHandler) Closed(*Conn, error) { close(h.closed) }
+
+// TestEndpointCloseWaitsForEveryReader: Endpoint.Close must not return
+// while a reader goroutine of one of its connections can still call the
+// Handler. A connection that was failed before Close (idle sweeper, stall
+// watchdog, CloseWithError, peer EOF...) is already gone from e.conns, so
+// Close neither closes nor waits for it; its reader later runs
+// HandlePacket/Closed after Close returned. The node closes the engine
+// right after ep.Close, so that late Closed sends on a closed worker
+// channel: "send on closed channel" panic (seen as a flaky race in
+// TestStaleReplicaRefusesAndHeadAborts).
+func TestEndpointCloseWaitsForEveryReader(t *testing.T) {
+	h := &blockingHandler{entered: make(chan *Conn, 1), release: make(chan struct{}), closed: make(chan struct{})}
+	srv, err := NewEndpoint(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := srv.Listen("127.0.0.1:0", h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, _ := NewEndpoint(Options{})
+	defer cli.Close()
+	pc, err := NewPool(cli, 1).Get(context.Background(), addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Send(pc.NewID(), []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	sc := <-h.entered                              // the server's reader is inside HandlePacket
+	sc.CloseWithError(errors.New("idle too long")) // e.g. the engine's idle sweeper
+
+	closeDone := make(chan struct{})
+	go func() { srv.Close(); close(closeDone) }()
+	select {
+	case <-closeDone:
+		// Close returned while the reader is still inside the handler and
+		// Closed has not run yet: the handler's owner may now tear down
+		// what the late callbacks use.
+		select {
+		case <-h.closed:
+		default:
+			close(h.release)
+			<-h.closed
+			t.Fatal("Endpoint.Close returned while a reader goroutine was still in HandlePacket; Closed ran after Close")
+		}
+	case <-time.After(2 * time.Second):
+		// Close is waiting for the reader, as it should.
+		close(h.release)
+		<-closeDone
+	}
+}
+
+// TestAcceptLoopSurvivesEMFILE: running out of file descriptors for a
+// moment (a burst of connections, many handshakes in flight — they are not
+// counted against MaxConns) must not stop the endpoint from accepting
+// forever. acceptLoop returns on any non-timeout Accept error, EMFILE
+// included.
+func TestAcceptLoopSurvivesEMFILE(t *testing.T) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Skip(err)
+	}
+	srv, err := NewEndpoint(Options{HandshakeTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	addr, err := srv.Listen("127.0.0.1:0", discard{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Use up every descriptor but one, then connect: the client's socket
+	// takes the last one and the server's Accept fails with EMFILE.
+	low := lim
+	low.Cur = uint64(countFDs(t) + 16)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skip(err)
+	}
+	var fill []*os.File
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		fill = append(fill, f)
+	}
+	fill[len(fill)-1].Close()
+	fill = fill[:len(fill)-1]
+	raw, derr := net.DialTimeout("tcp", addr.String(), 200*time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // the server's Accept runs out of descriptors
+	if derr == nil {
+		raw.Close()
+	}
+	for _, f := range fill {
+		f.Close()
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(700 * time.Millisecond) // pending handshakes time out
+	cli, _ := NewEndpoint(Options{HandshakeTimeout: 2 * time.Second})
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := cli.Dial(ctx, addr.String(), discard{})
+	if err != nil {
+		t.Fatalf("endpoint stopped accepting after a transient EMFILE: %v", err)
+	}
+	c.Close()
+}
+
+func countFDs(t *testing.T) int {
+	n := 0
+	for fd := 0; fd < 65536; fd++ {
+		var st syscall.Stat_t
+		if syscall.Fstat(fd, &st) == nil {
+			n = fd + 1
+		}
+	}
+	return n
+}
