@@ -41,6 +41,10 @@ type Options struct {
 	// BusyRetry bounds how long a write keeps retrying while a node
 	// answers busy (request table full, chunk locked). Default 30s.
 	BusyRetry time.Duration
+	// Protocol forces how single-replica writes authenticate (for
+	// benchmarks): ProtoStream (default), ProtoRPC, ProtoRPCPull or
+	// ProtoRaw.
+	Protocol string
 	Logger    *slog.Logger
 }
 

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/fabric"
@@ -46,25 +47,72 @@ func statusOf(err error) (wire.Status, bool) {
 	return 0, false
 }
 
-// writeChunk writes data at chunk offset off of chunk l through its
-// replica ring and returns the version it committed as. It returns only
-// once every replica has the data durably. Busy answers (the node's
-// request table is full, or another write to the chunk is in progress)
-// are retried with backoff.
-func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int64, data []byte) (uint64, error) {
-	addrs := make([]string, len(l.Replicas))
-	for i, r := range l.Replicas {
-		addrs[i] = r.Addr
+// writeMode is how a write is carried: the replication topology, how
+// nodes handle the data, and flags.
+type writeMode struct {
+	strategy wire.Strategy
+	mode     wire.Mode
+	flags    uint8
+}
+
+// Protocols a client can force for single-replica writes (benchmarks):
+// the seed's authentication comparison.
+const (
+	ProtoStream  = "stream"   // capability checked in the header handler, data streams at once (the default)
+	ProtoRPC     = "rpc"      // whole request buffered, then validated, then stored
+	ProtoRPCPull = "rpc-pull" // request first, node validates, then pulls the data
+	ProtoRaw     = "raw"      // no validation at all; nodes refuse it unless started for benchmarks
+)
+
+// modeFor maps a policy and the client's protocol option to a write mode.
+func (c *Client) modeFor(pol *metaapi.Policy) (writeMode, error) {
+	var wm writeMode
+	strategy := metaapi.StrategyRing
+	replicas := 1
+	if pol != nil {
+		strategy, replicas = pol.Strategy, pol.Replicas
 	}
-	hdr, err := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: l.Chunk, Off: uint64(off), Len: uint64(len(data)), Cap: l.Cap}, addrs)
-	if err != nil {
-		return 0, err
+	switch strategy {
+	case metaapi.StrategyRing:
+		wm.strategy = wire.StrategyRing
+	case metaapi.StrategyTree:
+		wm.strategy = wire.StrategyTree
+	case metaapi.StrategyFlat:
+		wm.strategy = wire.StrategyFlat
+	case metaapi.StrategyHostRing:
+		wm.strategy, wm.mode = wire.StrategyRing, wire.ModeHost
+	case metaapi.StrategyHostTree:
+		wm.strategy, wm.mode = wire.StrategyTree, wire.ModeHost
+	default:
+		return wm, fmt.Errorf("unknown replication strategy %q", strategy)
 	}
-	head := addrs[0]
+	switch p := c.opts.Protocol; p {
+	case "", ProtoStream:
+		return wm, nil
+	case ProtoRPC, ProtoRPCPull, ProtoRaw:
+		if replicas != 1 {
+			return wm, fmt.Errorf("protocol %s is for single-replica writes; this file has %d replicas", p, replicas)
+		}
+		switch p {
+		case ProtoRPC:
+			wm = writeMode{strategy: wire.StrategyRing, mode: wire.ModeHost}
+		case ProtoRPCPull:
+			wm = writeMode{strategy: wire.StrategyRing, mode: wire.ModePull}
+		default:
+			wm = writeMode{strategy: wire.StrategyRing, flags: wire.FlagRaw}
+		}
+		return wm, nil
+	}
+	return wm, fmt.Errorf("unknown write protocol %q (known: stream, rpc, rpc-pull, raw)", c.opts.Protocol)
+}
+
+// retryBusy runs op until it succeeds, fails for good, or has been busy
+// (request table full, chunk locked) for longer than BusyRetry.
+func (c *Client) retryBusy(ctx context.Context, op func() (uint64, error)) (uint64, error) {
 	deadline := time.Now().Add(c.opts.BusyRetry)
 	backoff := time.Millisecond
 	for {
-		ver, err := c.sendWrite(ctx, head, hdr, data)
+		v, err := op()
 		if s, ok := statusOf(err); ok && s.Retryable() && time.Now().Before(deadline) {
 			select {
 			case <-ctx.Done():
@@ -74,11 +122,89 @@ func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int
 			backoff = min(2*backoff, 100*time.Millisecond)
 			continue
 		}
-		if err != nil {
-			return 0, &NodeError{Op: fmt.Sprintf("write chunk %v", l.Chunk), Addr: head, Err: err}
-		}
-		return ver, nil
+		return v, err
 	}
+}
+
+// writeChunk writes data at chunk offset off of chunk l and returns the
+// version it committed as. It returns only once every replica has the
+// data durably. Busy answers are retried with backoff.
+func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int64, data []byte, wm writeMode) (uint64, error) {
+	addrs := make([]string, len(l.Replicas))
+	for i, r := range l.Replicas {
+		addrs[i] = r.Addr
+	}
+	h := wire.WriteHeader{Strategy: wm.strategy, Mode: wm.mode, Flags: wm.flags, Chunk: l.Chunk, Off: uint64(off), Len: uint64(len(data)), Cap: l.Cap}
+	if wm.strategy == wire.StrategyFlat {
+		return c.writeFlat(ctx, l, addrs, h, data)
+	}
+	head := addrs[0]
+	ver, err := c.retryBusy(ctx, func() (uint64, error) {
+		if wm.mode == wire.ModePull {
+			return c.sendPull(ctx, head, h, addrs, data)
+		}
+		hdr, err := wire.AppendWrite(nil, &h, addrs)
+		if err != nil {
+			return 0, err
+		}
+		return c.sendWrite(ctx, head, hdr, data)
+	})
+	if err != nil {
+		return 0, &NodeError{Op: fmt.Sprintf("write chunk %v", l.Chunk), Addr: head, Err: err}
+	}
+	return ver, nil
+}
+
+// writeFlat is client-driven replication: reserve the chunk's next version
+// at rank 0, then send every replica its copy in parallel.
+func (c *Client) writeFlat(ctx context.Context, l *metaapi.ChunkLayout, addrs []string, h wire.WriteHeader, data []byte) (uint64, error) {
+	res := h
+	res.Flags |= wire.FlagReserve
+	rhdr, err := wire.AppendWrite(nil, &res, addrs)
+	if err != nil {
+		return 0, err
+	}
+	ver, err := c.retryBusy(ctx, func() (uint64, error) { return c.sendWrite(ctx, addrs[0], rhdr, nil) })
+	if err != nil {
+		return 0, &NodeError{Op: fmt.Sprintf("reserve chunk %v", l.Chunk), Addr: addrs[0], Err: err}
+	}
+	errs := make([]error, len(addrs))
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hi := h
+			hi.Rank, hi.Version = uint8(i), ver
+			hdr, err := wire.AppendWrite(nil, &hi, addrs)
+			if err == nil {
+				_, err = c.retryBusy(ctx, func() (uint64, error) { return c.sendWrite(ctx, addr, hdr, data) })
+			}
+			if err != nil {
+				errs[i] = &NodeError{Op: fmt.Sprintf("write chunk %v (flat, rank %d)", l.Chunk, i), Addr: addr, Err: err}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return 0, err
+		}
+	}
+	return ver, nil
+}
+
+// sendPull sends a pulled write: only the request, naming data registered
+// for the node to READ; the reply comes once the node has it durably.
+func (c *Client) sendPull(ctx context.Context, addr string, h wire.WriteHeader, addrs []string, data []byte) (uint64, error) {
+	region := c.ep.Register(data, fabric.RemoteRead)
+	defer c.ep.Deregister(region)
+	h.RegionKey, h.RegionOff = region.Key(), 0
+	hdr, err := wire.AppendWrite(nil, &h, addrs)
+	if err != nil {
+		return 0, err
+	}
+	return c.sendWrite(ctx, addr, hdr, nil)
 }
 
 func (c *Client) sendWrite(ctx context.Context, addr string, hdr, data []byte) (uint64, error) {

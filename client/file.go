@@ -174,6 +174,10 @@ func (f *File) writeOne(ctx context.Context, p []byte, off int64) (int, metaapi.
 	c := f.c
 	a := f.Attr()
 	cs := a.ChunkSize
+	wm, err := c.modeFor(a.Policy)
+	if err != nil {
+		return 0, metaapi.ChunkVersion{}, err
+	}
 	idx, cOff := off/cs, off%cs
 	n := min(int64(len(p)), cs-cOff, int64(c.opts.WriteMsg))
 	for attempt := 0; ; attempt++ {
@@ -188,11 +192,11 @@ func (f *File) writeOne(ctx context.Context, p []byte, off int64) (int, metaapi.
 		if l.ZeroFrom > 0 && cOff > l.ZeroFrom {
 			// Stale bytes lie between the old truncation point and this
 			// write: overwrite them with zeros first.
-			if _, err := c.writeChunk(ctx, &l, l.ZeroFrom, make([]byte, cOff-l.ZeroFrom)); err != nil {
+			if _, err := c.writeChunk(ctx, &l, l.ZeroFrom, make([]byte, cOff-l.ZeroFrom), wm); err != nil {
 				return 0, metaapi.ChunkVersion{}, err
 			}
 		}
-		ver, err := c.writeChunk(ctx, &l, cOff, p[:n])
+		ver, err := c.writeChunk(ctx, &l, cOff, p[:n], wm)
 		if s, ok := statusOf(err); ok && s == wire.StatusAuth && attempt == 0 {
 			// The capability may have expired or the layout changed:
 			// ask meta again once.

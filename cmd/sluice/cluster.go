@@ -19,7 +19,7 @@ func (a *app) policyCmd() *cobra.Command {
 		strategy string
 	)
 	set := &cobra.Command{
-		Use:   "set PATH --replicas K [--strategy ring]",
+		Use:   "set PATH --replicas K [--strategy S]",
 		Short: "Set the policy new files under directory PATH get",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -49,7 +49,7 @@ func (a *app) policyCmd() *cobra.Command {
 		},
 	}
 	set.Flags().IntVar(&replicas, "replicas", 0, "number of copies of each chunk")
-	set.Flags().StringVar(&strategy, "strategy", string(metaapi.StrategyRing), "replication strategy: ring")
+	set.Flags().StringVar(&strategy, "strategy", string(metaapi.StrategyRing), "replication strategy: ring, tree, flat, host-ring or host-tree")
 	get := &cobra.Command{
 		Use:   "get PATH",
 		Short: "Show the effective policy of PATH and where it comes from",

@@ -38,9 +38,11 @@ type Options struct {
 	// DefaultReplicas of the root policy on first start; default
 	// min(3, Nodes).
 	DefaultReplicas int
-	Fabric          fabric.Options
-	Engine          engine.Options
-	Logger          *slog.Logger
+	// AllowRaw lets nodes accept unauthenticated writes (benchmarks only).
+	AllowRaw bool
+	Fabric   fabric.Options
+	Engine   engine.Options
+	Logger   *slog.Logger
 }
 
 // DefaultMetaListen is where `sluice up` and `sluice meta` listen unless told otherwise.
@@ -106,6 +108,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			Domain:   domain,
 			Fabric:   opts.Fabric,
 			Engine:   opts.Engine,
+			AllowRaw: opts.AllowRaw,
 			Logger:   opts.Logger.With("svc", "node"+strconv.Itoa(i)),
 		})
 		if err != nil {

@@ -99,9 +99,19 @@ type Attr struct {
 // Strategy names a replication strategy.
 type Strategy string
 
+// The replication strategies (seed 000 §V). ring, tree and flat stream
+// (flat from the client); host-ring and host-tree are the CPU-centric
+// store-and-forward baselines.
 const (
-	StrategyRing Strategy = "ring"
+	StrategyRing     Strategy = "ring"
+	StrategyTree     Strategy = "tree"
+	StrategyFlat     Strategy = "flat"
+	StrategyHostRing Strategy = "host-ring"
+	StrategyHostTree Strategy = "host-tree"
 )
+
+// Strategies lists every strategy, for help texts and errors.
+var Strategies = []Strategy{StrategyRing, StrategyTree, StrategyFlat, StrategyHostRing, StrategyHostTree}
 
 // Policy says how a file's data is made redundant. Exactly one of
 // Replicas (with Strategy) or an erasure code (later) is set.
@@ -119,12 +129,12 @@ func (p Policy) Validate() error {
 	if p.Replicas < 1 || p.Replicas > 16 {
 		return Errorf(EINVAL, "replicas must be between 1 and 16, got %d", p.Replicas)
 	}
-	switch p.Strategy {
-	case StrategyRing:
-	default:
-		return Errorf(EINVAL, "unknown replication strategy %q (known: ring)", p.Strategy)
+	for _, s := range Strategies {
+		if p.Strategy == s {
+			return nil
+		}
 	}
-	return nil
+	return Errorf(EINVAL, "unknown replication strategy %q (known: ring, tree, flat, host-ring, host-tree)", p.Strategy)
 }
 
 // Who is the caller's identity for permission checks. The CLI sends the

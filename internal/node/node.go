@@ -43,7 +43,10 @@ type Options struct {
 	Engine engine.Options
 	// BlockSize is the checksum block size of a new store.
 	BlockSize int
-	Logger    *slog.Logger
+	// AllowRaw accepts unauthenticated "raw" writes: only for benchmarks
+	// measuring the cost of authentication; never in a normal cluster.
+	AllowRaw bool
+	Logger   *slog.Logger
 }
 
 // Node is a running storage node.
@@ -142,6 +145,7 @@ func (n *Node) serve() error {
 		ForwardQuota: n.ep.Options().Quota,
 		ReplicaAddr:  n.PeerAddr,
 		RefreshMap:   n.refreshMap,
+		AllowRaw:     n.opts.AllowRaw,
 		Logger:       n.log,
 	})
 	if n.eng, err = engine.New(eopts, ctxs...); err != nil {

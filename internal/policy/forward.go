@@ -11,7 +11,11 @@ import (
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
-// forward streams one write's packets to the next replica of the ring. The
+// peerConn is a pooled connection to another storage node.
+type peerConn = fabric.PeerConn
+
+// forward streams one write's packets to a child replica (the next one of
+// a ring, or one of two in a tree). The
 // payload handler pushes each packet as it arrives (never blocking: the
 // queue holds as many packets as the inbound connection's quota, which
 // bounds how many can be alive) and a sender goroutine writes them to an
@@ -122,15 +126,7 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 		case <-dctx.Done():
 		}
 	}()
-	pc, err := f.d.Forward.Get(dctx, f.addr)
-	if err != nil && f.d.RefreshMap != nil && f.d.ReplicaAddr != nil && !stopped(f.stop) {
-		// The map may predate the replica's restart on a new address.
-		f.d.RefreshMap()
-		if a, ok := f.d.ReplicaAddr(f.node); ok && a != f.addr {
-			f.addr = a
-			pc, err = f.d.Forward.Get(dctx, f.addr)
-		}
-	}
+	pc, err := dialReplicaWith(f.d, dctx, f.node, &f.addr, f.stop)
 	if err != nil {
 		if stopped(f.stop) {
 			return f.reason

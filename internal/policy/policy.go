@@ -1,15 +1,19 @@
 // Package policy holds the storage node's DFS policies written as engine
 // handler sets (seed 000 Listing 1): capability authentication in the
-// header handler, ring replication that forwards every packet to the next
-// replica as it arrives, direct placement of each packet into the chunk
-// store at its offset with its block checksum computed on the way, and
-// reads served by one-sided WRITEs straight into the client's registered
-// buffer.
+// header handler, ring and tree replication that forward every packet to
+// the children as it arrives, direct placement of each packet into the
+// chunk store at its offset with its block checksum computed on the way,
+// and reads served by one-sided WRITEs straight into the client's
+// registered buffer. The seed's baselines are real modes of the same
+// context: store-and-forward in host memory (host.go), pulling the data
+// with one-sided READs (pull.go), and client-driven flat replication
+// (reserve.go).
 //
 // Ordering: the rank-0 replica of a chunk admits one write at a time (the
 // store's per-chunk write lock; a second concurrent writer gets a
 // retryable busy NACK), assigns it the chunk's next version and forwards
-// that version down the ring. Every other replica accepts a write only if
+// that version to its children (for flat writes, the client reserves it
+// there first). Every other replica accepts a write only if
 // it is exactly the version after its own (StatusStale otherwise). So all
 // replicas apply the writes of a chunk in one order, and a replica that
 // missed a write refuses later ones instead of silently diverging.
@@ -62,6 +66,16 @@ type Deps struct {
 	// in time): used when a replica cannot be reached at the address the
 	// map gave, which may be from before that node restarted.
 	RefreshMap func()
+	// AllowRaw accepts writes without any capability (wire.FlagRaw): the
+	// speed-of-light reference for benchmarks. Never set in a normal
+	// cluster.
+	AllowRaw bool
+	// HostBuffer bounds the bytes all store-and-forward (host mode) writes
+	// may hold in memory at once. Default 256 MiB.
+	HostBuffer int64
+	// ReserveTimeout is how long a flat write's version reservation waits
+	// for its data. Default 10s.
+	ReserveTimeout time.Duration
 	// Now returns unix nanoseconds (for capability expiry).
 	Now    func() int64
 	Logger *slog.Logger
@@ -79,6 +93,12 @@ func (d *Deps) fill() {
 	}
 	if d.ForwardQuota == 0 {
 		d.ForwardQuota = 16
+	}
+	if d.HostBuffer == 0 {
+		d.HostBuffer = 256 << 20
+	}
+	if d.ReserveTimeout == 0 {
+		d.ReserveTimeout = 10 * time.Second
 	}
 	if d.Now == nil {
 		d.Now = func() int64 { return time.Now().UnixNano() }

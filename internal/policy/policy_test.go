@@ -368,3 +368,126 @@ func TestForwardUsesClusterMapNotClientAddress(t *testing.T) {
 		t.Fatalf("second replica: %+v", info)
 	}
 }
+
+func TestHostModeValidatesAfterBuffering(t *testing.T) {
+	e := newEnv(t, engine.Options{})
+	n := e.c.Nodes
+	ring := []*node.Node{n[0], n[1], n[2]}
+	good := e.mint(31, capability.Write|capability.Read, time.Now().Add(time.Minute), ring...)
+	forged := append([]byte(nil), good...)
+	forged[len(forged)-1] ^= 1
+	data := bytes.Repeat([]byte("h"), 300000)
+	for _, s := range []wire.Strategy{wire.StrategyRing, wire.StrategyTree} {
+		r := e.write(t, wire.WriteHeader{Strategy: s, Mode: wire.ModeHost, Chunk: 31, Len: uint64(len(data)), Cap: forged}, ring, data)
+		if r.Status != wire.StatusAuth {
+			t.Fatalf("%v host write with a forged capability: %v %s", s, r.Status, r.Msg)
+		}
+	}
+	for _, nd := range ring {
+		if info, _ := chunkState(t, nd, 31); info.Version != 0 {
+			t.Fatalf("a refused host-mode write reached node %v", nd.ID())
+		}
+	}
+	for i, s := range []wire.Strategy{wire.StrategyRing, wire.StrategyTree} {
+		r := e.write(t, wire.WriteHeader{Strategy: s, Mode: wire.ModeHost, Chunk: 31, Len: uint64(len(data)), Cap: good}, ring, data)
+		if r.Status != wire.StatusOK || r.Version != uint64(i+1) {
+			t.Fatalf("%v host write: %v %s v%d", s, r.Status, r.Msg, r.Version)
+		}
+	}
+	for _, nd := range ring {
+		if info, got := chunkState(t, nd, 31); info.Version != 2 || !bytes.Equal(got, data) {
+			t.Fatalf("node %v after host writes: %+v", nd.ID(), info)
+		}
+	}
+}
+
+func TestHostModeMemoryIsBounded(t *testing.T) {
+	e := newEnv(t, engine.Options{})
+	n := e.c.Nodes
+	cp := e.mint(32, capability.Write, time.Now().Add(time.Minute), n[0])
+	// Larger than the whole host budget (256 MiB): refused outright.
+	r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Mode: wire.ModeHost, Chunk: 32, Len: 300 << 20, Cap: cp}, n[:1], nil)
+	if r.Status != wire.StatusBadRequest {
+		t.Fatalf("oversized host write: %v %s", r.Status, r.Msg)
+	}
+}
+
+func TestFlatReservations(t *testing.T) {
+	e := newEnv(t, engine.Options{})
+	n := e.c.Nodes
+	set := []*node.Node{n[0], n[1]}
+	cp := e.mint(33, capability.Write|capability.Read, time.Now().Add(time.Minute), set...)
+	data := bytes.Repeat([]byte("f"), 1000)
+	// Data for rank 0 without a reservation: refused.
+	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyFlat, Chunk: 33, Len: 1000, Version: 1, Cap: cp}, set, data); r.Status != wire.StatusStale {
+		t.Fatalf("unreserved flat write: %v %s", r.Status, r.Msg)
+	}
+	// Reserve, then a second reservation is busy until the first is used.
+	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: 33, Len: 1000, Cap: cp}
+	r := e.write(t, res, set, nil)
+	if r.Status != wire.StatusOK || r.Version != 1 {
+		t.Fatalf("reserve: %v %s v%d", r.Status, r.Msg, r.Version)
+	}
+	if r := e.write(t, res, set, nil); r.Status != wire.StatusBusy {
+		t.Fatalf("second reservation: %v %s", r.Status, r.Msg)
+	}
+	// Rank 1 first, then rank 0 with the reserved version.
+	rank1 := wire.WriteHeader{Strategy: wire.StrategyFlat, Rank: 1, Chunk: 33, Len: 1000, Version: 1, Cap: cp}
+	if r := e.write(t, rank1, []*node.Node{n[1], n[1]}, data); r.Status != wire.StatusOK {
+		t.Fatalf("rank 1: %v %s", r.Status, r.Msg)
+	}
+	// A write two versions ahead waits (busy) rather than diverging.
+	ahead := rank1
+	ahead.Version = 3
+	if r := e.write(t, ahead, []*node.Node{n[1], n[1]}, data); r.Status != wire.StatusBusy {
+		t.Fatalf("rank 1 two versions ahead: %v %s", r.Status, r.Msg)
+	}
+	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyFlat, Chunk: 33, Len: 1000, Version: 1, Cap: cp}, set, data); r.Status != wire.StatusOK {
+		t.Fatalf("rank 0 data: %v %s", r.Status, r.Msg)
+	}
+	for _, nd := range set {
+		if info, got := chunkState(t, nd, 33); info.Version != 1 || !bytes.Equal(got, data) {
+			t.Fatalf("node %v: %+v", nd.ID(), info)
+		}
+	}
+}
+
+// TestTreeMemberDiesMidWrite: a tree whose leaf dies while data streams
+// fails the write with an error; it is never acknowledged.
+func TestTreeMemberDiesMidWrite(t *testing.T) {
+	e := newEnv(t, engine.Options{IdleTimeout: time.Second})
+	n := e.c.Nodes
+	tree := []*node.Node{n[0], n[1], n[2]}
+	cp := e.mint(34, capability.Write|capability.Read, time.Now().Add(time.Minute), tree...)
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: 34, Len: 8 << 20, Cap: cp}, addrs(tree...))
+	pc, err := e.pool.Get(context.Background(), n[0].Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := pc.NewID()
+	ch := pc.Replies.Expect(id)
+	mw, err := pc.Begin(id, hdr, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw.Write(make([]byte, 2<<20), false)
+	mw.Flush()
+	n[2].Close() // a leaf of the tree dies mid-write
+	if err := mw.Write(make([]byte, 6<<20), true); err == nil {
+		mw.Close()
+	}
+	select {
+	case p, ok := <-ch:
+		if !ok {
+			return // the head hung up: not acknowledged either
+		}
+		var r wire.Reply
+		wire.ParseReply(p.Data, &r)
+		p.Release()
+		if r.Status == wire.StatusOK {
+			t.Fatal("a write whose replica died was acknowledged")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer")
+	}
+}

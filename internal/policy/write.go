@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"sync/atomic"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
@@ -11,28 +12,43 @@ import (
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
-// writer is the write execution context: auth + ring replication +
-// direct placement + checksums.
+// writer is the write execution context. One message class, several ways
+// of handling it, chosen by the request's own header (seed 000: "the
+// request carries information on how to progress the communication"):
+//
+//   - stream mode (ring, tree, flat): capability checked in the header
+//     handler, every packet placed and forwarded to the children as it
+//     arrives (write.go);
+//   - host mode (host-ring, host-tree, rpc): store-and-forward, the
+//     CPU-centric baseline (host.go);
+//   - pull mode (rpc-pull): the node pulls the data from the client's
+//     registered buffer with one-sided READs (pull.go);
+//   - flat writes reserve their version at rank 0 first (reserve.go).
 type writer struct {
-	d *Deps
+	d         *Deps
+	reserved  *reservations
+	hostBytes atomic.Int64 // bytes buffered by host-mode writes
 }
 
 // writeState is the per-request state (the sPIN write descriptor). Only
 // fixed-size values survive the header handler: the header packet's
 // bytes are released when it returns.
 type writeState struct {
+	mode     wire.Mode
+	chunk    ids.ChunkID
 	chunkOff int64 // where the write starts in the chunk
 	length   int64
-	rank     int
 	w        *store.Write
-	fwd      *forward // nil at the tail of the ring
+	fwds     []*forward // stream mode: one per child (none at a leaf)
+	reserve  bool       // a flat write's version reservation
 
-	hdr    wire.WriteHeader
-	cap    capability.Capability
-	fwdHdr []byte
+	host *hostState // host mode
+	pull *pullState // pull mode
 }
 
-func newWriter(d *Deps) *writer { return &writer{d: d} }
+func newWriter(d *Deps) *writer {
+	return &writer{d: d, reserved: newReservations(d.ReserveTimeout)}
+}
 
 func (x *writer) context() *engine.Context {
 	return &engine.Context{Name: "write", Class: wire.OpWrite, Handlers: engine.Handlers{
@@ -50,21 +66,53 @@ func (x *writer) context() *engine.Context {
 // up, and must find the state intact (the store makes the late placement
 // harmless).
 func (x *writer) header(r *engine.Request, hdr []byte) error {
-	st := &writeState{}
-	if err := x.admit(st, hdr); err != nil {
+	var h wire.WriteHeader
+	if err := wire.ParseWrite(hdr, &h); err != nil {
+		return wire.Errorf(wire.StatusBadRequest, "%v", err)
+	}
+	st := &writeState{mode: h.Mode, chunk: h.Chunk, chunkOff: int64(h.Off), length: int64(h.Len)}
+	if h.Mode == wire.ModeHost {
+		// Store-and-forward validates only once the whole request is in.
+		if err := x.hostHeader(st, &h, hdr); err != nil {
+			return err
+		}
+		r.State = st
+		return nil
+	}
+	var c capability.Capability
+	if err := x.check(&h, &c); err != nil {
+		return err
+	}
+	var err error
+	switch {
+	case h.Flags&wire.FlagReserve != 0:
+		err = x.reserveHeader(st, &h)
+	case h.Mode == wire.ModePull:
+		err = x.pullHeader(st, &h)
+	default:
+		err = x.streamHeader(st, &h, &c)
+	}
+	if err != nil {
 		return err
 	}
 	r.State = st
 	return nil
 }
 
-func (x *writer) admit(st *writeState, hdr []byte) error {
-	h := &st.hdr
-	if err := wire.ParseWrite(hdr, h); err != nil {
-		return wire.Errorf(wire.StatusBadRequest, "%v", err)
+// check authenticates a write header and checks it is consistent: the
+// capability, this node's rank, the version rules of the strategy. Every
+// mode runs it — stream mode at once, host mode after buffering.
+func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
+	if h.Flags&wire.FlagRaw != 0 {
+		if !x.d.AllowRaw {
+			return wire.Errorf(wire.StatusAuth, "raw (unauthenticated) writes are disabled on this node")
+		}
+		if h.Addrs.Len() != 1 || h.Rank != 0 || h.Version != 0 || h.Mode != wire.ModeStream || h.Flags != wire.FlagRaw {
+			return wire.Errorf(wire.StatusBadRequest, "raw writes are single-replica streaming writes")
+		}
+		return nil
 	}
 	// Authentication: no round trip, no per-client state.
-	c := &st.cap
 	if _, err := x.d.Keys.Open(h.Cap, x.d.Now(), c); err != nil {
 		return wire.Errorf(wire.StatusAuth, "%v", err)
 	}
@@ -78,35 +126,87 @@ func (x *writer) admit(st *writeState, hdr []byte) error {
 	if h.Addrs.Len() != int(c.NReplicas) {
 		return wire.Errorf(wire.StatusBadRequest, "%d replica addresses for %d replicas", h.Addrs.Len(), c.NReplicas)
 	}
-	if h.Strategy != wire.StrategyRing {
+	reserve := h.Flags&wire.FlagReserve != 0
+	switch h.Strategy {
+	case wire.StrategyRing, wire.StrategyTree:
+		// Rank 0 assigns the version; every other rank is told it.
+		if reserve || (rank == 0) != (h.Version == 0) {
+			return wire.Errorf(wire.StatusBadRequest, "version %d at rank %d of a %v write", h.Version, rank, h.Strategy)
+		}
+	case wire.StrategyFlat:
+		// The client reserves the version at rank 0, then writes every
+		// replica with it.
+		if reserve && (rank != 0 || h.Version != 0 || h.Mode != wire.ModeStream) || !reserve && h.Version == 0 {
+			return wire.Errorf(wire.StatusBadRequest, "flat write: version %d at rank %d (reserve %v)", h.Version, rank, reserve)
+		}
+		if h.Mode != wire.ModeStream {
+			return wire.Errorf(wire.StatusBadRequest, "flat writes stream")
+		}
+	default:
 		return wire.Errorf(wire.StatusBadRequest, "unknown replication strategy %v", h.Strategy)
 	}
-	if (rank == 0) != (h.Version == 0) {
-		return wire.Errorf(wire.StatusBadRequest, "version %d at rank %d", h.Version, rank)
+	if h.Mode == wire.ModePull && (c.NReplicas != 1 || h.Strategy != wire.StrategyRing) {
+		return wire.Errorf(wire.StatusBadRequest, "pulled writes are single-replica")
 	}
-	var next string
-	var nextID ids.NodeID
-	if rank+1 < h.Addrs.Len() {
-		nextID = c.Replicas[rank+1]
+	return nil
+}
+
+// children resolves the replicas this node forwards to: their rank, node
+// id and address — from this node's cluster map, never from the header
+// the client wrote (the ids are covered by the capability's MAC).
+func (x *writer) children(h *wire.WriteHeader, c *capability.Capability) ([]child, error) {
+	var out []child
+	for _, rank := range h.Strategy.Children(int(h.Rank), h.Addrs.Len()) {
+		ch := child{rank: rank}
+		if c.NReplicas > 0 {
+			ch.node = c.Replicas[rank]
+		}
 		if x.d.ReplicaAddr == nil {
-			next = string(h.Addrs.At(rank + 1))
+			ch.addr = string(h.Addrs.At(rank))
 		} else {
 			var known bool
-			if next, known = x.d.ReplicaAddr(c.Replicas[rank+1]); !known {
-				return wire.Errorf(wire.StatusBusy, "replica %v is not in this node's cluster map yet", c.Replicas[rank+1])
+			if ch.addr, known = x.d.ReplicaAddr(ch.node); !known {
+				return nil, wire.Errorf(wire.StatusBusy, "replica %v is not in this node's cluster map yet", ch.node)
 			}
 		}
+		out = append(out, ch)
 	}
-	w, err := x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), h.Version)
+	return out, nil
+}
+
+type child struct {
+	rank int
+	node ids.NodeID
+	addr string
+}
+
+// streamHeader opens the store write and starts a forward to each child.
+func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability.Capability) error {
+	kids, err := x.children(h, c)
 	if err != nil {
-		return storeError(err)
+		return err
 	}
-	st.w, st.rank, st.chunkOff, st.length = w, rank, int64(h.Off), int64(h.Len)
-	if next != "" {
-		st.fwdHdr = wire.AppendForward(st.fwdHdr[:0], h, uint8(rank+1), w.Version())
-		st.fwd = startForward(x.d, nextID, next, rank+1, st.fwdHdr, h.Len == 0)
+	switch {
+	case h.Strategy == wire.StrategyFlat && h.Rank == 0:
+		// The data of a flat write whose version rank 0 reserved.
+		if st.w, err = x.reserved.take(h.Chunk, h.Version, int64(h.Off), int64(h.Len)); err != nil {
+			return err
+		}
+	case h.Strategy == wire.StrategyFlat:
+		if info, err := x.d.Store.Stat(h.Chunk); err == nil && info.Version+1 < h.Version {
+			// An earlier flat write has not reached this replica yet.
+			return wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, info.Version+1)
+		}
+		fallthrough
+	default:
+		if st.w, err = x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), h.Version); err != nil {
+			return storeError(err)
+		}
 	}
-	st.hdr = wire.WriteHeader{} // drop references into the released packet
+	for _, k := range kids {
+		hdr := wire.AppendForward(nil, h, uint8(k.rank), st.w.Version())
+		st.fwds = append(st.fwds, startForward(x.d, k.node, k.addr, k.rank, hdr, h.Len == 0))
+	}
 	return nil
 }
 
@@ -128,6 +228,9 @@ func storeError(err error) error {
 // makes this safe even while the request is being aborted.)
 func (x *writer) direct(state any, off int64, n int) []byte {
 	st := state.(*writeState)
+	if st.w == nil { // host mode buffers; nothing to place yet
+		return nil
+	}
 	return st.w.DirectBegin(st.chunkOff+off, n)
 }
 
@@ -135,9 +238,9 @@ func (x *writer) directDone(state any) { state.(*writeState).w.DirectEnd() }
 
 // payload is the per-packet path: place the packet in the store at its
 // offset (usually it is already there: direct placement), then hand it
-// to the forward, which sends it to the next replica at once. Placing
-// first means a packet this replica could not store never reaches the
-// replicas after it, so a local failure cannot leave them ahead.
+// to the forwards, which send it to the children at once. Placing first
+// means a packet this replica could not store never reaches the replicas
+// after it, so a local failure cannot leave them ahead.
 func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
 	st := r.State.(*writeState)
 	if end := p.Off + int64(len(p.Data)); end > st.length || (st.length == 0 && p.Off == 0) {
@@ -145,50 +248,71 @@ func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
 		// data packet at all).
 		return wire.Errorf(wire.StatusBadRequest, "data packet [%d, %d) beyond the write's %d bytes", p.Off, end, st.length)
 	}
-	if st.fwd != nil {
-		if err := st.fwd.failed(); err != nil {
+	switch st.mode {
+	case wire.ModeHost:
+		st.host.got += int64(copy(st.host.buf[p.Off:], p.Data))
+		return nil
+	case wire.ModePull:
+		return wire.Errorf(wire.StatusBadRequest, "a pulled write carries no data packets")
+	}
+	for _, f := range st.fwds {
+		if err := f.failed(); err != nil {
 			return err // the ring is broken: stop early, the client learns now
 		}
 	}
 	if err := st.w.Place(st.chunkOff+p.Off, p.Data); err != nil {
 		return storeError(err)
 	}
-	if st.fwd != nil {
+	for _, f := range st.fwds {
 		p.Retain()
-		st.fwd.push(p)
+		f.push(p)
 	}
 	return nil
 }
 
 // completion runs on the worker; the durable part goes to the host side.
 func (x *writer) completion(r *engine.Request) {
-	go x.finish(r, r.State.(*writeState))
+	st := r.State.(*writeState)
+	switch {
+	case st.reserve:
+		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: st.w.Version()}, nil, ""))
+	case st.mode == wire.ModeHost:
+		go x.hostFinish(r, st)
+	case st.mode == wire.ModePull:
+		go x.pullFinish(r, st)
+	default:
+		go x.finish(r, st)
+	}
 }
 
+// finish makes a streamed write durable and visible: sync while the
+// children work, then publish only after every child has (so a child's
+// refusal aborts this replica too), then acknowledge.
 func (x *writer) finish(r *engine.Request, st *writeState) {
 	err := st.w.Sync()
 	if err != nil {
 		err = storeError(err)
 	}
-	if st.fwd != nil {
-		if ferr := st.fwd.wait(); err == nil {
+	for _, f := range st.fwds {
+		if ferr := f.wait(); err == nil {
 			err = ferr
 		}
 	}
-	var reply []byte
+	r.Finish(x.publish(st.w, err))
+}
+
+// publish commits w if err is nil and returns the reply; otherwise it
+// aborts w and returns the error reply.
+func (x *writer) publish(w *store.Write, err error) []byte {
 	if err == nil {
 		var info store.Info
-		if info, err = st.w.Commit(); err == nil {
-			reply = wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, "")
-		} else {
-			err = storeError(err)
+		if info, err = w.Commit(); err == nil {
+			return wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, "")
 		}
+		err = storeError(err)
 	}
-	if err != nil {
-		st.w.Abort()
-		reply = wire.AppendError(nil, err)
-	}
-	r.Finish(reply)
+	w.Abort()
+	return wire.AppendError(nil, err)
 }
 
 // cleanup must not block the worker: a forward still dialing or sending
@@ -196,13 +320,25 @@ func (x *writer) finish(r *engine.Request, st *writeState) {
 // once it has (it may still be sending from the pages the abort releases).
 func (x *writer) cleanup(r *engine.Request, reason error) {
 	st := r.State.(*writeState)
-	if st.fwd == nil {
+	switch st.mode {
+	case wire.ModeHost:
+		x.releaseHost(st)
+		return
+	case wire.ModePull:
 		st.w.Abort()
 		return
 	}
-	st.fwd.abort(reason)
+	if len(st.fwds) == 0 {
+		st.w.Abort()
+		return
+	}
+	for _, f := range st.fwds {
+		f.abort(reason)
+	}
 	go func() {
-		st.fwd.wait()
+		for _, f := range st.fwds {
+			f.wait()
+		}
 		st.w.Abort()
 	}()
 }
@@ -227,3 +363,4 @@ func wrapReplica(rank int, addr string, err error) error {
 	}
 	return wire.Errorf(wire.StatusReplica, "replica rank %d (%s): %v", rank, addr, err)
 }
+

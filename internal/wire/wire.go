@@ -38,21 +38,89 @@ func (o Op) String() string {
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
 
-// Strategy says how a write is replicated from this node on.
+// Strategy is the replication topology of a write.
 type Strategy uint8
 
 const (
-	// StrategyRing forwards each packet to the replica of the next rank.
+	// StrategyRing: each replica forwards to the replica of the next rank.
 	StrategyRing Strategy = 1
+	// StrategyTree: a pipelined binary tree; rank r forwards to ranks
+	// 2r+1 and 2r+2.
+	StrategyTree Strategy = 2
+	// StrategyFlat: the client writes every replica itself; no replica
+	// forwards. The version comes from a reservation at rank 0.
+	StrategyFlat Strategy = 3
 )
 
 func (s Strategy) String() string {
 	switch s {
 	case StrategyRing:
 		return "ring"
+	case StrategyTree:
+		return "tree"
+	case StrategyFlat:
+		return "flat"
 	}
 	return fmt.Sprintf("strategy(%d)", uint8(s))
 }
+
+// Children returns the ranks a replica of rank forwards to among n.
+func (s Strategy) Children(rank, n int) []int {
+	switch s {
+	case StrategyRing:
+		if rank+1 < n {
+			return []int{rank + 1}
+		}
+	case StrategyTree:
+		var out []int
+		for _, c := range []int{2*rank + 1, 2*rank + 2} {
+			if c < n {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// Mode is how a node handles a write's data.
+type Mode uint8
+
+const (
+	// ModeStream: the handler engine checks the header and places and
+	// forwards every packet as it arrives (the sPIN design).
+	ModeStream Mode = 0
+	// ModeHost: store-and-forward, the CPU-centric baseline: the whole
+	// request is received into host memory, then validated, stored and
+	// forwarded. With one replica this is the "rpc" protocol.
+	ModeHost Mode = 1
+	// ModePull: the header names a region of the client's; the node
+	// validates it, then pulls the data with one-sided READs ("rpc-pull").
+	ModePull Mode = 2
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeStream:
+		return "stream"
+	case ModeHost:
+		return "host"
+	case ModePull:
+		return "pull"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// Write header flags.
+const (
+	// FlagRaw: no capability check at all — the speed-of-light reference
+	// for benchmarks. Nodes refuse it unless started to allow it.
+	FlagRaw uint8 = 1 << 0
+	// FlagReserve (flat writes): reserve the chunk's next version at rank
+	// 0 without data; the reply carries the version.
+	FlagReserve uint8 = 1 << 1
+	flagsAll      = FlagRaw | FlagReserve
+)
 
 // MaxAddrs bounds the replica coordinates a header carries.
 const MaxAddrs = 32
@@ -127,6 +195,8 @@ const writeFixed = 40
 // follows in the message's data packets.
 type WriteHeader struct {
 	Strategy Strategy
+	Mode     Mode
+	Flags    uint8
 	Rank     uint8 // this node's position in the replica chain
 	Chunk    ids.ChunkID
 	Off      uint64
@@ -137,6 +207,10 @@ type WriteHeader struct {
 	Version uint64
 	Cap     []byte // encoded capability
 	Addrs   Addrs  // replica coordinates in chain order, one per replica
+	// RegionKey and RegionOff (ModePull only) name the client's registered
+	// buffer holding the data.
+	RegionKey uint64
+	RegionOff uint64
 }
 
 // AppendWrite encodes h; addrs are the replica coordinates.
@@ -146,13 +220,25 @@ func AppendWrite(b []byte, h *WriteHeader, addrs []string) ([]byte, error) {
 	}
 	b = append(b, byte(OpWrite), byte(h.Strategy), h.Rank, byte(len(addrs)))
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
-	b = append(b, 0, 0)
+	b = append(b, byte(h.Mode), h.Flags)
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
 	b = binary.LittleEndian.AppendUint64(b, h.Off)
 	b = binary.LittleEndian.AppendUint64(b, h.Len)
 	b = binary.LittleEndian.AppendUint64(b, h.Version)
 	b = append(b, h.Cap...)
-	return AppendAddrs(b, addrs)
+	b, err := AppendAddrs(b, addrs)
+	if err != nil {
+		return b, err
+	}
+	return appendRegion(b, h), nil
+}
+
+func appendRegion(b []byte, h *WriteHeader) []byte {
+	if h.Mode != ModePull {
+		return b
+	}
+	b = binary.LittleEndian.AppendUint64(b, h.RegionKey)
+	return binary.LittleEndian.AppendUint64(b, h.RegionOff)
 }
 
 // AppendForward encodes h for the next hop: same fields, the given rank
@@ -160,13 +246,14 @@ func AppendWrite(b []byte, h *WriteHeader, addrs []string) ([]byte, error) {
 func AppendForward(b []byte, h *WriteHeader, rank uint8, version uint64) []byte {
 	b = append(b, byte(OpWrite), byte(h.Strategy), rank, byte(h.Addrs.n))
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
-	b = append(b, 0, 0)
+	b = append(b, byte(h.Mode), h.Flags)
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
 	b = binary.LittleEndian.AppendUint64(b, h.Off)
 	b = binary.LittleEndian.AppendUint64(b, h.Len)
 	b = binary.LittleEndian.AppendUint64(b, version)
 	b = append(b, h.Cap...)
-	return append(b, h.Addrs.raw...)
+	b = append(b, h.Addrs.raw...)
+	return appendRegion(b, h)
 }
 
 // ParseWrite decodes a WRH; the whole packet must be the header.
@@ -177,8 +264,9 @@ func ParseWrite(b []byte, h *WriteHeader) error {
 	if Op(b[0]) != OpWrite {
 		return malformed("op %d is not write", b[0])
 	}
-	if b[6] != 0 || b[7] != 0 {
-		return malformed("reserved bytes set")
+	h.Mode, h.Flags = Mode(b[6]), b[7]
+	if h.Mode > ModePull || h.Flags&^flagsAll != 0 {
+		return malformed("mode %d, flags %#x", b[6], b[7])
 	}
 	h.Strategy = Strategy(b[1])
 	h.Rank = b[2]
@@ -207,8 +295,18 @@ func ParseWrite(b []byte, h *WriteHeader) error {
 	if h.Addrs, used, err = parseAddrs(rest[capLen:], n); err != nil {
 		return err
 	}
-	if capLen+used != len(rest) {
-		return malformed("%d trailing bytes", len(rest)-capLen-used)
+	tail := rest[capLen+used:]
+	h.RegionKey, h.RegionOff = 0, 0
+	if h.Mode == ModePull {
+		if len(tail) < 16 {
+			return malformed("pull header without its region")
+		}
+		h.RegionKey = binary.LittleEndian.Uint64(tail)
+		h.RegionOff = binary.LittleEndian.Uint64(tail[8:])
+		tail = tail[16:]
+	}
+	if len(tail) != 0 {
+		return malformed("%d trailing bytes", len(tail))
 	}
 	return nil
 }

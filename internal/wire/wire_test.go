@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -41,6 +42,51 @@ func TestWriteRoundTrip(t *testing.T) {
 	}
 	if err := ParseWrite(append(b, 0), &got); !errors.Is(err, ErrMalformed) {
 		t.Fatal("trailing byte accepted")
+	}
+}
+
+func TestWriteModesRoundTrip(t *testing.T) {
+	h := WriteHeader{Strategy: StrategyTree, Mode: ModePull, Flags: FlagRaw | FlagReserve, Rank: 2, Chunk: 1, Len: 10,
+		Cap: []byte("c"), RegionKey: 0xabc, RegionOff: 77}
+	b, err := AppendWrite(nil, &h, []string{"a:1", "b:2", "c:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got WriteHeader
+	if err := ParseWrite(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Strategy != StrategyTree || got.Mode != ModePull || got.Flags != FlagRaw|FlagReserve || got.RegionKey != 0xabc || got.RegionOff != 77 {
+		t.Fatalf("got %+v", got)
+	}
+	if fwd := AppendForward(nil, &got, 2, 0); !bytes.Equal(fwd, b) {
+		t.Fatal("forwarded pull header differs")
+	}
+	bad := append([]byte(nil), b...)
+	bad[6] = 9
+	if ParseWrite(bad, &got) == nil {
+		t.Fatal("unknown mode accepted")
+	}
+	bad = append([]byte(nil), b...)
+	bad[7] = 0x80
+	if ParseWrite(bad, &got) == nil {
+		t.Fatal("unknown flag accepted")
+	}
+	if ParseWrite(b[:len(b)-1], &got) == nil {
+		t.Fatal("truncated region accepted")
+	}
+	for _, tc := range []struct {
+		s    Strategy
+		r, n int
+		want []int
+	}{
+		{StrategyRing, 0, 4, []int{1}}, {StrategyRing, 3, 4, nil},
+		{StrategyTree, 0, 4, []int{1, 2}}, {StrategyTree, 1, 4, []int{3}}, {StrategyTree, 1, 5, []int{3, 4}}, {StrategyTree, 2, 4, nil},
+		{StrategyFlat, 0, 4, nil},
+	} {
+		if got := tc.s.Children(tc.r, tc.n); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%v children of %d/%d = %v, want %v", tc.s, tc.r, tc.n, got, tc.want)
+		}
 	}
 }
 

@@ -1,0 +1,156 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// TestEveryStrategy: each of the five strategies stores byte-identical
+// replicas for K = 2..4, across chunk boundaries, with overwrites.
+func TestEveryStrategy(t *testing.T) {
+	c := startCluster(t, 4)
+	cl := newClient(t, c, client.Options{WriteMsg: 300 << 10})
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, s := range metaapi.Strategies {
+		for _, k := range []int{2, 3, 4} {
+			dir := fmt.Sprintf("/%s-%d", s, k)
+			if err := cl.Mkdir(ctx, dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := cl.SetPolicy(ctx, dir, metaapi.Policy{Replicas: k, Strategy: s}); err != nil {
+				t.Fatal(err)
+			}
+			data := randBytes(rng, 2*testChunk+5000)
+			if _, err := cl.Put(ctx, dir+"/f", bytes.NewReader(data), 0o644); err != nil {
+				t.Fatalf("%s k=%d: put: %v", s, k, err)
+			}
+			f, err := cl.Open(ctx, dir+"/f")
+			if err != nil {
+				t.Fatal(err)
+			}
+			patch := randBytes(rng, 70000)
+			if _, err := f.WriteAt(patch, testChunk-1000); err != nil { // overwrite across a chunk boundary
+				t.Fatalf("%s k=%d: overwrite: %v", s, k, err)
+			}
+			copy(data[testChunk-1000:], patch)
+			var out bytes.Buffer
+			if _, err := cl.Get(ctx, dir+"/f", &out); err != nil || !bytes.Equal(out.Bytes(), data) {
+				t.Fatalf("%s k=%d: read back differs: %v", s, k, err)
+			}
+		}
+	}
+	assertReplicasIdentical(t, c)
+}
+
+// TestStrategiesUnderConcurrentWriters: concurrent overlapping writers
+// leave byte-identical replicas whatever the strategy.
+func TestStrategiesUnderConcurrentWriters(t *testing.T) {
+	c := startCluster(t, 4)
+	ctx := context.Background()
+	setup := newClient(t, c, client.Options{})
+	for _, s := range []metaapi.Strategy{metaapi.StrategyTree, metaapi.StrategyFlat, metaapi.StrategyHostRing, metaapi.StrategyHostTree} {
+		dir := "/cw-" + string(s)
+		setup.Mkdir(ctx, dir, 0o755)
+		if err := setup.SetPolicy(ctx, dir, metaapi.Policy{Replicas: 4, Strategy: s}); err != nil {
+			t.Fatal(err)
+		}
+		f, err := setup.Create(ctx, dir+"/x", 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteAt(make([]byte, 100000), 0)
+		var wg sync.WaitGroup
+		for w := 0; w < 3; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				cl := newClient(t, c, client.Options{})
+				g, err := cl.Open(ctx, dir+"/x")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for r := 0; r < 8; r++ {
+					if _, err := g.WriteAt(bytes.Repeat([]byte{byte(1 + w)}, 60000), int64(r%3)*10000); err != nil {
+						t.Errorf("%s writer %d: %v", s, w, err)
+						return
+					}
+				}
+			}(w)
+		}
+		wg.Wait()
+	}
+	assertReplicasIdentical(t, c)
+}
+
+// TestAuthProtocols: single-replica writes by each protocol store the same
+// bytes; raw writes are refused unless the nodes allow them.
+func TestAuthProtocols(t *testing.T) {
+	c := startCluster(t, 1)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(8, 8))
+	for _, p := range []string{client.ProtoStream, client.ProtoRPC, client.ProtoRPCPull} {
+		cl := newClient(t, c, client.Options{Protocol: p, WriteMsg: 400 << 10})
+		for _, n := range []int{0, 1, 4096, 3*testChunk + 17} {
+			data := randBytes(rng, n)
+			path := fmt.Sprintf("/%s-%d", p, n)
+			if _, err := cl.Put(ctx, path, bytes.NewReader(data), 0o644); err != nil {
+				t.Fatalf("%s n=%d: %v", p, n, err)
+			}
+			var out bytes.Buffer
+			if _, err := cl.Get(ctx, path, &out); err != nil || !bytes.Equal(out.Bytes(), data) {
+				t.Fatalf("%s n=%d: read back differs: %v", p, n, err)
+			}
+		}
+	}
+	raw := newClient(t, c, client.Options{Protocol: client.ProtoRaw})
+	_, err := raw.Put(ctx, "/raw", bytes.NewReader([]byte("unauthenticated")), 0o644)
+	if s, ok := statusOfErr(err); !ok || s != wire.StatusAuth || !strings.Contains(err.Error(), "raw") {
+		t.Fatalf("raw write on a normal node: %v", err)
+	}
+	// A protocol meant for one replica is refused for more.
+	c3 := startCluster(t, 3)
+	cl3 := newClient(t, c3, client.Options{Protocol: client.ProtoRPC})
+	if _, err := cl3.Put(ctx, "/x", bytes.NewReader([]byte("x")), 0o644); err == nil || !strings.Contains(err.Error(), "single-replica") {
+		t.Fatalf("rpc protocol with 3 replicas: %v", err)
+	}
+}
+
+func TestRawWritesWhenAllowed(t *testing.T) {
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 1, MetaListen: "127.0.0.1:0", AllowRaw: true, ChunkSize: testChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl := newClient(t, c, client.Options{Protocol: client.ProtoRaw})
+	data := randBytes(rand.New(rand.NewPCG(9, 9)), 2*testChunk+3)
+	if _, err := cl.Put(context.Background(), "/raw", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if _, err := cl.Get(context.Background(), "/raw", &out); err != nil || !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("raw write read back: %v", err)
+	}
+}
+
+func statusOfErr(err error) (wire.Status, bool) {
+	var we *wire.Error
+	if err == nil || !errorsAs(err, &we) {
+		return 0, false
+	}
+	return we.Status, true
+}
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }

@@ -1,0 +1,93 @@
+package policy
+
+import (
+	"sync"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/store"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// Flat writes are client-driven: the client sends every replica its copy
+// itself. To keep the one-order-per-chunk guarantee without a forwarding
+// head, the client first reserves the chunk's next version at rank 0 (the
+// extra round trip the seed charges RDMA-Flat with): rank 0 opens the
+// store write — taking the chunk's write lock — and keeps it until that
+// write's data arrives or the reservation expires. Every other replica
+// accepts the write only as exactly its next version (busy while an
+// earlier one is still on its way, stale if it is behind for good).
+
+type reservations struct {
+	mu      sync.Mutex
+	m       map[ids.ChunkID]*reservation
+	timeout time.Duration
+}
+
+type reservation struct {
+	w        *store.Write
+	off, len int64
+	timer    *time.Timer
+}
+
+// maxReservations bounds how many chunks can be reserved at once.
+const maxReservations = 4096
+
+func newReservations(timeout time.Duration) *reservations {
+	return &reservations{m: map[ids.ChunkID]*reservation{}, timeout: timeout}
+}
+
+// reserveHeader opens the write a flat reservation holds.
+func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader) error {
+	w, err := x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), 0)
+	if err != nil {
+		return storeError(err)
+	}
+	if err := x.reserved.put(h.Chunk, w, int64(h.Off), int64(h.Len)); err != nil {
+		w.Abort()
+		return err
+	}
+	st.w, st.reserve = w, true
+	return nil
+}
+
+func (rs *reservations) put(chunk ids.ChunkID, w *store.Write, off, n int64) error {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if len(rs.m) >= maxReservations {
+		return wire.Errorf(wire.StatusBusy, "too many flat writes reserved")
+	}
+	r := &reservation{w: w, off: off, len: n}
+	r.timer = time.AfterFunc(rs.timeout, func() { rs.expire(chunk, r) })
+	rs.m[chunk] = r
+	return nil
+}
+
+// take hands the reserved write of chunk to its data message, which must
+// name the reserved version and range.
+func (rs *reservations) take(chunk ids.ChunkID, version uint64, off, n int64) (*store.Write, error) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	r := rs.m[chunk]
+	switch {
+	case r == nil:
+		return nil, wire.Errorf(wire.StatusStale, "no reservation for chunk %v (expired?)", chunk)
+	case r.w.Version() != version || r.off != off || r.len != n:
+		return nil, wire.Errorf(wire.StatusBadRequest, "chunk %v is reserved for version %d [%d,+%d), not %d [%d,+%d)",
+			chunk, r.w.Version(), r.off, r.len, version, off, n)
+	}
+	r.timer.Stop()
+	delete(rs.m, chunk)
+	return r.w, nil
+}
+
+func (rs *reservations) expire(chunk ids.ChunkID, r *reservation) {
+	rs.mu.Lock()
+	if rs.m[chunk] != r {
+		rs.mu.Unlock()
+		return
+	}
+	delete(rs.m, chunk)
+	rs.mu.Unlock()
+	r.w.Abort()
+}
