@@ -45,7 +45,7 @@ type Options struct {
 	// benchmarks): ProtoStream (default), ProtoRPC, ProtoRPCPull or
 	// ProtoRaw.
 	Protocol string
-	Logger    *slog.Logger
+	Logger   *slog.Logger
 }
 
 // Client is a connection to a cluster. It is safe for concurrent use.

@@ -363,4 +363,3 @@ func wrapReplica(rank int, addr string, err error) error {
 	}
 	return wire.Errorf(wire.StatusReplica, "replica rank %d (%s): %v", rank, addr, err)
 }
-

@@ -119,7 +119,7 @@ const (
 	// FlagReserve (flat writes): reserve the chunk's next version at rank
 	// 0 without data; the reply carries the version.
 	FlagReserve uint8 = 1 << 1
-	flagsAll      = FlagRaw | FlagReserve
+	flagsAll          = FlagRaw | FlagReserve
 )
 
 // MaxAddrs bounds the replica coordinates a header carries.
