@@ -32,6 +32,8 @@ type Options struct {
 	Who *metaapi.Who
 	// MTU of the client's fabric endpoint. Default fabric.DefaultMTU.
 	MTU int
+	// Link emulates the client's network link (benchmarks).
+	Link *fabric.Link
 	// WriteMsg is the largest write request sent to a node. Default 16 MiB.
 	WriteMsg int
 	// ReadReq is the size of one read request. Default 4 MiB.
@@ -84,7 +86,7 @@ func New(opts Options) (*Client, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	ep, err := fabric.NewEndpoint(fabric.Options{MTU: opts.MTU, Logger: opts.Logger})
+	ep, err := fabric.NewEndpoint(fabric.Options{MTU: opts.MTU, Link: opts.Link, Logger: opts.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}

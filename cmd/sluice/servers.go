@@ -21,6 +21,8 @@ import (
 type engineFlags struct {
 	mtu, quota, workers, table int
 	idle                       time.Duration
+	linkRate                   string
+	linkDelay                  time.Duration
 }
 
 func (f *engineFlags) add(cmd *cobra.Command) {
@@ -29,11 +31,29 @@ func (f *engineFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.workers, "workers", 0, "handler workers (default: number of CPUs)")
 	cmd.Flags().IntVar(&f.table, "request-table", 1024, "in-flight requests before new ones are refused busy")
 	cmd.Flags().DurationVar(&f.idle, "idle-timeout", 10*time.Second, "clean up a request (or close a connection) whose sender is silent this long mid-message")
+	cmd.Flags().StringVar(&f.linkRate, "link-rate", "", "emulate a network link of this bandwidth per node, e.g. 10Gbit (benchmarks)")
+	cmd.Flags().DurationVar(&f.linkDelay, "link-delay", 0, "emulate this one-way link delay, e.g. 5us (benchmarks)")
 }
 
-func (f *engineFlags) options() (fabric.Options, engine.Options) {
-	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle},
-		engine.Options{Workers: f.workers, TableSize: f.table, IdleTimeout: f.idle}
+// link returns a new emulated link for one node (nil if none is asked).
+func (f *engineFlags) link() (*fabric.Link, error) {
+	if f.linkRate == "" && f.linkDelay == 0 {
+		return nil, nil
+	}
+	var rate float64
+	if f.linkRate != "" {
+		var err error
+		if rate, err = fabric.ParseRate(f.linkRate); err != nil {
+			return nil, err
+		}
+	}
+	return fabric.NewLink(rate, f.linkDelay)
+}
+
+func (f *engineFlags) options() (fabric.Options, engine.Options, error) {
+	link, err := f.link()
+	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle, Link: link},
+		engine.Options{Workers: f.workers, TableSize: f.table, IdleTimeout: f.idle}, err
 }
 
 func (a *app) upCmd() *cobra.Command {
@@ -48,7 +68,10 @@ func (a *app) upCmd() *cobra.Command {
 		Short: "Run a whole local cluster in this process (meta + storage nodes on loopback)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fo, eo := ef.options()
+			fo, eo, err := ef.options()
+			if err != nil {
+				return err
+			}
 			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, Fabric: fo, Engine: eo, Logger: a.logger()})
 			if err != nil {
 				return err
@@ -147,11 +170,14 @@ func (a *app) nodeCmd() *cobra.Command {
 			case secretFile == "":
 				return errors.New("--secret-file is required (the meta service's DIR/cluster.secret)")
 			}
+			fo, eo, err := ef.options()
+			if err != nil {
+				return err
+			}
 			sec, err := secret.Load(secretFile)
 			if err != nil {
 				return err
 			}
-			fo, eo := ef.options()
 			n, err := node.Start(cmd.Context(), node.Options{
 				DataDir: dir, MetaAddr: metaAddr, Secret: sec, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Logger: a.logger(),

@@ -101,12 +101,17 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		if opts.DomainPerNode {
 			domain = "d" + strconv.Itoa(i)
 		}
+		fo := opts.Fabric
+		if l := opts.Fabric.Link; l != nil {
+			// Every node has its own emulated NIC.
+			fo.Link, _ = fabric.NewLink(l.Rate(), l.Delay())
+		}
 		n, err := node.Start(ctx, node.Options{
 			DataDir:  filepath.Join(opts.Dir, "node"+strconv.Itoa(i)),
 			MetaAddr: c.MetaAddr,
 			Secret:   ms.Secret(),
 			Domain:   domain,
-			Fabric:   opts.Fabric,
+			Fabric:   fo,
 			Engine:   opts.Engine,
 			AllowRaw: opts.AllowRaw,
 			Logger:   opts.Logger.With("svc", "node"+strconv.Itoa(i)),

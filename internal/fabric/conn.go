@@ -75,6 +75,8 @@ type Conn struct {
 
 	readSem chan struct{} // bounds remote READs served concurrently
 
+	wire *wire // emulated link delivery, if the endpoint has a Link
+
 	// busySince is the coarse time a packet began arriving, 0 between
 	// packets: the endpoint's watchdog closes connections stalled mid-packet.
 	busySince atomic.Int64
@@ -143,6 +145,11 @@ func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU int) *Conn {
 		readerDone: make(chan struct{}),
 	}
 	c.placer, _ = h.(Placer)
+	if o.Link != nil {
+		c.wire = &wire{}
+		c.wire.cond.L = &c.wire.mu
+		go c.runWire()
+	}
 	go c.readLoop()
 	go c.ctrlLoop()
 	return c
@@ -193,6 +200,9 @@ func (c *Conn) fail(err error) {
 		close(c.done)
 		c.nc.Close()
 		c.quota.close()
+		if c.wire != nil {
+			c.wire.close()
+		}
 		c.opsMu.Lock()
 		for id, o := range c.ops {
 			delete(c.ops, id)
@@ -507,6 +517,15 @@ func (c *Conn) addPacket(i int, kind Kind, flags uint8, id uint64, prefix, data 
 func (c *Conn) flush() error {
 	if err := c.Err(); err != nil {
 		c.iov = c.iov[:0]
+		return err
+	}
+	if l := c.ep.opts.Link; l != nil {
+		err := c.sendEmulated(l)
+		clear(c.iov)
+		c.iov = c.iov[:0]
+		if err != nil {
+			c.fail(err)
+		}
 		return err
 	}
 	if now := time.Now(); c.deadline.Sub(now) < c.ep.opts.WriteTimeout/2 {

@@ -29,6 +29,9 @@ type Options struct {
 	// StallTimeout closes a connection whose peer stops sending in the
 	// middle of a packet for this long. Default 10s.
 	StallTimeout time.Duration
+	// Link, if set, emulates a network link (bandwidth and delay) for
+	// everything this endpoint sends; endpoints may share one (a node's).
+	Link *Link
 	Logger       *slog.Logger
 }
 
