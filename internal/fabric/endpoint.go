@@ -31,8 +31,8 @@ type Options struct {
 	StallTimeout time.Duration
 	// Link, if set, emulates a network link (bandwidth and delay) for
 	// everything this endpoint sends; endpoints may share one (a node's).
-	Link *Link
-	Logger       *slog.Logger
+	Link   *Link
+	Logger *slog.Logger
 }
 
 func (o *Options) fill() error {
