@@ -119,6 +119,25 @@ func (f *File) WriteAtContext(ctx context.Context, p []byte, off int64) (int, er
 	return len(p), nil
 }
 
+// WriteData writes p at off durably on every replica but does not record
+// the write with meta: the file's size and the chunks' versions change
+// only with a later Commit of what it returns. Front ends that batch
+// their commits (write-back caches) and benchmarks of the data path use
+// it; until the commit, other clients do not see the new size.
+func (f *File) WriteData(ctx context.Context, p []byte, off int64) ([]metaapi.ChunkVersion, error) {
+	if off < 0 || off+int64(len(p)) > metaapi.MaxFileSize {
+		return nil, pathErr("write", f.path, metaapi.Errorf(metaapi.EINVAL, "write [%d,+%d) out of range", off, len(p)))
+	}
+	versions, err := f.writeRange(ctx, p, off)
+	return versions, pathErr("write", f.path, err)
+}
+
+// Commit records writes made with WriteData: the file grows to at least
+// size and the chunks' committed versions advance.
+func (f *File) Commit(ctx context.Context, size int64, versions []metaapi.ChunkVersion) error {
+	return f.commit(ctx, size, versions)
+}
+
 // writeRange writes p at off straight from p (no copy): the chunks it
 // spans in parallel, the messages within one chunk in order.
 func (f *File) writeRange(ctx context.Context, p []byte, off int64) ([]metaapi.ChunkVersion, error) {

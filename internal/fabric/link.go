@@ -1,8 +1,11 @@
 package fabric
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -21,10 +24,10 @@ import (
 // Each batch of packets reserves its transmission time on the link when
 // it is sent, is copied into its connection's bounded wire queue, and is
 // delivered to the socket when it would arrive: transmission end plus the
-// delay. A wire goroutine per connection does the delivery on a locked OS
-// thread with a 1 ns timer slack, because Go's timers have about 1 ms
-// granularity on the VMs this runs on; wakeups still overshoot by some
-// 15-20 µs there, so emulated delays below that are approximate.
+// delay. A wire goroutine per connection does the delivery, waiting on a
+// timerfd armed with a 1 ns slack (Go's timers have about 1 ms
+// granularity on the VMs this runs on); wakeups still vary by some 10-20
+// µs there, so emulated delays below that are approximate.
 type Link struct {
 	rate  float64 // bytes per second; 0 = unlimited
 	delay time.Duration
@@ -126,12 +129,13 @@ const wireQueueLimit = 4 << 20
 
 // wire delivers a connection's emulated traffic.
 type wire struct {
-	mu     sync.Mutex
-	cond   sync.Cond
-	items  []wireItem
-	bytes  int
-	closed bool
-	bufs   sync.Pool
+	mu      sync.Mutex
+	cond    sync.Cond
+	items   []wireItem
+	bytes   int
+	writing bool // the wire goroutine is delivering an item
+	closed  bool
+	bufs    sync.Pool
 }
 
 type wireItem struct {
@@ -141,14 +145,59 @@ type wireItem struct {
 
 var errWireClosed = errors.New("fabric: connection closed")
 
-// sendEmulated queues the batched packets for delivery at their arrival
-// time. Caller holds sendMu.
+// sendEmulated queues the batched packets for delivery, each at its own
+// arrival time: a link delivers a packet when its last bit is through,
+// not a whole batch at once (which would make every hop store-and-forward).
+// Caller holds sendMu.
 func (c *Conn) sendEmulated(l *Link) error {
-	n := 0
-	for _, b := range c.iov {
-		n += len(b)
+	iov := c.iov
+	for len(iov) > 0 {
+		// A packet is its 16-byte header, then iov entries making up the
+		// payload length the header states (prefix and data).
+		hdr := iov[0]
+		size := HeaderSize + int(binary.LittleEndian.Uint32(hdr[4:]))
+		n, k := len(hdr), 1
+		for n < size {
+			n += len(iov[k])
+			k++
+		}
+		due := l.reserve(n)
+		if sent, err := c.sendNowIfDue(due, iov[:k]); err != nil {
+			return err
+		} else if !sent {
+			if err := c.enqueueWire(due, iov[:k], n); err != nil {
+				return err
+			}
+		}
+		iov = iov[k:]
 	}
-	due := l.reserve(n)
+	return nil
+}
+
+// sendNowIfDue writes a packet that is due (within a wakeup's latency)
+// straight from the sender when nothing is queued ahead of it: most small
+// messages on a fast link, which then pay no goroutine hand-off.
+func (c *Conn) sendNowIfDue(due time.Time, parts [][]byte) (bool, error) {
+	if time.Until(due) > wakeLatency {
+		return false, nil
+	}
+	w := c.wire
+	w.mu.Lock()
+	idle := !w.closed && len(w.items) == 0 && !w.writing
+	w.mu.Unlock()
+	if !idle {
+		return false, nil // keep the order: queue behind what is waiting
+	}
+	// Only senders (under sendMu) add items, so the queue stays empty.
+	bufs := net.Buffers(parts)
+	if _, err := bufs.WriteTo(c.nc); err != nil {
+		return true, fmt.Errorf("fabric: sending to %s: %w", c.nc.RemoteAddr(), err)
+	}
+	return true, nil
+}
+
+// enqueueWire copies one packet into the wire queue.
+func (c *Conn) enqueueWire(due time.Time, parts [][]byte, n int) error {
 	w := c.wire
 	bp, _ := w.bufs.Get().(*[]byte)
 	if bp == nil || cap(*bp) < n {
@@ -156,7 +205,7 @@ func (c *Conn) sendEmulated(l *Link) error {
 		bp = &b
 	}
 	buf := (*bp)[:0]
-	for _, b := range c.iov {
+	for _, b := range parts {
 		buf = append(buf, b...)
 	}
 	*bp = buf
@@ -177,9 +226,12 @@ func (c *Conn) sendEmulated(l *Link) error {
 
 // runWire is the connection's delivery goroutine.
 func (c *Conn) runWire() {
-	runtime.LockOSThread() // precise sleeps need this thread's timer slack
-	defer runtime.UnlockOSThread()
-	unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+	t, err := newWireTimer()
+	if err != nil {
+		c.fail(fmt.Errorf("fabric: link emulation: %w", err))
+		return
+	}
+	defer t.close()
 	w := c.wire
 	for {
 		w.mu.Lock()
@@ -192,11 +244,13 @@ func (c *Conn) runWire() {
 		}
 		it := w.items[0]
 		w.items = w.items[1:]
+		w.writing = true
 		w.mu.Unlock()
-		sleepUntil(it.due)
+		t.sleepUntil(it.due)
 		c.nc.SetWriteDeadline(time.Now().Add(c.ep.opts.WriteTimeout))
 		_, err := c.nc.Write(*it.buf)
 		w.mu.Lock()
+		w.writing = false
 		w.bytes -= len(*it.buf)
 		w.cond.Broadcast()
 		w.mu.Unlock()
@@ -215,16 +269,44 @@ func (w *wire) close() {
 	w.mu.Unlock()
 }
 
-// sleepUntil sleeps with nanosleep (this thread has a 1 ns timer slack).
-func sleepUntil(t time.Time) {
-	for {
-		d := time.Until(t)
-		if d <= 2*time.Microsecond {
-			return
-		}
-		ts := unix.NsecToTimespec(int64(d))
-		if unix.Nanosleep(&ts, nil) == nil {
-			return
-		}
+// wireTimer sleeps precisely without holding a scheduler slot: a timerfd
+// waited on through Go's netpoller. (time.Sleep has about 1 ms
+// granularity here, and a blocking nanosleep would keep the goroutine's P
+// until sysmon notices, stalling other goroutines for up to 10 ms.)
+type wireTimer struct {
+	fd int
+	f  *os.File
+}
+
+func newWireTimer() (*wireTimer, error) {
+	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	if err != nil {
+		return nil, err
 	}
+	return &wireTimer{fd: fd, f: os.NewFile(uintptr(fd), "link-timer")}, nil
+}
+
+func (t *wireTimer) close() { t.f.Close() }
+
+// wakeLatency is how late a wakeup typically comes; timers are armed that
+// much early.
+const wakeLatency = 25 * time.Microsecond
+
+func (t *wireTimer) sleepUntil(due time.Time) {
+	d := time.Until(due) - wakeLatency
+	if d <= 0 {
+		return
+	}
+	its := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}
+	// The timer takes the slack of the thread that arms it: 1 ns rather
+	// than the default 50 µs, which would swamp microsecond delays.
+	runtime.LockOSThread()
+	unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+	err := unix.TimerfdSettime(t.fd, 0, &its, nil)
+	runtime.UnlockOSThread()
+	if err != nil {
+		return
+	}
+	var b [8]byte
+	t.f.Read(b[:])
 }
