@@ -17,6 +17,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/config"
@@ -52,6 +53,8 @@ type Options struct {
 
 // Client is a connection to a cluster. It is safe for concurrent use.
 type Client struct {
+	busyRetries atomic.Uint64
+
 	opts    Options
 	meta    *metaapi.Client
 	ep      *fabric.Endpoint
@@ -119,6 +122,16 @@ func (c *Client) Close() error {
 	c.meta.Close()
 	return nil
 }
+
+// Stats are counters of a client.
+type Stats struct {
+	// BusyRetries counts requests a node refused busy (request table
+	// full, chunk locked) that the client retried.
+	BusyRetries uint64
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats { return Stats{BusyRetries: c.busyRetries.Load()} }
 
 // Meta gives access to the raw control-plane client (for tools).
 func (c *Client) Meta() *metaapi.Client { return c.meta }

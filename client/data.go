@@ -114,6 +114,7 @@ func (c *Client) retryBusy(ctx context.Context, op func() (uint64, error)) (uint
 	for {
 		v, err := op()
 		if s, ok := statusOf(err); ok && s.Retryable() && time.Now().Before(deadline) {
+			c.busyRetries.Add(1)
 			select {
 			case <-ctx.Done():
 				return 0, ctx.Err()

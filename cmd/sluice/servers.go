@@ -156,6 +156,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	var (
 		dir, metaAddr, secretFile, listen, advertise, domain string
 		ef                                                   engineFlags
+		allowRaw                                             bool
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -180,7 +181,7 @@ func (a *app) nodeCmd() *cobra.Command {
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
 				DataDir: dir, MetaAddr: metaAddr, Secret: sec, Listen: listen, Advertise: advertise,
-				Domain: domain, Fabric: fo, Engine: eo, Logger: a.logger(),
+				Domain: domain, Fabric: fo, Engine: eo, AllowRaw: allowRaw, Logger: a.logger(),
 			})
 			if err != nil {
 				return err
@@ -201,6 +202,8 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "fabric listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address registered with meta (default: the listen address)")
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
+	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
+	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)
 	return cmd
 }

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/csv"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sluicefs/sluice/internal/bench"
+)
+
+// TestBenchQuick runs `sluice bench --quick` end to end with a couple of
+// repetitions: every experiment starts its clusters as real processes and
+// writes a CSV (with the agreed columns) and its plots.
+func TestBenchQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several clusters")
+	}
+	out := filepath.Join(t.TempDir(), "results")
+	r := run(t, "", nil, "bench", "--quick", "--reps", "2", "--warmup", "1", "--out", out, "all")
+	if r.code != 0 {
+		t.Fatalf("bench failed: %s", r)
+	}
+	wantRows := map[string]int{"write-latency": 16, "replication": 15, "goodput": 6, "table-fill": 3}
+	for exp, n := range wantRows {
+		f, err := os.Open(filepath.Join(out, exp+".csv"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := csv.NewReader(f).ReadAll()
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(rows[0], ",") != strings.Join(bench.CSVHeader, ",") {
+			t.Errorf("%s header %v", exp, rows[0])
+		}
+		if len(rows)-1 != n {
+			t.Errorf("%s: %d rows, want %d", exp, len(rows)-1, n)
+		}
+		links := map[string]bool{}
+		for _, row := range rows[1:] {
+			if row[0] != exp {
+				t.Errorf("%s row names experiment %q", exp, row[0])
+			}
+			links[row[4]] = true
+			if p50, err := strconv.ParseFloat(row[5], 64); err != nil || p50 <= 0 {
+				t.Errorf("%s row %v: bad p50", exp, row)
+			}
+			if runs, _ := strconv.Atoi(row[8]); runs < 2 {
+				t.Errorf("%s row %v: %d runs", exp, row, runs)
+			}
+		}
+		if exp != "table-fill" && (!links["none"] || !links["10Gbit/s+5µs"]) {
+			t.Errorf("%s: links %v, want with and without emulation", exp, links)
+		}
+		for _, ext := range []string{".svg", ".png"} {
+			if fi, err := os.Stat(filepath.Join(out, exp+ext)); err != nil || fi.Size() == 0 {
+				t.Errorf("%s%s: %v", exp, ext, err)
+			}
+		}
+	}
+	// Bad input gets a clear error.
+	for _, args := range [][]string{
+		{"bench", "--out", out, "no-such-experiment"},
+		{"bench", "--out", out, "--link", "10parsecs", "goodput"},
+		{"bench", "--out", out, "--link", "1Gbit+2s", "goodput"},
+	} {
+		if r := run(t, "", nil, args...); r.code == 0 || !strings.Contains(r.stderr, "sluice:") {
+			t.Errorf("%v: %s", args, r)
+		}
+	}
+}

@@ -1,0 +1,550 @@
+// Package bench runs `sluice bench`: the seed's experiments (seed 000
+// Fig. 6, 9, 10) reproduced on one machine. Every experiment starts its
+// own cluster of separate processes (one `sluice meta`, N `sluice node`)
+// for each link setting — loopback as it is, or an emulated network link
+// that makes the network the bottleneck — drives it from a client in this
+// process attached through the same kind of link, measures warm-up plus
+// several repetitions per point, and writes RESULTS_DIR/<experiment>.csv
+// and a plot (.svg and .png).
+//
+// Latencies are of the data path: a write returns once every replica has
+// the data durably (the meta commit that records a file's size is not in
+// the measurement, as in the seed, which measures storage-node writes).
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/csv"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// LinkSpec is an emulated link (or none: plain loopback).
+type LinkSpec struct {
+	Rate  float64 // bytes per second; 0 = unlimited
+	Delay time.Duration
+}
+
+// None reports whether no emulation is asked.
+func (l LinkSpec) None() bool { return l.Rate == 0 && l.Delay == 0 }
+
+// String names the link in CSV rows and plot titles.
+func (l LinkSpec) String() string {
+	if l.None() {
+		return "none"
+	}
+	rate := "unlimited"
+	if l.Rate > 0 {
+		rate = strings.ReplaceAll(fabric.FormatRate(l.Rate), " ", "")
+	}
+	return rate + "+" + l.Delay.String()
+}
+
+// ParseLink reads "none" or "RATE[+DELAY]", e.g. "10Gbit+5us".
+func ParseLink(s string) (LinkSpec, error) {
+	if s == "none" || s == "" {
+		return LinkSpec{}, nil
+	}
+	rateS, delayS, _ := strings.Cut(s, "+")
+	var l LinkSpec
+	var err error
+	if l.Rate, err = fabric.ParseRate(rateS); err != nil {
+		return l, err
+	}
+	if delayS != "" {
+		if l.Delay, err = time.ParseDuration(delayS); err != nil {
+			return l, fmt.Errorf("bench: link delay %q: %w", delayS, err)
+		}
+	}
+	if _, err := fabric.NewLink(l.Rate, l.Delay); err != nil {
+		return l, err
+	}
+	return l, nil
+}
+
+func (l LinkSpec) link() *fabric.Link {
+	if l.None() {
+		return nil
+	}
+	lk, _ := fabric.NewLink(l.Rate, l.Delay)
+	return lk
+}
+
+// Config configures a bench run.
+type Config struct {
+	Exe    string // the sluice binary clusters are started from
+	Out    string // results directory
+	Quick  bool   // the reduced set of points (under two minutes)
+	Warmup int    // unmeasured operations per point
+	Reps   int    // measured operations per point
+	// Links overrides the link settings (default: none and 10 Gbit/s + 5
+	// µs, and 1 Gbit/s + 5 µs for replication and goodput).
+	Links []LinkSpec
+	MTU   int
+	Log   io.Writer
+}
+
+// Point is one measured point: one CSV row.
+type Point struct {
+	Experiment  string
+	Mode        string
+	K           int
+	Size        int64
+	Link        string
+	P50, P99    time.Duration
+	Throughput  float64 // bytes per second
+	Runs        int
+	Concurrency int // table-fill and goodput
+	NACKs       int64
+	Group       string // which panel of the plot
+}
+
+// Experiments lists the experiment names in run order.
+var Experiments = []string{"write-latency", "replication", "goodput", "table-fill"}
+
+// Run runs the named experiments ("all" for every one).
+func Run(ctx context.Context, cfg Config, names []string) error {
+	if cfg.Warmup == 0 {
+		cfg.Warmup = 5
+	}
+	if cfg.Reps == 0 {
+		cfg.Reps = 30
+		if cfg.Quick {
+			cfg.Reps = 12
+		}
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = fabric.DefaultMTU
+	}
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return err
+	}
+	if len(names) == 0 || slices.Contains(names, "all") {
+		names = Experiments
+	}
+	for _, name := range names {
+		run, ok := map[string]func(context.Context, *runner) error{
+			"write-latency": writeLatency,
+			"replication":   replication,
+			"goodput":       goodput,
+			"table-fill":    tableFill,
+		}[name]
+		if !ok {
+			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(Experiments, ", "))
+		}
+		r := &runner{cfg: cfg, name: name}
+		start := time.Now()
+		fmt.Fprintf(cfg.Log, "== %s\n", name)
+		if err := run(ctx, r); err != nil {
+			return fmt.Errorf("bench %s: %w", name, err)
+		}
+		if err := r.write(); err != nil {
+			return err
+		}
+		fmt.Fprintf(cfg.Log, "   %s: %d points in %s -> %s\n", name, len(r.points), time.Since(start).Round(time.Second),
+			filepath.Join(cfg.Out, name+".{csv,svg,png}"))
+	}
+	return nil
+}
+
+// runner collects one experiment's points.
+type runner struct {
+	cfg    Config
+	name   string
+	points []Point
+}
+
+func (r *runner) links(extra bool) []LinkSpec {
+	if len(r.cfg.Links) > 0 {
+		return r.cfg.Links
+	}
+	ls := []LinkSpec{{}, {Rate: 1.25e9, Delay: 5 * time.Microsecond}}
+	if extra {
+		ls = append(ls, LinkSpec{Rate: 1.25e8, Delay: 5 * time.Microsecond})
+	}
+	return ls
+}
+
+func (r *runner) sizes(full, quick []int64) []int64 {
+	if r.cfg.Quick {
+		return quick
+	}
+	return full
+}
+
+// powers returns from, 2*from, ... up to to (inclusive).
+func powers(from, to int64) []int64 {
+	var out []int64
+	for s := from; s <= to; s *= 2 {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (r *runner) add(p Point) {
+	p.Experiment = r.name
+	r.points = append(r.points, p)
+	extra := ""
+	if p.Concurrency > 0 {
+		extra = fmt.Sprintf(" conc=%d nacks=%d", p.Concurrency, p.NACKs)
+	}
+	fmt.Fprintf(r.cfg.Log, "   %-14s k=%d %8s link=%-20s p50 %9s p99 %9s %8.1f MB/s%s\n", p.Mode, p.K, sizeLabel(p.Size), p.Link,
+		p.P50.Round(time.Microsecond), p.P99.Round(time.Microsecond), p.Throughput/1e6, extra)
+}
+
+// newClient connects to c through a link like the nodes'.
+func (r *runner) newClient(c *procCluster, l LinkSpec, protocol string) (*client.Client, error) {
+	return client.New(client.Options{Conf: c.conf, Link: l.link(), Protocol: protocol, MTU: r.cfg.MTU})
+}
+
+// prepare makes a directory with a policy.
+func prepare(ctx context.Context, cl *client.Client, dir string, pol metaapi.Policy) error {
+	if err := cl.MkdirAll(ctx, dir, 0o755); err != nil {
+		return err
+	}
+	return cl.SetPolicy(ctx, dir, pol)
+}
+
+// randomData returns n random bytes.
+func randomData(n int64) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+// latencies writes size bytes warmup+reps times, appending to a new file
+// in dir, and returns the measured latencies. The file is removed after.
+func (r *runner) latencies(ctx context.Context, cl *client.Client, dir string, size int64, reps int) ([]time.Duration, error) {
+	path := fmt.Sprintf("%s/lat-%d-%d", dir, size, time.Now().UnixNano())
+	f, err := cl.Create(ctx, path, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Remove(context.WithoutCancel(ctx), path)
+	buf := randomData(size)
+	var out []time.Duration
+	var off int64
+	for i := 0; i < r.cfg.Warmup+reps; i++ {
+		start := time.Now()
+		if _, err := f.WriteData(ctx, buf, off); err != nil {
+			return nil, err
+		}
+		if i >= r.cfg.Warmup {
+			out = append(out, time.Since(start))
+		}
+		off += size
+	}
+	return out, nil
+}
+
+// summarize fills a point's latency columns.
+func summarize(p *Point, lat []time.Duration) {
+	s := append([]time.Duration(nil), lat...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	p.Runs = len(s)
+	if len(s) == 0 {
+		return
+	}
+	p.P50 = s[len(s)/2]
+	p.P99 = s[min(len(s)-1, len(s)*99/100)]
+	if p.Throughput == 0 && p.P50 > 0 {
+		p.Throughput = float64(p.Size) / p.P50.Seconds()
+	}
+}
+
+// ---- experiments ----
+
+// writeLatency: seed 000 Fig. 6 — write latency of a single-replica write
+// by authentication protocol.
+func writeLatency(ctx context.Context, r *runner) error {
+	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
+	for _, l := range r.links(false) {
+		c, err := startCluster(ctx, r.cfg.Exe, 1, nodeArgs(l, "--bench-allow-raw"))
+		if err != nil {
+			return err
+		}
+		for _, proto := range []string{client.ProtoRaw, client.ProtoStream, client.ProtoRPC, client.ProtoRPCPull} {
+			cl, err := r.newClient(c, l, proto)
+			if err != nil {
+				c.Close()
+				return err
+			}
+			dir := "/wl-" + proto
+			if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
+				cl.Close()
+				c.Close()
+				return err
+			}
+			for _, size := range sizes {
+				lat, err := r.latencies(ctx, cl, dir, size, r.cfg.Reps)
+				if err != nil {
+					cl.Close()
+					c.Close()
+					return fmt.Errorf("%s %d bytes: %w", proto, size, err)
+				}
+				p := Point{Mode: proto, K: 1, Size: size, Link: l.String(), Group: l.String()}
+				summarize(&p, lat)
+				r.add(p)
+			}
+			cl.Close()
+		}
+		c.Close()
+	}
+	return nil
+}
+
+// replication: seed 000 Fig. 9 (left, centre) and Fig. 10 — write latency
+// by strategy, vs size for K=2 and K=4, and vs K for 4 KiB and 512 KiB.
+func replication(ctx context.Context, r *runner) error {
+	const nodes = 4
+	type key struct {
+		s    metaapi.Strategy
+		k    int
+		size int64
+	}
+	var want []key
+	seen := map[key]bool{}
+	addKey := func(k key) {
+		if !seen[k] {
+			seen[k] = true
+			want = append(want, k)
+		}
+	}
+	for _, s := range metaapi.Strategies {
+		if r.cfg.Quick {
+			addKey(key{s, 4, 512 << 10})
+			continue
+		}
+		for _, k := range []int{2, 4} {
+			for _, size := range powers(1<<10, 4<<20) {
+				addKey(key{s, k, size})
+			}
+		}
+		for k := 1; k <= nodes; k++ {
+			for _, size := range []int64{4 << 10, 512 << 10} {
+				addKey(key{s, k, size})
+			}
+		}
+	}
+	for _, l := range r.links(true) {
+		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
+		if err != nil {
+			return err
+		}
+		cl, err := r.newClient(c, l, "")
+		if err != nil {
+			c.Close()
+			return err
+		}
+		for _, w := range want {
+			dir := fmt.Sprintf("/rep-%s-%d", w.s, w.k)
+			if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: w.k, Strategy: w.s}); err != nil {
+				cl.Close()
+				c.Close()
+				return err
+			}
+			lat, err := r.latencies(ctx, cl, dir, w.size, r.cfg.Reps)
+			if err != nil {
+				cl.Close()
+				c.Close()
+				return fmt.Errorf("%s k=%d %d bytes: %w", w.s, w.k, w.size, err)
+			}
+			p := Point{Mode: string(w.s), K: w.k, Size: w.size, Link: l.String(), Group: l.String()}
+			summarize(&p, lat)
+			r.add(p)
+		}
+		cl.Close()
+		c.Close()
+	}
+	return nil
+}
+
+// goodput: seed 000 Fig. 9 (right) — bytes per second one storage node
+// ingests, for ring and tree with K=4. Every replica stores every byte,
+// so a node ingests what the client writes; writers keep several writes
+// in flight.
+func goodput(ctx context.Context, r *runner) error {
+	const nodes, k, writers = 4, 4, 4
+	sizes := r.sizes(powers(1<<10, 4<<20), []int64{512 << 10})
+	for _, l := range r.links(true) {
+		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
+		if err != nil {
+			return err
+		}
+		cl, err := r.newClient(c, l, "")
+		if err != nil {
+			c.Close()
+			return err
+		}
+		for _, s := range []metaapi.Strategy{metaapi.StrategyRing, metaapi.StrategyTree} {
+			dir := "/gp-" + string(s)
+			if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: k, Strategy: s}); err != nil {
+				cl.Close()
+				c.Close()
+				return err
+			}
+			for _, size := range sizes {
+				var mu sync.Mutex
+				var all []time.Duration
+				var firstErr error
+				var wg sync.WaitGroup
+				start := time.Now()
+				for w := 0; w < writers; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						lat, err := r.latencies(ctx, cl, dir, size, r.cfg.Reps)
+						mu.Lock()
+						defer mu.Unlock()
+						if err != nil && firstErr == nil {
+							firstErr = err
+						}
+						all = append(all, lat...)
+					}()
+				}
+				wg.Wait()
+				elapsed := time.Since(start)
+				if firstErr != nil {
+					cl.Close()
+					c.Close()
+					return fmt.Errorf("%s %d bytes: %w", s, size, firstErr)
+				}
+				// Bytes per second over the whole run, warm-up included
+				// (every write counts as ingest).
+				total := float64(size) * float64(writers*(r.cfg.Warmup+r.cfg.Reps))
+				p := Point{Mode: string(s), K: k, Size: size, Link: l.String(), Group: l.String(),
+					Throughput: total / elapsed.Seconds(), Concurrency: writers}
+				summarize(&p, all)
+				r.add(p)
+			}
+		}
+		cl.Close()
+		c.Close()
+	}
+	return nil
+}
+
+// tableFill shows the engine's request table filling: a node with a tiny
+// table and one handler worker, more and more concurrent 64 KiB writes;
+// requests beyond the table are refused busy and retried by the client.
+func tableFill(ctx context.Context, r *runner) error {
+	const table, size = 4, 64 << 10
+	conc := []int{1, 2, 4, 8, 16, 32}
+	if r.cfg.Quick {
+		conc = []int{1, 8, 32}
+	}
+	l := LinkSpec{}
+	if len(r.cfg.Links) > 0 {
+		l = r.cfg.Links[0]
+	}
+	c, err := startCluster(ctx, r.cfg.Exe, 1, nodeArgs(l, "--request-table", strconv.Itoa(table), "--workers", "1"))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for _, n := range conc {
+		cl, err := r.newClient(c, l, "")
+		if err != nil {
+			return err
+		}
+		dir := fmt.Sprintf("/tf-%d", n)
+		if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
+			cl.Close()
+			return err
+		}
+		var mu sync.Mutex
+		var all []time.Duration
+		var firstErr error
+		var wg sync.WaitGroup
+		before := cl.Stats().BusyRetries
+		start := time.Now()
+		for w := 0; w < n; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lat, err := r.latencies(ctx, cl, dir, size, r.cfg.Reps)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				all = append(all, lat...)
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		if firstErr != nil {
+			cl.Close()
+			return firstErr
+		}
+		p := Point{Mode: fmt.Sprintf("table=%d", table), K: 1, Size: size, Link: l.String(), Concurrency: n,
+			NACKs: int64(cl.Stats().BusyRetries - before), Group: "table",
+			Throughput: float64(size) * float64(n*(r.cfg.Warmup+r.cfg.Reps)) / elapsed.Seconds()}
+		summarize(&p, all)
+		r.add(p)
+		cl.Close()
+	}
+	return nil
+}
+
+// ---- output ----
+
+// CSVHeader is the header row every CSV has.
+var CSVHeader = []string{"experiment", "mode", "k", "size_bytes", "link", "p50_us", "p99_us", "throughput_MBps", "runs", "concurrency", "nacks"}
+
+func (r *runner) write() error {
+	path := filepath.Join(r.cfg.Out, r.name+".csv")
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	w.Write(CSVHeader)
+	us := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 1, 64) }
+	for _, p := range r.points {
+		conc, nacks := "", ""
+		if p.Concurrency > 0 {
+			conc = strconv.Itoa(p.Concurrency)
+		}
+		if r.name == "table-fill" {
+			nacks = strconv.FormatInt(p.NACKs, 10)
+		}
+		w.Write([]string{p.Experiment, p.Mode, strconv.Itoa(p.K), strconv.FormatInt(p.Size, 10), p.Link,
+			us(p.P50), us(p.P99), strconv.FormatFloat(p.Throughput/1e6, 'f', 1, 64), strconv.Itoa(p.Runs), conc, nacks})
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return plotExperiment(r.cfg.Out, r.name, r.points)
+}
+
+func sizeLabel(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}

@@ -1,0 +1,164 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// procCluster is a cluster of separate processes: one `sluice meta` and
+// N `sluice node`, started from the sluice binary, on loopback.
+type procCluster struct {
+	dir   string
+	procs []*exec.Cmd
+	conf  config.ClientConf
+}
+
+var (
+	metaLine = regexp.MustCompile(`meta listening on (\S+)`)
+	nodeLine = regexp.MustCompile(`storage node \S+ listening on (\S+)`)
+)
+
+// startCluster starts meta and n nodes with nodeArgs and waits until they
+// are all up. Data lives in a fresh directory on tmpfs when there is one.
+func startCluster(ctx context.Context, exe string, n int, nodeArgs []string) (*procCluster, error) {
+	base := ""
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		base = "/dev/shm"
+	}
+	dir, err := os.MkdirTemp(base, "sluice-bench-")
+	if err != nil {
+		return nil, err
+	}
+	c := &procCluster{dir: dir}
+	metaAddr, err := c.start(ctx, exe, "meta", metaLine, "meta", "--data", filepath.Join(dir, "meta"), "--listen", "127.0.0.1:0", "--default-replicas", "1")
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	for i := 1; i <= n; i++ {
+		args := append([]string{"node", "--data", filepath.Join(dir, fmt.Sprintf("n%d", i)), "--meta", metaAddr,
+			"--secret-file", filepath.Join(dir, "meta", "cluster.secret")}, nodeArgs...)
+		if _, err := c.start(ctx, exe, fmt.Sprintf("n%d", i), nodeLine, args...); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	if c.conf, err = config.Load(filepath.Join(dir, "meta", config.FileName)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	cl, err := client.New(client.Options{Conf: c.conf})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	defer cl.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st, err := cl.Status(ctx)
+		up := 0
+		if err == nil {
+			for _, nd := range st.Nodes {
+				if nd.State == metaapi.NodeUp {
+					up++
+				}
+			}
+		}
+		if up == n {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			c.Close()
+			return nil, fmt.Errorf("bench: %d of %d nodes up after 30s (logs in %s)", up, n, dir)
+		}
+	}
+}
+
+// start runs one process and waits for the line announcing its address.
+func (c *procCluster) start(ctx context.Context, exe, name string, ready *regexp.Regexp, args ...string) (string, error) {
+	logf, err := os.Create(filepath.Join(c.dir, name+".log"))
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("bench: starting %s: %w", name, err)
+	}
+	c.procs = append(c.procs, cmd)
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			fmt.Fprintln(logf, sc.Text())
+			if m := ready.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case found <- m[1]:
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case addr := <-found:
+		return addr, nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case <-time.After(30 * time.Second):
+		return "", fmt.Errorf("bench: %s did not start within 30s (log %s)", name, logf.Name())
+	}
+}
+
+// Close stops every process and removes the data.
+func (c *procCluster) Close() error {
+	var errs []error
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		p := c.procs[i]
+		p.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- p.Wait() }()
+		select {
+		case err := <-done:
+			var ee *exec.ExitError
+			if err != nil && !errors.As(err, &ee) {
+				errs = append(errs, err)
+			}
+		case <-time.After(10 * time.Second):
+			p.Process.Kill()
+			<-done
+		}
+	}
+	if len(errs) == 0 {
+		os.RemoveAll(c.dir)
+	}
+	return errors.Join(errs...)
+}
+
+// nodeArgs builds the flags every node of an experiment gets.
+func nodeArgs(l LinkSpec, extra ...string) []string {
+	args := append([]string{}, extra...)
+	if !l.None() {
+		args = append(args, "--link-rate", strconv.FormatFloat(l.Rate, 'f', -1, 64), "--link-delay", l.Delay.String())
+	}
+	return args
+}
+
+
