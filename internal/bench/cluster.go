@@ -160,5 +160,3 @@ func nodeArgs(l LinkSpec, extra ...string) []string {
 	}
 	return args
 }
-
-
