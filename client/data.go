@@ -135,7 +135,10 @@ func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int
 	for i, r := range l.Replicas {
 		addrs[i] = r.Addr
 	}
-	h := wire.WriteHeader{Strategy: wm.strategy, Mode: wm.mode, Flags: wm.flags, Chunk: l.Chunk, Off: uint64(off), Len: uint64(len(data)), Cap: l.Cap}
+	// One id for this logical write, kept across retries: a replica that
+	// already applied it answers so instead of refusing it as stale.
+	h := wire.WriteHeader{Strategy: wm.strategy, Mode: wm.mode, Flags: wm.flags, Chunk: l.Chunk, Off: uint64(off), Len: uint64(len(data)),
+		Cap: l.Cap, WriteID: newWriteID()}
 	if wm.strategy == wire.StrategyFlat {
 		return c.writeFlat(ctx, l, addrs, h, data)
 	}
@@ -447,3 +450,12 @@ func (j joined) Error() string {
 func (j joined) Unwrap() []error { return j }
 
 func oneLine(errs []error) error { return joined(errs) }
+
+// newWriteID returns a random non-zero write id.
+func newWriteID() uint64 {
+	for {
+		if id := rand.Uint64(); id != 0 {
+			return id
+		}
+	}
+}

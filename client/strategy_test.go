@@ -9,10 +9,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -154,3 +156,54 @@ func statusOfErr(err error) (wire.Status, bool) {
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// TestTreeRetryAfterBusySibling: in a tree, rank 0 sends to ranks 1 and 2
+// independently. If rank 1 refuses busy while rank 2 commits, the client's
+// retry must not be refused as stale by rank 2: it recognises the write
+// (same version, same write id) and answers that it already has it.
+func TestTreeRetryAfterBusySibling(t *testing.T) {
+	c := startCluster(t, 3)
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyTree}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.Create(ctx, "/t", 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lay metaapi.LayoutResp
+	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: f.Attr().Ino, Off: 0, Len: 1, Write: true}, &lay); err != nil {
+		t.Fatal(err)
+	}
+	chunk, rank1 := lay.Chunks[0].Chunk, lay.Chunks[0].Replicas[1].Node
+	var held *store.Write
+	for _, n := range c.Nodes {
+		if n.ID() == rank1 {
+			if held, err = n.Store().BeginWrite(chunk, 0, 1, 0); err != nil { // rank 1 is busy with this chunk
+				t.Fatal(err)
+			}
+		}
+	}
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		held.Abort()
+	}()
+	data := bytes.Repeat([]byte("tree"), 1000)
+	if _, err := f.WriteAt(data, 0); err != nil {
+		t.Fatalf("write through a busy sibling: %v", err)
+	}
+	if cl.Stats().BusyRetries == 0 {
+		t.Fatal("the write never met the busy sibling: the test does not test anything")
+	}
+	var out bytes.Buffer
+	if _, err := cl.Get(ctx, "/t", &out); err != nil || !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("read back: %v", err)
+	}
+	assertReplicasIdentical(t, c)
+	// And the chunk keeps taking writes.
+	if _, err := f.WriteAt([]byte("more"), 4000); err != nil {
+		t.Fatalf("next write: %v", err)
+	}
+	assertReplicasIdentical(t, c)
+}

@@ -253,6 +253,54 @@ func (r *runner) latencies(ctx context.Context, cl *client.Client, dir string, s
 	return out, nil
 }
 
+// lane is one mode under measurement: a client and the file it appends
+// to.
+type lane struct {
+	mode string
+	cl   *client.Client
+	path string
+	f    *client.File
+	off  int64
+	lat  []time.Duration
+}
+
+func openLane(ctx context.Context, mode string, cl *client.Client, dir string) (*lane, error) {
+	path := fmt.Sprintf("%s/lane-%d", dir, time.Now().UnixNano())
+	f, err := cl.Create(ctx, path, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &lane{mode: mode, cl: cl, path: path, f: f}, nil
+}
+
+func closeLanes(ctx context.Context, lanes []*lane) {
+	for _, l := range lanes {
+		l.cl.Remove(context.WithoutCancel(ctx), l.path)
+	}
+}
+
+// interleaved writes size bytes warmup+reps times on every lane, the lanes
+// taking turns write by write (who goes first rotates), so that every mode
+// sees the same machine — the same noise, the same state of the stores —
+// and a ratio between modes means what it says.
+func (r *runner) interleaved(ctx context.Context, lanes []*lane, size int64) error {
+	buf := randomData(size)
+	for i := 0; i < r.cfg.Warmup+r.cfg.Reps; i++ {
+		for j := range lanes {
+			l := lanes[(i+j)%len(lanes)]
+			start := time.Now()
+			if _, err := l.f.WriteData(ctx, buf, l.off); err != nil {
+				return fmt.Errorf("%s, %d bytes: %w", l.mode, size, err)
+			}
+			if i >= r.cfg.Warmup {
+				l.lat = append(l.lat, time.Since(start))
+			}
+			l.off += size
+		}
+	}
+	return nil
+}
+
 // summarize fills a point's latency columns.
 func summarize(p *Point, lat []time.Duration) {
 	s := append([]time.Duration(nil), lat...)
@@ -274,37 +322,51 @@ func summarize(p *Point, lat []time.Duration) {
 // by authentication protocol.
 func writeLatency(ctx context.Context, r *runner) error {
 	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
+	protos := []string{client.ProtoRaw, client.ProtoStream, client.ProtoRPC, client.ProtoRPCPull}
 	for _, l := range r.links(false) {
 		c, err := startCluster(ctx, r.cfg.Exe, 1, nodeArgs(l, "--bench-allow-raw"))
 		if err != nil {
 			return err
 		}
-		for _, proto := range []string{client.ProtoRaw, client.ProtoStream, client.ProtoRPC, client.ProtoRPCPull} {
-			cl, err := r.newClient(c, l, proto)
-			if err != nil {
-				c.Close()
-				return err
+		err = func() error {
+			defer c.Close()
+			clients := map[string]*client.Client{}
+			for _, proto := range protos {
+				cl, err := r.newClient(c, l, proto)
+				if err != nil {
+					return err
+				}
+				defer cl.Close()
+				clients[proto] = cl
 			}
-			dir := "/wl-" + proto
-			if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
-				cl.Close()
-				c.Close()
+			if err := prepare(ctx, clients[client.ProtoStream], "/wl", metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
 				return err
 			}
 			for _, size := range sizes {
-				lat, err := r.latencies(ctx, cl, dir, size, r.cfg.Reps)
-				if err != nil {
-					cl.Close()
-					c.Close()
-					return fmt.Errorf("%s %d bytes: %w", proto, size, err)
+				var lanes []*lane
+				for _, proto := range protos {
+					ln, err := openLane(ctx, proto, clients[proto], "/wl")
+					if err != nil {
+						return err
+					}
+					lanes = append(lanes, ln)
 				}
-				p := Point{Mode: proto, K: 1, Size: size, Link: l.String(), Group: l.String()}
-				summarize(&p, lat)
-				r.add(p)
+				err := r.interleaved(ctx, lanes, size)
+				closeLanes(ctx, lanes)
+				if err != nil {
+					return err
+				}
+				for _, ln := range lanes {
+					p := Point{Mode: ln.mode, K: 1, Size: size, Link: l.String(), Group: l.String()}
+					summarize(&p, ln.lat)
+					r.add(p)
+				}
 			}
-			cl.Close()
+			return nil
+		}()
+		if err != nil {
+			return err
 		}
-		c.Close()
 	}
 	return nil
 }
@@ -313,32 +375,29 @@ func writeLatency(ctx context.Context, r *runner) error {
 // by strategy, vs size for K=2 and K=4, and vs K for 4 KiB and 512 KiB.
 func replication(ctx context.Context, r *runner) error {
 	const nodes = 4
-	type key struct {
-		s    metaapi.Strategy
+	type point struct {
 		k    int
 		size int64
 	}
-	var want []key
-	seen := map[key]bool{}
-	addKey := func(k key) {
-		if !seen[k] {
-			seen[k] = true
-			want = append(want, k)
+	var want []point
+	seen := map[point]bool{}
+	add := func(p point) {
+		if !seen[p] {
+			seen[p] = true
+			want = append(want, p)
 		}
 	}
-	for _, s := range metaapi.Strategies {
-		if r.cfg.Quick {
-			addKey(key{s, 4, 512 << 10})
-			continue
-		}
+	if r.cfg.Quick {
+		add(point{4, 512 << 10})
+	} else {
 		for _, k := range []int{2, 4} {
 			for _, size := range powers(1<<10, 4<<20) {
-				addKey(key{s, k, size})
+				add(point{k, size})
 			}
 		}
 		for k := 1; k <= nodes; k++ {
 			for _, size := range []int64{4 << 10, 512 << 10} {
-				addKey(key{s, k, size})
+				add(point{k, size})
 			}
 		}
 	}
@@ -347,30 +406,42 @@ func replication(ctx context.Context, r *runner) error {
 		if err != nil {
 			return err
 		}
-		cl, err := r.newClient(c, l, "")
-		if err != nil {
-			c.Close()
-			return err
-		}
-		for _, w := range want {
-			dir := fmt.Sprintf("/rep-%s-%d", w.s, w.k)
-			if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: w.k, Strategy: w.s}); err != nil {
-				cl.Close()
-				c.Close()
+		err = func() error {
+			defer c.Close()
+			cl, err := r.newClient(c, l, "")
+			if err != nil {
 				return err
 			}
-			lat, err := r.latencies(ctx, cl, dir, w.size, r.cfg.Reps)
-			if err != nil {
-				cl.Close()
-				c.Close()
-				return fmt.Errorf("%s k=%d %d bytes: %w", w.s, w.k, w.size, err)
+			defer cl.Close()
+			for _, w := range want {
+				var lanes []*lane
+				for _, s := range metaapi.Strategies {
+					dir := fmt.Sprintf("/rep-%s-%d", s, w.k)
+					if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: w.k, Strategy: s}); err != nil {
+						return err
+					}
+					ln, err := openLane(ctx, string(s), cl, dir)
+					if err != nil {
+						return err
+					}
+					lanes = append(lanes, ln)
+				}
+				err := r.interleaved(ctx, lanes, w.size)
+				closeLanes(ctx, lanes)
+				if err != nil {
+					return fmt.Errorf("k=%d: %w", w.k, err)
+				}
+				for _, ln := range lanes {
+					p := Point{Mode: ln.mode, K: w.k, Size: w.size, Link: l.String(), Group: l.String()}
+					summarize(&p, ln.lat)
+					r.add(p)
+				}
 			}
-			p := Point{Mode: string(w.s), K: w.k, Size: w.size, Link: l.String(), Group: l.String()}
-			summarize(&p, lat)
-			r.add(p)
+			return nil
+		}()
+		if err != nil {
+			return err
 		}
-		cl.Close()
-		c.Close()
 	}
 	return nil
 }

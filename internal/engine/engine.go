@@ -32,6 +32,13 @@ import (
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
+// Answered is returned by a header handler that has answered the request
+// itself (e.g. "already applied"): the engine sends Reply and drops the
+// rest of the message; the request counts as completed, not refused.
+type Answered struct{ Reply []byte }
+
+func (a *Answered) Error() string { return "answered by the header handler" }
+
 // Handlers is an execution context's handler set.
 type Handlers struct {
 	// Header runs on the header packet: validate, set r.State. An error
@@ -392,7 +399,13 @@ func (w *worker) do(t task) {
 		err := r.ctx.Header(r, t.p.Data)
 		t.p.Release()
 		if err != nil {
-			r.refuse(err)
+			var ans *Answered
+			if errors.As(err, &ans) {
+				r.Conn.Post(r.ID, ans.Reply)
+				r.e.completed.Add(1)
+			} else {
+				r.refuse(err)
+			}
 			r.free()
 			return
 		}

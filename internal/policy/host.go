@@ -40,14 +40,46 @@ func (x *writer) hostHeader(st *writeState, h *wire.WriteHeader, raw []byte) err
 		x.hostBytes.Add(-int64(h.Len))
 		return wire.Errorf(wire.StatusBusy, "host buffers for store-and-forward writes are full")
 	}
-	st.host = &hostState{hdr: append([]byte(nil), raw...), buf: make([]byte, h.Len)}
+	st.host = &hostState{hdr: append([]byte(nil), raw...), buf: x.hostBufs.get(int(h.Len))}
 	return nil
 }
 
 func (x *writer) releaseHost(st *writeState) {
 	if st.host != nil && st.host.buf != nil {
 		x.hostBytes.Add(-int64(len(st.host.buf)))
+		x.hostBufs.put(st.host.buf)
 		st.host.buf = nil
+	}
+}
+
+// bufPools pools host buffers by power-of-two size class, as a
+// CPU-centric server would keep its receive buffers: the baseline should
+// pay for store-and-forward, not for garbage collection.
+type bufPools [31]sync.Pool
+
+func sizeClass(n int) int {
+	c := 0
+	for 1<<c < n {
+		c++
+	}
+	return c
+}
+
+func (p *bufPools) get(n int) []byte {
+	c := sizeClass(n)
+	if c >= len(p) {
+		return make([]byte, n)
+	}
+	if b, ok := p[c].Get().(*[]byte); ok {
+		return (*b)[:n]
+	}
+	return make([]byte, n, 1<<c)
+}
+
+func (p *bufPools) put(b []byte) {
+	if c := sizeClass(cap(b)); c < len(p) && cap(b) == 1<<c {
+		b = b[:cap(b)]
+		p[c].Put(&b)
 	}
 }
 
@@ -70,6 +102,9 @@ func (x *writer) hostStore(st *writeState) []byte {
 	if hs.got != int64(len(hs.buf)) {
 		return wire.AppendError(nil, wire.Errorf(wire.StatusBadRequest, "received %d of %d bytes", hs.got, len(hs.buf)))
 	}
+	if reply, ok := x.alreadyApplied(&h); ok {
+		return reply
+	}
 	kids, err := x.children(&h, &c)
 	if err != nil {
 		return wire.AppendError(nil, err)
@@ -78,6 +113,7 @@ func (x *writer) hostStore(st *writeState) []byte {
 	if err != nil {
 		return wire.AppendError(nil, storeError(err))
 	}
+	w.SetTag(h.WriteID)
 	if len(hs.buf) > 0 {
 		if err := w.Place(int64(h.Off), hs.buf); err != nil {
 			w.Abort()

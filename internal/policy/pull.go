@@ -19,10 +19,14 @@ type pullState struct {
 }
 
 func (x *writer) pullHeader(st *writeState, h *wire.WriteHeader) error {
+	if reply, ok := x.alreadyApplied(h); ok {
+		return &engine.Answered{Reply: reply}
+	}
 	w, err := x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), h.Version)
 	if err != nil {
 		return storeError(err)
 	}
+	w.SetTag(h.WriteID)
 	st.w = w
 	st.pull = &pullState{key: h.RegionKey, off: h.RegionOff}
 	return nil

@@ -43,6 +43,7 @@ func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader) error {
 	if err != nil {
 		return storeError(err)
 	}
+	w.SetTag(h.WriteID)
 	if err := x.reserved.put(h.Chunk, w, int64(h.Off), int64(h.Len)); err != nil {
 		w.Abort()
 		return err

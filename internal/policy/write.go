@@ -28,6 +28,7 @@ type writer struct {
 	d         *Deps
 	reserved  *reservations
 	hostBytes atomic.Int64 // bytes buffered by host-mode writes
+	hostBufs  bufPools
 }
 
 // writeState is the per-request state (the sPIN write descriptor). Only
@@ -180,8 +181,27 @@ type child struct {
 	addr string
 }
 
+// alreadyApplied answers a write this replica has committed before: a
+// client's retry after a sibling or descendant refused it busy, or after
+// a lost reply. A replica publishes only after its children have, so its
+// whole subtree has the write too. Rank 0 (which assigns versions) matches
+// its latest version; the others the version they are told.
+func (x *writer) alreadyApplied(h *wire.WriteHeader) ([]byte, bool) {
+	if h.WriteID == 0 {
+		return nil, false
+	}
+	info, err := x.d.Store.Stat(h.Chunk)
+	if err != nil || info.Version == 0 || info.Tag != h.WriteID || (h.Version != 0 && info.Version != h.Version) {
+		return nil, false
+	}
+	return wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, "already applied"), true
+}
+
 // streamHeader opens the store write and starts a forward to each child.
 func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability.Capability) error {
+	if reply, ok := x.alreadyApplied(h); ok {
+		return &engine.Answered{Reply: reply}
+	}
 	kids, err := x.children(h, c)
 	if err != nil {
 		return err
@@ -203,6 +223,7 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 			return storeError(err)
 		}
 	}
+	st.w.SetTag(h.WriteID)
 	for _, k := range kids {
 		hdr := wire.AppendForward(nil, h, uint8(k.rank), st.w.Version())
 		st.fwds = append(st.fwds, startForward(x.d, k.node, k.addr, k.rank, hdr, h.Len == 0))

@@ -44,7 +44,7 @@ func (w *Write) Commit() (Info, error) {
 	}
 	defer s.gate.exit()
 
-	info := Info{Version: w.version, Length: w.newLen}
+	info := Info{Version: w.version, Length: w.newLen, Tag: w.tag}
 	published, err := w.commit(info)
 	switch {
 	case w.state == writeCrashed:

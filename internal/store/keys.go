@@ -53,19 +53,23 @@ func chunkIDFromKey(k []byte) (ids.ChunkID, error) {
 }
 
 func encodeInfo(in Info) []byte {
-	v := make([]byte, 16)
+	v := make([]byte, 24)
 	binary.BigEndian.PutUint64(v, in.Version)
 	binary.BigEndian.PutUint64(v[8:], uint64(in.Length))
+	binary.BigEndian.PutUint64(v[16:], in.Tag)
 	return v
 }
 
 func decodeInfo(v []byte) (Info, error) {
-	if len(v) != 16 {
+	if len(v) != 16 && len(v) != 24 { // 16: written before tags existed
 		return Info{}, fmt.Errorf("info value of %d bytes: %w", len(v), ErrCorrupt)
 	}
 	in := Info{
 		Version: binary.BigEndian.Uint64(v),
 		Length:  int64(binary.BigEndian.Uint64(v[8:])),
+	}
+	if len(v) == 24 {
+		in.Tag = binary.BigEndian.Uint64(v[16:])
 	}
 	if in.Length < 0 {
 		return Info{}, fmt.Errorf("info with negative length %d: %w", in.Length, ErrCorrupt)

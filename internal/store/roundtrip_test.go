@@ -165,3 +165,20 @@ func TestReopenKeepsBlockSize(t *testing.T) {
 		t.Fatal("reopen with another block size succeeded")
 	}
 }
+
+func TestTagPersists(t *testing.T) {
+	s := openStore(t, Options{})
+	w, err := s.BeginWrite(5, 0, 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Place(0, []byte("abc"))
+	w.SetTag(0xfeed)
+	if in, err := w.Commit(); err != nil || in.Tag != 0xfeed {
+		t.Fatalf("commit: %+v %v", in, err)
+	}
+	s = reopen(t, s)
+	if in, _ := s.Stat(5); in != (Info{Version: 1, Length: 3, Tag: 0xfeed}) {
+		t.Fatalf("after reopen: %+v", in)
+	}
+}

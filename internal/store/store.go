@@ -19,6 +19,9 @@ import (
 type Info struct {
 	Version uint64 // committed version; 0 = chunk never written
 	Length  int64  // committed length: highest committed byte offset + 1 (holes inside read as zeros)
+	// Tag is the tag the write that made this version carried (0: none):
+	// it lets a replica recognise a retried write it has already applied.
+	Tag uint64
 }
 
 // Store is the chunk store of one storage node. It is safe for concurrent

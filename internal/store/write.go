@@ -42,6 +42,7 @@ type Write struct {
 
 	direct *directMap // the append region, mapped for direct placement
 
+	tag    uint64 // recorded in the committed Info
 	state  writeState
 	synced bool  // Sync made the placed bytes durable; Commit skips that step
 	err    error // sticky I/O failure: the write can only be aborted
@@ -194,6 +195,9 @@ func writeZeros(f *os.File, off, n int64) error {
 
 // Version returns the version this write commits as.
 func (w *Write) Version() uint64 { return w.version }
+
+// SetTag sets the tag the committed version records (see Info.Tag).
+func (w *Write) SetTag(tag uint64) { w.tag = tag }
 
 // Place writes p at absolute chunk offset off. Calls come in increasing,
 // contiguous offset order and together cover the write's range exactly;

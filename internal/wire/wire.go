@@ -189,7 +189,7 @@ func AppendAddrs(b []byte, addrs []string) ([]byte, error) {
 
 // ---- write request header ----
 
-const writeFixed = 40
+const writeFixed = 48
 
 // WriteHeader is the WRH: write Len bytes at Off of Chunk. The data
 // follows in the message's data packets.
@@ -205,6 +205,10 @@ type WriteHeader struct {
 	// rank-0 replica assigns the chunk's next version and forwards it, so
 	// every replica applies writes in the same order (see policy).
 	Version uint64
+	// WriteID identifies the logical write across the client's retries: a
+	// replica that already committed this version with this id answers
+	// "already applied" instead of "stale" (0: no id).
+	WriteID uint64
 	Cap     []byte // encoded capability
 	Addrs   Addrs  // replica coordinates in chain order, one per replica
 	// RegionKey and RegionOff (ModePull only) name the client's registered
@@ -225,6 +229,7 @@ func AppendWrite(b []byte, h *WriteHeader, addrs []string) ([]byte, error) {
 	b = binary.LittleEndian.AppendUint64(b, h.Off)
 	b = binary.LittleEndian.AppendUint64(b, h.Len)
 	b = binary.LittleEndian.AppendUint64(b, h.Version)
+	b = binary.LittleEndian.AppendUint64(b, h.WriteID)
 	b = append(b, h.Cap...)
 	b, err := AppendAddrs(b, addrs)
 	if err != nil {
@@ -251,6 +256,7 @@ func AppendForward(b []byte, h *WriteHeader, rank uint8, version uint64) []byte 
 	b = binary.LittleEndian.AppendUint64(b, h.Off)
 	b = binary.LittleEndian.AppendUint64(b, h.Len)
 	b = binary.LittleEndian.AppendUint64(b, version)
+	b = binary.LittleEndian.AppendUint64(b, h.WriteID)
 	b = append(b, h.Cap...)
 	b = append(b, h.Addrs.raw...)
 	return appendRegion(b, h)
@@ -276,6 +282,7 @@ func ParseWrite(b []byte, h *WriteHeader) error {
 	h.Off = binary.LittleEndian.Uint64(b[16:])
 	h.Len = binary.LittleEndian.Uint64(b[24:])
 	h.Version = binary.LittleEndian.Uint64(b[32:])
+	h.WriteID = binary.LittleEndian.Uint64(b[40:])
 	if n == 0 || n > MaxAddrs {
 		return malformed("%d replica addresses", n)
 	}

@@ -8,7 +8,7 @@ import (
 )
 
 func TestWriteRoundTrip(t *testing.T) {
-	h := WriteHeader{Strategy: StrategyRing, Rank: 1, Chunk: 99, Off: 4096, Len: 1 << 20, Version: 7, Cap: []byte("capability-bytes")}
+	h := WriteHeader{Strategy: StrategyRing, Rank: 1, Chunk: 99, Off: 4096, Len: 1 << 20, Version: 7, WriteID: 0xabcdef, Cap: []byte("capability-bytes")}
 	addrs := []string{"127.0.0.1:1", "127.0.0.1:22", "[::1]:333"}
 	b, err := AppendWrite(nil, &h, addrs)
 	if err != nil {
@@ -18,7 +18,7 @@ func TestWriteRoundTrip(t *testing.T) {
 	if err := ParseWrite(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Strategy != h.Strategy || got.Rank != 1 || got.Chunk != 99 || got.Off != 4096 || got.Len != 1<<20 || got.Version != 7 || !bytes.Equal(got.Cap, h.Cap) {
+	if got.Strategy != h.Strategy || got.Rank != 1 || got.Chunk != 99 || got.Off != 4096 || got.Len != 1<<20 || got.Version != 7 || got.WriteID != 0xabcdef || !bytes.Equal(got.Cap, h.Cap) {
 		t.Fatalf("got %+v", got)
 	}
 	for i, a := range addrs {
@@ -31,7 +31,7 @@ func TestWriteRoundTrip(t *testing.T) {
 	if err := ParseWrite(fwd, &next); err != nil {
 		t.Fatal(err)
 	}
-	if next.Rank != 2 || next.Version != 8 || string(next.Addrs.At(2)) != addrs[2] {
+	if next.Rank != 2 || next.Version != 8 || next.WriteID != 0xabcdef || string(next.Addrs.At(2)) != addrs[2] {
 		t.Fatalf("forwarded header %+v", next)
 	}
 	// Every truncation fails cleanly.
