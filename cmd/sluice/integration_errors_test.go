@@ -107,7 +107,29 @@ func TestCLIErrors(t *testing.T) {
 		mustFail(t, conf, []string{`EINVAL`, `17`}, "policy", "set", "/dir", "--replicas", "17")
 		mustFail(t, conf, []string{`EINVAL`, `\b0\b`}, "policy", "set", "/dir", "--replicas", "0")
 		mustFail(t, conf, []string{`--replicas is required`}, "policy", "set", "/dir")
-		mustFail(t, conf, []string{`strategy`, `"pbt"`}, "policy", "set", "/dir", "--replicas", "2", "--strategy", "pbt")
+		mustFail(t, conf, []string{`strategy`, `"pbt"`, `ring, tree, flat, host-ring, host-tree`}, "policy", "set", "/dir", "--replicas", "2", "--strategy", "pbt")
+		// Every known strategy is accepted and reported back.
+		for _, s := range []string{"tree", "flat", "host-ring", "host-tree", "ring"} {
+			mustRun(t, conf, nil, "policy", "set", "/dir", "--replicas", "2", "--strategy", s)
+			if out := string(mustRun(t, conf, nil, "policy", "get", "/dir").stdout); !strings.Contains(out, "strategy="+s+" ") {
+				t.Errorf("policy get after setting %s: %q", s, out)
+			}
+		}
+	})
+
+	t.Run("link emulation out of range", func(t *testing.T) {
+		dir := t.TempDir()
+		for _, tc := range []struct {
+			args []string
+			want []string
+		}{
+			{[]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--link-rate", "1bit"}, []string{`link rate`, `1 Mbit/s`}},
+			{[]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--link-rate", "10furlongs"}, []string{`furlongs`}},
+			{[]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--link-delay", "3s"}, []string{`link delay`, `3s`}},
+			{[]string{"node", "--data", dir, "--meta", "127.0.0.1:1", "--secret-file", "/nonexistent", "--link-rate", "2Tbit"}, []string{`link rate`}},
+		} {
+			mustFail(t, conf, tc.want, tc.args...)
+		}
 	})
 
 	t.Run("wrong credential", func(t *testing.T) {
