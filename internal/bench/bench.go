@@ -301,6 +301,33 @@ func (r *runner) interleaved(ctx context.Context, lanes []*lane, size int64) err
 	return nil
 }
 
+// concurrent runs n writers, each appending to its own file, and returns
+// every measured latency and the elapsed time of the whole run.
+func (r *runner) concurrent(ctx context.Context, cl *client.Client, dir string, size int64, n int) ([]time.Duration, time.Duration, error) {
+	var (
+		mu       sync.Mutex
+		all      []time.Duration
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	start := time.Now()
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat, err := r.latencies(ctx, cl, dir, size, r.cfg.Reps)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			all = append(all, lat...)
+		}()
+	}
+	wg.Wait()
+	return all, time.Since(start), firstErr
+}
+
 // summarize fills a point's latency columns.
 func summarize(p *Point, lat []time.Duration) {
 	s := append([]time.Duration(nil), lat...)
@@ -471,26 +498,7 @@ func goodput(ctx context.Context, r *runner) error {
 				return err
 			}
 			for _, size := range sizes {
-				var mu sync.Mutex
-				var all []time.Duration
-				var firstErr error
-				var wg sync.WaitGroup
-				start := time.Now()
-				for w := 0; w < writers; w++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						lat, err := r.latencies(ctx, cl, dir, size, r.cfg.Reps)
-						mu.Lock()
-						defer mu.Unlock()
-						if err != nil && firstErr == nil {
-							firstErr = err
-						}
-						all = append(all, lat...)
-					}()
-				}
-				wg.Wait()
-				elapsed := time.Since(start)
+				all, elapsed, firstErr := r.concurrent(ctx, cl, dir, size, writers)
 				if firstErr != nil {
 					cl.Close()
 					c.Close()
@@ -539,27 +547,8 @@ func tableFill(ctx context.Context, r *runner) error {
 			cl.Close()
 			return err
 		}
-		var mu sync.Mutex
-		var all []time.Duration
-		var firstErr error
-		var wg sync.WaitGroup
 		before := cl.Stats().BusyRetries
-		start := time.Now()
-		for w := 0; w < n; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				lat, err := r.latencies(ctx, cl, dir, size, r.cfg.Reps)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				all = append(all, lat...)
-			}()
-		}
-		wg.Wait()
-		elapsed := time.Since(start)
+		all, elapsed, firstErr := r.concurrent(ctx, cl, dir, size, n)
 		if firstErr != nil {
 			cl.Close()
 			return firstErr
