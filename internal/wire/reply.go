@@ -52,6 +52,21 @@ type Error struct {
 	Msg    string
 }
 
+// PartialError is a write failure below which some replica may have
+// committed (Reply.Partial).
+type PartialError struct{ Err error }
+
+func (e *PartialError) Error() string {
+	return e.Err.Error() + " (replicas below may have committed it)"
+}
+func (e *PartialError) Unwrap() error { return e.Err }
+
+// IsPartial reports whether err says replicas may have committed.
+func IsPartial(err error) bool {
+	var pe *PartialError
+	return errors.As(err, &pe)
+}
+
 func (e *Error) Error() string {
 	if e.Msg == "" {
 		return "node: " + e.Status.String()
@@ -64,6 +79,12 @@ func Errorf(s Status, format string, args ...any) *Error {
 	return &Error{Status: s, Msg: fmt.Sprintf(format, args...)}
 }
 
+// Reply flags.
+const (
+	replyPartial = 1 << 0
+	replyFlags   = replyPartial
+)
+
 // MaxMsg bounds a reply's error text.
 const MaxMsg = 512
 
@@ -74,7 +95,10 @@ const replyFixed = 48
 // starting at chunk offset DataOff, which is aligned to BlockSize, and the
 // CRC32C of each block they cover so the client can verify them.
 type Reply struct {
-	Status    Status
+	Status Status
+	// Partial (on a failed write): replicas below the one replying may
+	// have committed the write, so its version must not be reused.
+	Partial   bool
 	Version   uint64
 	ChunkLen  uint64
 	DataOff   uint64
@@ -90,12 +114,17 @@ func (r *Reply) CRC(i int) uint32 { return binary.LittleEndian.Uint32(r.CRCs[4*i
 // NCRC is the number of checksums carried.
 func (r *Reply) NCRC() int { return len(r.CRCs) / 4 }
 
-// Err returns nil for OK, else an *Error (allocates).
+// Err returns nil for OK, else an *Error, wrapped in a *PartialError if
+// the reply says so (allocates).
 func (r *Reply) Err() error {
 	if r.Status == StatusOK {
 		return nil
 	}
-	return &Error{Status: r.Status, Msg: string(r.Msg)}
+	var err error = &Error{Status: r.Status, Msg: string(r.Msg)}
+	if r.Partial {
+		err = &PartialError{Err: err}
+	}
+	return err
 }
 
 // ReplySize is the encoded size of a reply with n checksums and msg.
@@ -115,7 +144,11 @@ func AppendReply(b []byte, r *Reply, crcs []uint32, msg string) []byte {
 	b = binary.LittleEndian.AppendUint64(b, r.DataOff)
 	b = binary.LittleEndian.AppendUint64(b, r.DataLen)
 	b = binary.LittleEndian.AppendUint32(b, r.BlockSize)
-	b = append(b, 0, 0, 0, 0)
+	var flags byte
+	if r.Partial {
+		flags |= replyPartial
+	}
+	b = append(b, flags, 0, 0, 0)
 	for _, c := range crcs {
 		b = binary.LittleEndian.AppendUint32(b, c)
 	}
@@ -127,14 +160,17 @@ func AppendStatus(b []byte, s Status, msg string) []byte {
 	return AppendReply(b, &Reply{Status: s}, nil, msg)
 }
 
-// AppendError encodes a reply for err: its status, and its text without
-// the "node: status:" prefix a *Error adds (the receiver adds it back).
+// AppendError encodes a reply for err: its status, its text without the
+// "node: status:" prefix a *Error adds (the receiver adds it back), and
+// whether it is partial.
 func AppendError(b []byte, err error) []byte {
+	r := Reply{Status: StatusIO, Partial: IsPartial(err)}
+	msg := err.Error()
 	var we *Error
 	if errors.As(err, &we) {
-		return AppendStatus(b, we.Status, we.Msg)
+		r.Status, msg = we.Status, we.Msg
 	}
-	return AppendStatus(b, StatusIO, err.Error())
+	return AppendReply(b, &r, nil, msg)
 }
 
 // StatusOf maps an error to the status a reply should carry.
@@ -168,9 +204,10 @@ func ParseReply(b []byte, r *Reply) error {
 	if msgLen > MaxMsg {
 		return malformed("reply text of %d bytes", msgLen)
 	}
-	if binary.LittleEndian.Uint32(b[44:]) != 0 {
+	if b[44]&^replyFlags != 0 || b[45] != 0 || b[46] != 0 || b[47] != 0 {
 		return malformed("reserved bytes set")
 	}
+	r.Partial = b[44]&replyPartial != 0
 	rest := b[replyFixed:]
 	if n > len(rest)/4 || 4*n+msgLen != len(rest) {
 		return malformed("reply with %d checksums and %d text bytes in %d bytes", n, msgLen, len(rest))

@@ -124,6 +124,10 @@ func TestReplyRoundTrip(t *testing.T) {
 	if err := got.Err(); !errors.As(err, &we) || we.Status != StatusStale {
 		t.Fatalf("Err() = %v", err)
 	}
+	pb := AppendError(nil, &PartialError{Err: Errorf(StatusReplica, "child gone")})
+	if err := ParseReply(pb, &got); err != nil || !got.Partial || got.Status != StatusReplica || !IsPartial(got.Err()) {
+		t.Fatalf("partial reply: %v %+v", err, got)
+	}
 	long := AppendStatus(nil, StatusIO, string(make([]byte, 2*MaxMsg)))
 	if err := ParseReply(long, &got); err != nil || len(got.Msg) != MaxMsg {
 		t.Fatalf("long text not truncated: %v %d", err, len(got.Msg))
