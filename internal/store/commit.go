@@ -93,6 +93,12 @@ func (w *Write) commit(info Info) (published bool, err error) {
 	if err := b.Set(infoKey(w.id), encodeInfo(info), nil); err != nil {
 		return false, fmt.Errorf("batch info: %w", err)
 	}
+	if w.doubt {
+		// This write resolves the chunk's unresolved one (see Doubt).
+		if err := b.Delete(doubtKey(w.id), nil); err != nil {
+			return false, fmt.Errorf("batch doubt record: %w", err)
+		}
+	}
 	var redo redoRecord
 	if w.stage != nil {
 		redo = redoRecord{Version: w.version, Off: w.off, Len: w.ovEnd - w.off}
@@ -108,6 +114,9 @@ func (w *Write) commit(info Info) (published bool, err error) {
 	if err := b.Commit(pebble.Sync); err != nil {
 		w.c.mu.Unlock()
 		return false, fmt.Errorf("commit index batch: %w", err)
+	}
+	if w.doubt {
+		s.doubts.clear(w.id)
 	}
 	if err := w.crashHook(s.hooks.afterIndexCommit); err != nil {
 		w.c.mu.Unlock()

@@ -52,7 +52,7 @@ func (s *Store) delete(id ids.ChunkID) error {
 
 	b := s.db.NewBatch()
 	defer b.Close()
-	if err := errors.Join(b.Delete(infoKey(id), nil), b.Delete(redoKey(id), nil)); err != nil {
+	if err := errors.Join(b.Delete(infoKey(id), nil), b.Delete(redoKey(id), nil), b.Delete(doubtKey(id), nil)); err != nil {
 		return fmt.Errorf("batch delete: %w", err)
 	}
 	// Pages exist only for blocks below the committed length, so point
@@ -68,6 +68,7 @@ func (s *Store) delete(id ids.ChunkID) error {
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("commit delete: %w", err)
 	}
+	s.doubts.clear(id)
 	if info.Version != 0 {
 		s.usedBytes.Add(-info.Length)
 		s.numChunks.Add(-1)

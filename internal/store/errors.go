@@ -8,8 +8,12 @@ var (
 	// ErrBusy: another write on the chunk is open (or a delete is running).
 	// Retryable once it finishes.
 	ErrBusy = errors.New("chunk busy")
-	// ErrStale: the write's version is not the chunk's version + 1.
+	// ErrStale: the write's version does not follow the chunk's.
 	ErrStale = errors.New("stale version")
+	// ErrInDoubt: an earlier write of the chunk may have reached only some
+	// replicas, and this head write neither retries nor covers it (Doubt).
+	// Retryable once that write is retried or covered.
+	ErrInDoubt = errors.New("unresolved write")
 	// ErrRange: an offset or length outside what the call allows.
 	ErrRange = errors.New("out of range")
 	// ErrIncomplete: Commit before every byte of the write was placed.

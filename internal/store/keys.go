@@ -15,11 +15,13 @@ import (
 //	i <id>              -> Info: version (u64), length (u64)
 //	k <id> <page u32>   -> checksum page: up to crcsPerPage CRC32Cs (u32 each)
 //	r <id>              -> redo record: version, offset, length (u64 each)
+//	d <id>              -> doubt record: base, version, tag, offset, end (u64 each)
 const (
 	kindFormat = 'f'
 	kindInfo   = 'i'
 	kindPage   = 'k'
 	kindRedo   = 'r'
+	kindDoubt  = 'd'
 )
 
 // crcsPerPage is the number of block checksums per pebble key: 1 KiB

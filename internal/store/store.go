@@ -37,6 +37,7 @@ type Store struct {
 	gate   gate
 	chunks chunkTable
 	pool   pool
+	doubts doubts
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -106,6 +107,9 @@ func (s *Store) open(asked, dflt int) error {
 	s.blockShift = uint(bits.TrailingZeros(uint(bs)))
 	s.zeroBlockCRC = crcZeros(int64(bs))
 	if err := s.replayAll(); err != nil {
+		return err
+	}
+	if err := s.loadDoubts(); err != nil {
 		return err
 	}
 	return s.loadUsage()

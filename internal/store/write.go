@@ -43,6 +43,9 @@ type Write struct {
 	direct *directMap // the append region, mapped for direct placement
 
 	tag    uint64 // recorded in the committed Info
+	head   bool   // the version was chosen here (BeginHead)
+	base   uint64 // the oldest version replicas may hold (see Doubt)
+	doubt  bool   // a doubt record exists: commit deletes it
 	state  writeState
 	synced bool  // Sync made the placed bytes durable; Commit skips that step
 	err    error // sticky I/O failure: the write can only be aborted
@@ -59,14 +62,39 @@ const (
 
 // BeginWrite opens a write transaction on [off, off+length) of chunk id.
 // version is the version this write will commit as; it must be
-// Stat().Version+1, else ErrStale. version == 0 assigns the next version
-// (the head replica does this); Write.Version reports it.
+// Stat().Version+1, else ErrStale. version == 0 is BeginHead with no tag.
 //
 // Only one write per chunk may be open at a time: a second BeginWrite on
 // the same chunk returns ErrBusy until the first commits or aborts.
 // length may be 0 (a version bump, which also extends the chunk to off if
 // off is beyond its end); off+length may not exceed MaxChunkSize (ErrRange).
 func (s *Store) BeginWrite(id ids.ChunkID, off, length int64, version uint64) (*Write, error) {
+	if version == 0 {
+		return s.BeginHead(id, off, length, 0)
+	}
+	return s.beginWrite(id, off, length, version, version-1, 0, false)
+}
+
+// BeginHead opens a write on the head replica, which assigns versions: the
+// chunk's next one, unless an unresolved write (Doubt) decides otherwise
+// or refuses this one (ErrInDoubt). tag identifies the logical write
+// across retries (SetTag); Version and Base report what was chosen, for
+// the replicas below.
+func (s *Store) BeginHead(id ids.ChunkID, off, length int64, tag uint64) (*Write, error) {
+	return s.beginWrite(id, off, length, 0, 0, tag, true)
+}
+
+// BeginFollow opens a write a head chose version for: the chunk must be
+// at a version from base to version-1 (base < version-1 when it skips the
+// versions of an unresolved write it covers, see Doubt), else ErrStale.
+func (s *Store) BeginFollow(id ids.ChunkID, off, length int64, version, base uint64) (*Write, error) {
+	if version == 0 || base >= version {
+		return nil, fmt.Errorf("store: begin write %v: version %d after %d: %w", id, version, base, ErrRange)
+	}
+	return s.beginWrite(id, off, length, version, base, 0, false)
+}
+
+func (s *Store) beginWrite(id ids.ChunkID, off, length int64, version, base, tag uint64, head bool) (*Write, error) {
 	if !s.gate.enter() {
 		return nil, fmt.Errorf("store: begin write %v: %w", id, ErrClosed)
 	}
@@ -79,7 +107,7 @@ func (s *Store) BeginWrite(id ids.ChunkID, off, length int64, version uint64) (*
 	if !ok {
 		return nil, fmt.Errorf("store: begin write %v: another write is open: %w", id, ErrBusy)
 	}
-	w := &Write{s: s, id: id, c: c, off: off, end: off + length, next: off}
+	w := &Write{s: s, id: id, c: c, off: off, end: off + length, next: off, tag: tag, head: head, base: base}
 	if err := w.begin(version); err != nil {
 		w.closeFiles()
 		if w.stagePath != "" {
@@ -101,10 +129,22 @@ func (w *Write) begin(version uint64) error {
 		return err
 	}
 	switch {
-	case version == 0:
-		version = old.Version + 1
-	case version != old.Version+1:
+	case w.head:
+		// The writer lock makes the doubt stable until this write ends.
+		version, w.base = old.Version+1, old.Version
+		if d, ok := s.doubts.get(w.id); ok {
+			if d.Base != old.Version {
+				return fmt.Errorf("doubt record %+v for a chunk at version %d: %w", d, old.Version, ErrCorrupt)
+			}
+			if version, err = d.admit(w.off, w.end, w.tag); err != nil {
+				return err
+			}
+			w.doubt = true
+		}
+	case w.base+1 == version && old.Version != w.base:
 		return fmt.Errorf("chunk is at version %d, want %d: %w", old.Version, old.Version+1, ErrStale)
+	case old.Version < w.base || old.Version >= version:
+		return fmt.Errorf("chunk is at version %d, write %d needs %d to %d: %w", old.Version, version, w.base, version-1, ErrStale)
 	}
 	w.version, w.old = version, old
 	w.newLen = max(old.Length, w.end)
@@ -195,6 +235,10 @@ func writeZeros(f *os.File, off, n int64) error {
 
 // Version returns the version this write commits as.
 func (w *Write) Version() uint64 { return w.version }
+
+// Base is the oldest version the replicas below may hold for this write
+// (Version-1 unless it covers an unresolved write).
+func (w *Write) Base() uint64 { return w.base }
 
 // SetTag sets the tag the committed version records (see Info.Tag).
 func (w *Write) SetTag(tag uint64) { w.tag = tag }

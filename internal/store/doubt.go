@@ -1,0 +1,156 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/sluicefs/sluice/internal/ids"
+)
+
+// Doubt is a write the head replica aborted after some replica below it
+// may have committed it: those replicas can be anywhere from version Base
+// to Version, with the write (tag Tag) covering [Off, End). The head must
+// never give a version in that span to another write — a replica that has
+// it would refuse that write as stale while the others accept it, leaving
+// two replicas at one version with different bytes. So until a write
+// resolves the doubt, the head admits only:
+//
+//   - the same write again (same tag and range): it gets Version, and a
+//     replica that already has it answers "already applied";
+//   - a write covering [Off, End): it gets Version+1, and every replica,
+//     at whatever version in [Base, Version] it is, ends with the same
+//     bytes (the span's writes all lie inside this one's range).
+//
+// Either one committing clears the doubt.
+type Doubt struct {
+	Base    uint64 // the version the head holds; replicas may be at Base..Version
+	Version uint64
+	Tag     uint64
+	Off     int64
+	End     int64
+}
+
+// admit decides the version a head write of [off, end) with tag gets.
+func (d Doubt) admit(off, end int64, tag uint64) (uint64, error) {
+	switch {
+	case tag != 0 && tag == d.Tag && off == d.Off && end == d.End:
+		return d.Version, nil
+	case off <= d.Off && end >= d.End:
+		return d.Version + 1, nil
+	}
+	return 0, fmt.Errorf("a write of [%d, %d) as version %d may have reached only some replicas; "+
+		"retry it, or write a range covering it: %w", d.Off, d.End, d.Version, ErrInDoubt)
+}
+
+// doubts is the in-memory copy of the durable doubt records, so a head
+// write need not read the index to learn there is none.
+type doubts struct {
+	mu sync.Mutex
+	m  map[ids.ChunkID]Doubt
+}
+
+func (ds *doubts) get(id ids.ChunkID) (Doubt, bool) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	d, ok := ds.m[id]
+	return d, ok
+}
+
+func (ds *doubts) set(id ids.ChunkID, d Doubt) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if ds.m == nil {
+		ds.m = map[ids.ChunkID]Doubt{}
+	}
+	ds.m[id] = d
+}
+
+func (ds *doubts) clear(id ids.ChunkID) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	delete(ds.m, id)
+}
+
+// Doubt returns id's unresolved write, if any.
+func (s *Store) Doubt(id ids.ChunkID) (Doubt, bool) { return s.doubts.get(id) }
+
+func doubtKey(id ids.ChunkID) []byte { return chunkKey(kindDoubt, id) }
+
+func (d Doubt) encode() []byte {
+	v := make([]byte, 40)
+	binary.BigEndian.PutUint64(v, d.Base)
+	binary.BigEndian.PutUint64(v[8:], d.Version)
+	binary.BigEndian.PutUint64(v[16:], d.Tag)
+	binary.BigEndian.PutUint64(v[24:], uint64(d.Off))
+	binary.BigEndian.PutUint64(v[32:], uint64(d.End))
+	return v
+}
+
+func decodeDoubt(v []byte) (Doubt, error) {
+	if len(v) != 40 {
+		return Doubt{}, fmt.Errorf("doubt value of %d bytes: %w", len(v), ErrCorrupt)
+	}
+	d := Doubt{
+		Base:    binary.BigEndian.Uint64(v),
+		Version: binary.BigEndian.Uint64(v[8:]),
+		Tag:     binary.BigEndian.Uint64(v[16:]),
+		Off:     int64(binary.BigEndian.Uint64(v[24:])),
+		End:     int64(binary.BigEndian.Uint64(v[32:])),
+	}
+	if d.Version <= d.Base || d.Off < 0 || d.End < d.Off {
+		return Doubt{}, fmt.Errorf("doubt %+v: %w", d, ErrCorrupt)
+	}
+	return d, nil
+}
+
+// loadDoubts reads every doubt record into memory at open.
+func (s *Store) loadDoubts() error {
+	it, err := s.db.NewIter(&pebble.IterOptions{
+		LowerBound: []byte{kindDoubt},
+		UpperBound: []byte{kindDoubt + 1},
+	})
+	if err != nil {
+		return fmt.Errorf("scan doubt records: %w", err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		id, err := chunkIDFromKey(it.Key())
+		if err == nil {
+			var d Doubt
+			if d, err = decodeDoubt(it.Value()); err == nil {
+				s.doubts.set(id, d)
+			}
+		}
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("scan doubt records: %w", err)
+		}
+	}
+	return it.Close()
+}
+
+// AbortInDoubt aborts a head write that some replica below may have
+// committed, first recording the doubt durably so no later write is given
+// one of its versions (see Doubt). Only a write opened with BeginHead may
+// be aborted this way. If the record cannot be written the doubt is still
+// kept in memory, so this process refuses conflicting writes; the error
+// is returned.
+func (w *Write) AbortInDoubt() error {
+	if w.state != writeOpen {
+		return nil
+	}
+	if !w.head {
+		w.Abort()
+		return fmt.Errorf("store: abort %v v%d in doubt: not a head write", w.id, w.version)
+	}
+	d := Doubt{Base: w.base, Version: w.version, Tag: w.tag, Off: w.off, End: w.end}
+	w.s.doubts.set(w.id, d)
+	err := w.s.db.Set(doubtKey(w.id), d.encode(), pebble.Sync)
+	w.Abort()
+	if err != nil {
+		return fmt.Errorf("store: abort %v v%d in doubt: record it: %w", w.id, w.version, err)
+	}
+	return nil
+}
