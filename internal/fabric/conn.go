@@ -223,6 +223,11 @@ func (c *Conn) readLoop() {
 			// it (refusals, say) leave before the connection closes.
 			c.flushCtrl(time.Second)
 		}
+		if c.wire != nil {
+			// Likewise what an emulated link still holds (an access
+			// error notice, say).
+			c.wire.drain(time.Second)
+		}
 		c.fail(err)
 		reason := c.err // the first cause, e.g. a CloseWithError reason
 		if c.inMsg {
@@ -719,6 +724,11 @@ func (c *Conn) register(o *op) (uint64, error) {
 func (c *Conn) wait(ctx context.Context, o *op) error {
 	select {
 	case err := <-o.done:
+		if err != nil && c.Err() != nil {
+			// Failed by the connection closing: the reader may still be
+			// placing a response into dst.
+			c.Wait()
+		}
 		return err
 	case <-ctx.Done():
 		c.fail(fmt.Errorf("fabric: one-sided operation cancelled: %w", ctx.Err()))

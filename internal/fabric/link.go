@@ -136,6 +136,7 @@ type wire struct {
 	writing bool // the wire goroutine is delivering an item
 	closed  bool
 	bufs    sync.Pool
+	timer   *wireTimer // the wire goroutine's, while it runs: close wakes it
 }
 
 type wireItem struct {
@@ -188,7 +189,14 @@ func (c *Conn) sendNowIfDue(due time.Time, parts [][]byte) (bool, error) {
 	if !idle {
 		return false, nil // keep the order: queue behind what is waiting
 	}
-	// Only senders (under sendMu) add items, so the queue stays empty.
+	// Only senders (under sendMu) add items, so the queue stays empty
+	// and the wire goroutine is not writing: the deadline is ours to set.
+	// (Either side only ever moves it to now+WriteTimeout, so the one
+	// last set is never earlier than c.deadline.)
+	if now := time.Now(); c.deadline.Sub(now) < c.ep.opts.WriteTimeout/2 {
+		c.deadline = now.Add(c.ep.opts.WriteTimeout)
+		c.nc.SetWriteDeadline(c.deadline)
+	}
 	bufs := net.Buffers(parts)
 	if _, err := bufs.WriteTo(c.nc); err != nil {
 		return true, fmt.Errorf("fabric: sending to %s: %w", c.nc.RemoteAddr(), err)
@@ -231,8 +239,16 @@ func (c *Conn) runWire() {
 		c.fail(fmt.Errorf("fabric: link emulation: %w", err))
 		return
 	}
-	defer t.close()
 	w := c.wire
+	w.mu.Lock()
+	w.timer = t
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.timer = nil
+		t.close()
+		w.mu.Unlock()
+	}()
 	for {
 		w.mu.Lock()
 		for !w.closed && len(w.items) == 0 {
@@ -266,7 +282,24 @@ func (w *wire) close() {
 	w.mu.Lock()
 	w.closed = true
 	w.cond.Broadcast()
+	if w.timer != nil {
+		w.timer.wake() // do not sleep out a long emulated delay
+	}
 	w.mu.Unlock()
+}
+
+// drain waits up to d for everything queued to be delivered.
+func (w *wire) drain(d time.Duration) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		w.mu.Lock()
+		done := w.closed || len(w.items) == 0 && !w.writing
+		w.mu.Unlock()
+		if done {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // wireTimer sleeps precisely without holding a scheduler slot: a timerfd
@@ -287,6 +320,12 @@ func newWireTimer() (*wireTimer, error) {
 }
 
 func (t *wireTimer) close() { t.f.Close() }
+
+// wake fires the timer now, ending a sleep.
+func (t *wireTimer) wake() {
+	its := unix.ItimerSpec{Value: unix.Timespec{Nsec: 1}}
+	unix.TimerfdSettime(t.fd, 0, &its, nil)
+}
 
 // wakeLatency is how late a wakeup typically comes; timers are armed that
 // much early.
