@@ -130,30 +130,42 @@ func (c *Client) retryBusy(ctx context.Context, op func() (uint64, error)) (uint
 // writeChunk writes data at chunk offset off of chunk l and returns the
 // version it committed as. It returns only once every replica has the
 // data durably. Busy answers are retried with backoff.
-func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int64, data []byte, wm writeMode) (uint64, error) {
+//
+// id names this logical write and must be kept across every retry of it
+// (newWriteID): a replica that already applied it answers so instead of
+// refusing it as stale, and a head that holds it in doubt (a replica
+// below may have committed it) admits only it or a covering write.
+func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int64, data []byte, wm writeMode, id uint64) (uint64, error) {
 	addrs := make([]string, len(l.Replicas))
 	for i, r := range l.Replicas {
 		addrs[i] = r.Addr
 	}
-	// One id for this logical write, kept across retries: a replica that
-	// already applied it answers so instead of refusing it as stale.
 	h := wire.WriteHeader{Strategy: wm.strategy, Mode: wm.mode, Flags: wm.flags, Chunk: l.Chunk, Off: uint64(off), Len: uint64(len(data)),
-		Cap: l.Cap, WriteID: newWriteID()}
+		Cap: l.Cap, WriteID: id}
 	if wm.strategy == wire.StrategyFlat {
 		return c.writeFlat(ctx, l, addrs, h, data)
 	}
 	head := addrs[0]
+	partial := false // some attempt may have reached some replicas
 	ver, err := c.retryBusy(ctx, func() (uint64, error) {
+		var v uint64
+		var err error
 		if wm.mode == wire.ModePull {
-			return c.sendPull(ctx, head, h, addrs, data)
+			v, err = c.sendPull(ctx, head, h, addrs, data)
+		} else {
+			var hdr []byte
+			if hdr, err = wire.AppendWrite(nil, &h, addrs); err != nil {
+				return 0, err
+			}
+			v, err = c.sendWrite(ctx, head, hdr, data)
 		}
-		hdr, err := wire.AppendWrite(nil, &h, addrs)
-		if err != nil {
-			return 0, err
-		}
-		return c.sendWrite(ctx, head, hdr, data)
+		partial = partial || wire.IsPartial(err)
+		return v, err
 	})
 	if err != nil {
+		if partial && !wire.IsPartial(err) {
+			err = &wire.PartialError{Err: err}
+		}
 		return 0, &NodeError{Op: fmt.Sprintf("write chunk %v", l.Chunk), Addr: head, Err: err}
 	}
 	return ver, nil
@@ -168,9 +180,21 @@ func (c *Client) writeFlat(ctx context.Context, l *metaapi.ChunkLayout, addrs []
 	if err != nil {
 		return 0, err
 	}
-	ver, err := c.retryBusy(ctx, func() (uint64, error) { return c.sendWrite(ctx, addrs[0], rhdr, nil) })
+	var rep wire.Reply
+	_, err = c.retryBusy(ctx, func() (uint64, error) {
+		var err error
+		rep, err = c.sendWriteReply(ctx, addrs[0], rhdr, nil)
+		return rep.Version, err
+	})
 	if err != nil {
 		return 0, &NodeError{Op: fmt.Sprintf("reserve chunk %v", l.Chunk), Addr: addrs[0], Err: err}
+	}
+	ver := rep.Version
+	if rep.Skipped > 0 {
+		// The reservation covers an unresolved write: replicas may be at
+		// any version since before it.
+		h.Flags |= wire.FlagBase
+		h.Base = ver - 1 - rep.Skipped
 	}
 	errs := make([]error, len(addrs))
 	var wg sync.WaitGroup
@@ -212,50 +236,48 @@ func (c *Client) sendPull(ctx context.Context, addr string, h wire.WriteHeader, 
 }
 
 func (c *Client) sendWrite(ctx context.Context, addr string, hdr, data []byte) (uint64, error) {
+	rep, err := c.sendWriteReply(ctx, addr, hdr, data)
+	return rep.Version, err
+}
+
+// sendWriteReply sends a write and returns the node's reply.
+func (c *Client) sendWriteReply(ctx context.Context, addr string, hdr, data []byte) (wire.Reply, error) {
 	pc, err := c.pool.Get(ctx, addr)
 	if err != nil {
-		return 0, err
+		return wire.Reply{}, err
 	}
 	id := pc.NewID()
 	replies := pc.Replies.Expect(id)
 	mw, err := pc.Begin(id, hdr, len(data) == 0)
 	if err != nil {
 		pc.Close()
-		return 0, err
+		return wire.Reply{}, err
 	}
 	for pos := 0; pos < len(data); {
 		select {
 		case p, ok := <-replies:
-			// The node answered before the end: a refusal. Its reason is
-			// what the caller needs; the unfinished message dies with the
-			// connection.
-			mw.Abort(errors.New("refused mid-message"))
-			_, rerr := parseReply(p, ok, pc)
-			if rerr == nil {
-				rerr = errors.New("node acknowledged an unfinished write")
-			}
-			return 0, rerr
+			// The node answered before the end: a refusal, or "already
+			// applied" (a retry of a write it committed). Either way the
+			// unfinished message dies with the connection.
+			mw.Abort(errors.New("answered mid-message"))
+			return parseReply(p, ok, pc)
 		default:
 		}
 		end := min(pos+writePiece, len(data))
 		if err := mw.Write(data[pos:end], end == len(data)); err != nil {
 			mw.Abort(err)
-			return 0, err
+			return wire.Reply{}, err
 		}
 		if err := mw.Flush(); err != nil {
 			mw.Abort(err)
-			return 0, err
+			return wire.Reply{}, err
 		}
 		pos = end
 	}
 	if err := mw.Close(); err != nil {
-		return 0, err
+		return wire.Reply{}, err
 	}
-	rep, err := c.awaitReply(ctx, pc, replies)
-	if err != nil {
-		return 0, err
-	}
-	return rep.Version, nil
+	return c.awaitReply(ctx, pc, replies)
 }
 
 // awaitReply waits for the reply to a request and returns the

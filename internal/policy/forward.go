@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,12 +198,18 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 			f.drain(false)
 			return f.reason
 		case p, ok := <-replies:
-			// An early reply is a refusal: stop sending.
-			flush()
-			mw.Abort(errEarlyReply)
+			// An early reply: a refusal, or "already applied" (a retry the
+			// replica committed before). Either way stop sending; the
+			// unfinished message dies with the connection.
 			rerr := replyErr(p, ok, pc)
+			mw.Abort(errEarlyReply)
+			for i := range np {
+				pending[i].Release()
+			}
 			if rerr == nil {
-				rerr = errEarlyReply
+				f.conn.Store(nil)
+				f.drain(false)
+				return nil
 			}
 			err := f.fail(rerr)
 			f.drain(false)
@@ -218,7 +225,7 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 	defer t.Stop()
 	select {
 	case p, ok := <-replies:
-		if err := replyErr(p, ok, pc); err != nil {
+		if err := finalReply(p, ok, pc); err != nil {
 			pc.Close()
 			return f.fail(err)
 		}
@@ -227,11 +234,29 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 		return nil
 	case <-t.C:
 		pc.Close()
-		return f.fail(wire.Errorf(wire.StatusReplica, "no reply within %s of the end of the transfer", f.d.ReplyTimeout))
+		return f.fail(noReply(f.d.ReplyTimeout))
 	case <-f.stop:
 		pc.Close()
-		return f.reason
+		return &wire.PartialError{Err: f.reason}
 	}
+}
+
+// noReply is a replica's silence after it was sent a whole write: it may
+// have committed it.
+func noReply(d time.Duration) error {
+	return &wire.PartialError{Err: wire.Errorf(wire.StatusReplica, "no reply within %s of the end of the transfer", d)}
+}
+
+// finalReply is replyErr for the reply to a whole write: anything but a
+// reply from the replica (a lost connection, a garbled reply) leaves open
+// whether it committed.
+func finalReply(p *fabric.Packet, ok bool, pc *fabric.PeerConn) error {
+	err := replyErr(p, ok, pc)
+	var we *wire.Error
+	if err != nil && !errors.As(err, &we) {
+		return &wire.PartialError{Err: err}
+	}
+	return err
 }
 
 func stopped(c <-chan struct{}) bool {

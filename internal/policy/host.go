@@ -8,6 +8,7 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -22,31 +23,41 @@ import (
 // hostState is a host-mode request: the header kept for validation after
 // the data is in, and the buffer the data is received into.
 type hostState struct {
-	hdr []byte
-	buf []byte
-	got int64
+	hdr     []byte
+	buf     []byte
+	got     int64
+	charged int64 // bytes charged to the node's host buffer budget
 }
 
 func (x *writer) hostHeader(st *writeState, h *wire.WriteHeader, raw []byte) error {
-	if h.Flags != 0 || h.Strategy == wire.StrategyFlat {
+	if h.Flags&^wire.FlagBase != 0 || h.Strategy == wire.StrategyFlat {
 		return wire.Errorf(wire.StatusBadRequest, "store-and-forward writes are ring or tree writes")
 	}
-	if h.Len > uint64(x.d.HostBuffer) {
+	if h.Len > uint64(x.d.HostBuffer) || int64(1)<<sizeClass(int(h.Len)) > max(x.d.HostBuffer, 1) {
 		return wire.Errorf(wire.StatusBadRequest, "store-and-forward write of %d bytes, at most %d", h.Len, x.d.HostBuffer)
 	}
+	// Admission only: a peer without a valid capability must not hold
+	// host memory. The baseline still validates the whole request once it
+	// is in (hostStore), as a CPU-centric server does.
+	var c capability.Capability
+	if err := x.check(h, &c); err != nil {
+		return err
+	}
 	// Host memory is bounded: a request that would exceed the budget is
-	// refused busy (retryable), never queued.
-	if x.hostBytes.Add(int64(h.Len)) > x.d.HostBuffer {
-		x.hostBytes.Add(-int64(h.Len))
+	// refused busy (retryable), never queued. It is charged what its
+	// pooled buffer really holds.
+	charge := int64(1) << sizeClass(int(h.Len))
+	if x.hostBytes.Add(charge) > x.d.HostBuffer {
+		x.hostBytes.Add(-charge)
 		return wire.Errorf(wire.StatusBusy, "host buffers for store-and-forward writes are full")
 	}
-	st.host = &hostState{hdr: append([]byte(nil), raw...), buf: x.hostBufs.get(int(h.Len))}
+	st.host = &hostState{hdr: append([]byte(nil), raw...), buf: x.hostBufs.get(int(h.Len)), charged: charge}
 	return nil
 }
 
 func (x *writer) releaseHost(st *writeState) {
 	if st.host != nil && st.host.buf != nil {
-		x.hostBytes.Add(-int64(len(st.host.buf)))
+		x.hostBytes.Add(-st.host.charged)
 		x.hostBufs.put(st.host.buf)
 		st.host.buf = nil
 	}
@@ -109,10 +120,17 @@ func (x *writer) hostStore(st *writeState) []byte {
 	if err != nil {
 		return wire.AppendError(nil, err)
 	}
-	w, err := x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), h.Version)
+	var w *store.Write
+	if h.Version == 0 {
+		w, err = x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID)
+		st.head = true
+	} else {
+		w, err = x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base)
+	}
 	if err != nil {
 		return wire.AppendError(nil, storeError(err))
 	}
+	st.w = w
 	w.SetTag(h.WriteID)
 	if len(hs.buf) > 0 {
 		if err := w.Place(int64(h.Off), hs.buf); err != nil {
@@ -127,7 +145,7 @@ func (x *writer) hostStore(st *writeState) []byte {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			hdr := wire.AppendForward(nil, &h, uint8(k.rank), w.Version())
+			hdr := wire.AppendForward(nil, &h, uint8(k.rank), w.Version(), w.Base())
 			errs[i] = x.sendWhole(k, hdr, hs.buf)
 		}()
 	}
@@ -136,12 +154,14 @@ func (x *writer) hostStore(st *writeState) []byte {
 		err = storeError(err)
 	}
 	wg.Wait()
+	partial := false
 	for _, e := range errs {
+		partial = partial || e == nil || wire.IsPartial(e)
 		if err == nil {
 			err = e
 		}
 	}
-	return x.publish(w, err)
+	return x.publish(st, err, partial)
 }
 
 // sendWhole sends a whole write to a child replica and waits for its
@@ -167,7 +187,7 @@ func (x *writer) sendWhole(k child, hdr, data []byte) error {
 	defer t.Stop()
 	select {
 	case p, ok := <-replies:
-		if err := replyErr(p, ok, pc); err != nil {
+		if err := finalReply(p, ok, pc); err != nil {
 			pc.Close()
 			return wrapReplica(k.rank, k.addr, err)
 		}
@@ -175,7 +195,7 @@ func (x *writer) sendWhole(k child, hdr, data []byte) error {
 		return nil
 	case <-t.C:
 		pc.Close()
-		return wrapReplica(k.rank, k.addr, wire.Errorf(wire.StatusReplica, "no reply within %s", x.d.ReplyTimeout))
+		return wrapReplica(k.rank, k.addr, noReply(x.d.ReplyTimeout))
 	}
 }
 

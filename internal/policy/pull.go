@@ -22,12 +22,11 @@ func (x *writer) pullHeader(st *writeState, h *wire.WriteHeader) error {
 	if reply, ok := x.alreadyApplied(h); ok {
 		return &engine.Answered{Reply: reply}
 	}
-	w, err := x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), h.Version)
+	w, err := x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID)
 	if err != nil {
 		return storeError(err)
 	}
-	w.SetTag(h.WriteID)
-	st.w = w
+	st.w, st.head = w, true
 	st.pull = &pullState{key: h.RegionKey, off: h.RegionOff}
 	return nil
 }
@@ -36,7 +35,8 @@ func (x *writer) pullHeader(st *writeState, h *wire.WriteHeader) error {
 const pullPiece = 1 << 20
 
 func (x *writer) pullFinish(r *engine.Request, st *writeState) {
-	r.Finish(x.publish(st.w, x.pullData(r, st)))
+	// A single replica: nothing can have committed elsewhere.
+	r.Finish(x.publish(st, x.pullData(r, st), false))
 }
 
 func (x *writer) pullData(r *engine.Request, st *writeState) error {

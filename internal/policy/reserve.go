@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"log/slog"
 	"sync"
 	"time"
 
@@ -15,36 +16,41 @@ import (
 // extra round trip the seed charges RDMA-Flat with): rank 0 opens the
 // store write — taking the chunk's write lock — and keeps it until that
 // write's data arrives or the reservation expires. Every other replica
-// accepts the write only as exactly its next version (busy while an
-// earlier one is still on its way, stale if it is behind for good).
+// accepts the write only after the version before it (busy while an
+// earlier one is still on its way, stale if it is behind for good). A
+// reservation that expires may have been written to the other replicas,
+// so rank 0 records it as a doubt (store.Doubt).
 
 type reservations struct {
 	mu      sync.Mutex
 	m       map[ids.ChunkID]*reservation
 	timeout time.Duration
+	log     *slog.Logger
 }
 
 type reservation struct {
 	w        *store.Write
 	off, len int64
+	writeID  uint64
 	timer    *time.Timer
 }
 
-// maxReservations bounds how many chunks can be reserved at once.
-const maxReservations = 4096
+// maxReservations bounds how many chunks can be reserved at once: each
+// holds a chunk's write lock (and open files) until its data comes or it
+// expires.
+const maxReservations = 1024
 
-func newReservations(timeout time.Duration) *reservations {
-	return &reservations{m: map[ids.ChunkID]*reservation{}, timeout: timeout}
+func newReservations(timeout time.Duration, log *slog.Logger) *reservations {
+	return &reservations{m: map[ids.ChunkID]*reservation{}, timeout: timeout, log: log}
 }
 
 // reserveHeader opens the write a flat reservation holds.
 func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader) error {
-	w, err := x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), 0)
+	w, err := x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID)
 	if err != nil {
 		return storeError(err)
 	}
-	w.SetTag(h.WriteID)
-	if err := x.reserved.put(h.Chunk, w, int64(h.Off), int64(h.Len)); err != nil {
+	if err := x.reserved.put(h.Chunk, &reservation{w: w, off: int64(h.Off), len: int64(h.Len), writeID: h.WriteID}); err != nil {
 		w.Abort()
 		return err
 	}
@@ -52,30 +58,29 @@ func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader) error {
 	return nil
 }
 
-func (rs *reservations) put(chunk ids.ChunkID, w *store.Write, off, n int64) error {
+func (rs *reservations) put(chunk ids.ChunkID, r *reservation) error {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if len(rs.m) >= maxReservations {
 		return wire.Errorf(wire.StatusBusy, "too many flat writes reserved")
 	}
-	r := &reservation{w: w, off: off, len: n}
 	r.timer = time.AfterFunc(rs.timeout, func() { rs.expire(chunk, r) })
 	rs.m[chunk] = r
 	return nil
 }
 
 // take hands the reserved write of chunk to its data message, which must
-// name the reserved version and range.
-func (rs *reservations) take(chunk ids.ChunkID, version uint64, off, n int64) (*store.Write, error) {
+// name the reserved version, range and write.
+func (rs *reservations) take(chunk ids.ChunkID, version uint64, off, n int64, writeID uint64) (*store.Write, error) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	r := rs.m[chunk]
 	switch {
 	case r == nil:
 		return nil, wire.Errorf(wire.StatusStale, "no reservation for chunk %v (expired?)", chunk)
-	case r.w.Version() != version || r.off != off || r.len != n:
-		return nil, wire.Errorf(wire.StatusBadRequest, "chunk %v is reserved for version %d [%d,+%d), not %d [%d,+%d)",
-			chunk, r.w.Version(), r.off, r.len, version, off, n)
+	case r.w.Version() != version || r.off != off || r.len != n || r.writeID != writeID:
+		return nil, wire.Errorf(wire.StatusBadRequest, "chunk %v is reserved for version %d [%d,+%d) of write %x, not %d [%d,+%d) of %x",
+			chunk, r.w.Version(), r.off, r.len, r.writeID, version, off, n, writeID)
 	}
 	r.timer.Stop()
 	delete(rs.m, chunk)
@@ -90,5 +95,8 @@ func (rs *reservations) expire(chunk ids.ChunkID, r *reservation) {
 	}
 	delete(rs.m, chunk)
 	rs.mu.Unlock()
-	r.w.Abort()
+	// The client may have written the other replicas already.
+	if err := r.w.AbortInDoubt(); err != nil {
+		rs.log.Error("flat reservation expired, and its doubt could not be recorded", "chunk", chunk, "err", err)
+	}
 }

@@ -42,13 +42,19 @@ type writeState struct {
 	w        *store.Write
 	fwds     []*forward // stream mode: one per child (none at a leaf)
 	reserve  bool       // a flat write's version reservation
+	// head: this node chose the write's version (rank 0), so it records
+	// a doubt if the write fails after a replica may have committed it.
+	head bool
+	// flat: a flat write's data at rank 0. The client writes the other
+	// replicas itself, so any failure here may leave them ahead.
+	flat bool
 
 	host *hostState // host mode
 	pull *pullState // pull mode
 }
 
 func newWriter(d *Deps) *writer {
-	return &writer{d: d, reserved: newReservations(d.ReserveTimeout)}
+	return &writer{d: d, reserved: newReservations(d.ReserveTimeout, d.Logger)}
 }
 
 func (x *writer) context() *engine.Context {
@@ -209,23 +215,30 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 	switch {
 	case h.Strategy == wire.StrategyFlat && h.Rank == 0:
 		// The data of a flat write whose version rank 0 reserved.
-		if st.w, err = x.reserved.take(h.Chunk, h.Version, int64(h.Off), int64(h.Len)); err != nil {
+		if st.w, err = x.reserved.take(h.Chunk, h.Version, int64(h.Off), int64(h.Len), h.WriteID); err != nil {
 			return err
 		}
-	case h.Strategy == wire.StrategyFlat:
-		if info, err := x.d.Store.Stat(h.Chunk); err == nil && info.Version+1 < h.Version {
-			// An earlier flat write has not reached this replica yet.
-			return wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, info.Version+1)
+		st.head, st.flat = true, true
+	case h.Version == 0:
+		// Rank 0 of a ring or tree chooses the version.
+		if st.w, err = x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID); err != nil {
+			return storeError(err)
 		}
-		fallthrough
+		st.head = true
 	default:
-		if st.w, err = x.d.Store.BeginWrite(h.Chunk, int64(h.Off), int64(h.Len), h.Version); err != nil {
+		if h.Strategy == wire.StrategyFlat {
+			if info, err := x.d.Store.Stat(h.Chunk); err == nil && info.Version < h.Base {
+				// An earlier flat write has not reached this replica yet.
+				return wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, h.Base)
+			}
+		}
+		if st.w, err = x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base); err != nil {
 			return storeError(err)
 		}
 	}
 	st.w.SetTag(h.WriteID)
 	for _, k := range kids {
-		hdr := wire.AppendForward(nil, h, uint8(k.rank), st.w.Version())
+		hdr := wire.AppendForward(nil, h, uint8(k.rank), st.w.Version(), st.w.Base())
 		st.fwds = append(st.fwds, startForward(x.d, k.node, k.addr, k.rank, hdr, h.Len == 0))
 	}
 	return nil
@@ -234,7 +247,7 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 // storeError maps a store failure to the status the client should see.
 func storeError(err error) error {
 	switch {
-	case errors.Is(err, store.ErrBusy):
+	case errors.Is(err, store.ErrBusy), errors.Is(err, store.ErrInDoubt):
 		return wire.Errorf(wire.StatusBusy, "%v", err)
 	case errors.Is(err, store.ErrStale):
 		return wire.Errorf(wire.StatusStale, "%v", err)
@@ -269,12 +282,14 @@ func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
 		// data packet at all).
 		return wire.Errorf(wire.StatusBadRequest, "data packet [%d, %d) beyond the write's %d bytes", p.Off, end, st.length)
 	}
-	switch st.mode {
-	case wire.ModeHost:
+	switch {
+	case st.mode == wire.ModeHost:
 		st.host.got += int64(copy(st.host.buf[p.Off:], p.Data))
 		return nil
-	case wire.ModePull:
+	case st.mode == wire.ModePull:
 		return wire.Errorf(wire.StatusBadRequest, "a pulled write carries no data packets")
+	case st.reserve:
+		return wire.Errorf(wire.StatusBadRequest, "a version reservation carries no data packets")
 	}
 	for _, f := range st.fwds {
 		if err := f.failed(); err != nil {
@@ -296,7 +311,8 @@ func (x *writer) completion(r *engine.Request) {
 	st := r.State.(*writeState)
 	switch {
 	case st.reserve:
-		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: st.w.Version()}, nil, ""))
+		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: st.w.Version(),
+			Skipped: st.w.Version() - 1 - st.w.Base()}, nil, ""))
 	case st.mode == wire.ModeHost:
 		go x.hostFinish(r, st)
 	case st.mode == wire.ModePull:
@@ -314,42 +330,70 @@ func (x *writer) finish(r *engine.Request, st *writeState) {
 	if err != nil {
 		err = storeError(err)
 	}
+	partial := st.flat
 	for _, f := range st.fwds {
-		if ferr := f.wait(); err == nil {
+		ferr := f.wait()
+		partial = partial || ferr == nil || wire.IsPartial(ferr)
+		if err == nil {
 			err = ferr
 		}
 	}
-	r.Finish(x.publish(st.w, err))
+	r.Finish(x.publish(st, err, partial))
 }
 
-// publish commits w if err is nil and returns the reply; otherwise it
-// aborts w and returns the error reply.
-func (x *writer) publish(w *store.Write, err error) []byte {
+// publish commits st's write if err is nil and returns the reply;
+// otherwise it aborts the write and returns the error reply. partial says
+// a replica below (or, for a flat write, beside) may have committed it:
+// the reply says so, and the head records a doubt so the version is not
+// given to another write (store.Doubt).
+func (x *writer) publish(st *writeState, err error, partial bool) []byte {
+	w := st.w
 	if err == nil {
-		var info store.Info
-		if info, err = w.Commit(); err == nil {
+		info, cerr := w.Commit()
+		if cerr == nil {
 			return wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, "")
 		}
-		err = storeError(err)
+		// Every replica below has committed; and a commit that failed
+		// after its commit point has committed here too.
+		err, partial = storeError(cerr), partial || info.Version != 0
 	}
-	w.Abort()
+	x.abort(st, partial)
+	if partial && !wire.IsPartial(err) {
+		err = &wire.PartialError{Err: err}
+	}
 	return wire.AppendError(nil, err)
+}
+
+// abort drops st's write, recording a doubt at the head if partial.
+func (x *writer) abort(st *writeState, partial bool) {
+	if !partial || !st.head {
+		st.w.Abort()
+		return
+	}
+	if err := st.w.AbortInDoubt(); err != nil {
+		x.d.Logger.Error("write failed after a replica may have committed it, and the doubt could not be recorded",
+			"chunk", st.chunk, "version", st.w.Version(), "err", err)
+	}
 }
 
 // cleanup must not block the worker: a forward still dialing or sending
 // to a slow replica takes time to stop, so the store write is aborted
 // once it has (it may still be sending from the pages the abort releases).
 func (x *writer) cleanup(r *engine.Request, reason error) {
+	// A ring or tree write cleaned up never sent its last packet on, so
+	// no replica below can have committed it; a flat write's other
+	// replicas may have (and recording that takes a synced index write).
 	st := r.State.(*writeState)
-	switch st.mode {
-	case wire.ModeHost:
+	switch {
+	case st.mode == wire.ModeHost:
 		x.releaseHost(st)
 		return
-	case wire.ModePull:
-		st.w.Abort()
+	case st.reserve:
+		return // the reservation holds the write until its data or expiry
+	case st.flat:
+		go x.abort(st, true)
 		return
-	}
-	if len(st.fwds) == 0 {
+	case len(st.fwds) == 0:
 		st.w.Abort()
 		return
 	}
@@ -372,6 +416,14 @@ var errAborted = errors.New("request aborted")
 // extended rather than re-prefixed, so the client reads the whole path:
 // "replica rank 1 (a): replica rank 2 (b): connection refused".
 func wrapReplica(rank int, addr string, err error) error {
+	err2 := wrapReplicaErr(rank, addr, err)
+	if wire.IsPartial(err) {
+		return &wire.PartialError{Err: err2}
+	}
+	return err2
+}
+
+func wrapReplicaErr(rank int, addr string, err error) error {
 	var we *wire.Error
 	if errors.As(err, &we) {
 		switch we.Status {

@@ -82,7 +82,8 @@ func Errorf(s Status, format string, args ...any) *Error {
 // Reply flags.
 const (
 	replyPartial = 1 << 0
-	replyFlags   = replyPartial
+	replySkipped = 1 << 1 // Skipped follows the fixed part
+	replyFlags   = replyPartial | replySkipped
 )
 
 // MaxMsg bounds a reply's error text.
@@ -98,8 +99,12 @@ type Reply struct {
 	Status Status
 	// Partial (on a failed write): replicas below the one replying may
 	// have committed the write, so its version must not be reused.
-	Partial   bool
-	Version   uint64
+	Partial bool
+	Version uint64
+	// Skipped (a flat write's reservation): how many versions below
+	// Version the reserved write skips because it covers an unresolved
+	// write (see WriteHeader.Base, which is Version-1-Skipped).
+	Skipped   uint64
 	ChunkLen  uint64
 	DataOff   uint64
 	DataLen   uint64
@@ -148,7 +153,13 @@ func AppendReply(b []byte, r *Reply, crcs []uint32, msg string) []byte {
 	if r.Partial {
 		flags |= replyPartial
 	}
+	if r.Skipped > 0 {
+		flags |= replySkipped
+	}
 	b = append(b, flags, 0, 0, 0)
+	if r.Skipped > 0 {
+		b = binary.LittleEndian.AppendUint64(b, r.Skipped)
+	}
 	for _, c := range crcs {
 		b = binary.LittleEndian.AppendUint32(b, c)
 	}
@@ -209,6 +220,17 @@ func ParseReply(b []byte, r *Reply) error {
 	}
 	r.Partial = b[44]&replyPartial != 0
 	rest := b[replyFixed:]
+	r.Skipped = 0
+	if b[44]&replySkipped != 0 {
+		if len(rest) < 8 {
+			return malformed("reply flagged with skipped versions lacks their count")
+		}
+		r.Skipped = binary.LittleEndian.Uint64(rest)
+		rest = rest[8:]
+		if r.Skipped == 0 || r.Skipped >= r.Version {
+			return malformed("%d versions skipped below version %d", r.Skipped, r.Version)
+		}
+	}
 	if n > len(rest)/4 || 4*n+msgLen != len(rest) {
 		return malformed("reply with %d checksums and %d text bytes in %d bytes", n, msgLen, len(rest))
 	}

@@ -119,7 +119,10 @@ const (
 	// FlagReserve (flat writes): reserve the chunk's next version at rank
 	// 0 without data; the reply carries the version.
 	FlagReserve uint8 = 1 << 1
-	flagsAll          = FlagRaw | FlagReserve
+	// FlagBase: the header carries Base (after the addresses), because
+	// the write skips the versions of an unresolved one it covers.
+	FlagBase uint8 = 1 << 2
+	flagsAll       = FlagRaw | FlagReserve | FlagBase
 )
 
 // MaxAddrs bounds the replica coordinates a header carries.
@@ -209,8 +212,13 @@ type WriteHeader struct {
 	// replica that already committed this version with this id answers
 	// "already applied" instead of "stale" (0: no id).
 	WriteID uint64
-	Cap     []byte // encoded capability
-	Addrs   Addrs  // replica coordinates in chain order, one per replica
+	// Base is the oldest version a replica may hold and still apply the
+	// write: Version-1, unless the write covers an unresolved one whose
+	// versions it skips (store.Doubt). Sent only with FlagBase; ParseWrite
+	// fills in Version-1 otherwise.
+	Base  uint64
+	Cap   []byte // encoded capability
+	Addrs Addrs  // replica coordinates in chain order, one per replica
 	// RegionKey and RegionOff (ModePull only) name the client's registered
 	// buffer holding the data.
 	RegionKey uint64
@@ -235,10 +243,14 @@ func AppendWrite(b []byte, h *WriteHeader, addrs []string) ([]byte, error) {
 	if err != nil {
 		return b, err
 	}
-	return appendRegion(b, h), nil
+	return appendTail(b, h, h.Flags, h.Base), nil
 }
 
-func appendRegion(b []byte, h *WriteHeader) []byte {
+// appendTail appends the optional fields that follow the addresses.
+func appendTail(b []byte, h *WriteHeader, flags uint8, base uint64) []byte {
+	if flags&FlagBase != 0 {
+		b = binary.LittleEndian.AppendUint64(b, base)
+	}
 	if h.Mode != ModePull {
 		return b
 	}
@@ -246,12 +258,17 @@ func appendRegion(b []byte, h *WriteHeader) []byte {
 	return binary.LittleEndian.AppendUint64(b, h.RegionOff)
 }
 
-// AppendForward encodes h for the next hop: same fields, the given rank
-// and version, and the same raw address list.
-func AppendForward(b []byte, h *WriteHeader, rank uint8, version uint64) []byte {
+// AppendForward encodes h for the next hop: same fields, the given rank,
+// version and base (FlagBase set only if base is not version-1), and the
+// same raw address list.
+func AppendForward(b []byte, h *WriteHeader, rank uint8, version, base uint64) []byte {
+	flags := h.Flags &^ FlagBase
+	if version > 0 && base+1 != version {
+		flags |= FlagBase
+	}
 	b = append(b, byte(OpWrite), byte(h.Strategy), rank, byte(h.Addrs.n))
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
-	b = append(b, byte(h.Mode), h.Flags)
+	b = append(b, byte(h.Mode), flags)
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
 	b = binary.LittleEndian.AppendUint64(b, h.Off)
 	b = binary.LittleEndian.AppendUint64(b, h.Len)
@@ -259,7 +276,7 @@ func AppendForward(b []byte, h *WriteHeader, rank uint8, version uint64) []byte 
 	b = binary.LittleEndian.AppendUint64(b, h.WriteID)
 	b = append(b, h.Cap...)
 	b = append(b, h.Addrs.raw...)
-	return appendRegion(b, h)
+	return appendTail(b, h, flags, base)
 }
 
 // ParseWrite decodes a WRH; the whole packet must be the header.
@@ -303,6 +320,20 @@ func ParseWrite(b []byte, h *WriteHeader) error {
 		return err
 	}
 	tail := rest[capLen+used:]
+	h.Base = 0
+	switch {
+	case h.Flags&FlagBase != 0:
+		if len(tail) < 8 {
+			return malformed("header flagged with a base version lacks it")
+		}
+		h.Base = binary.LittleEndian.Uint64(tail)
+		tail = tail[8:]
+		if h.Base+1 >= h.Version { // only a skip is sent
+			return malformed("base version %d for version %d", h.Base, h.Version)
+		}
+	case h.Version > 0:
+		h.Base = h.Version - 1
+	}
 	h.RegionKey, h.RegionOff = 0, 0
 	if h.Mode == ModePull {
 		if len(tail) < 16 {

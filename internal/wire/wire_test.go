@@ -26,13 +26,33 @@ func TestWriteRoundTrip(t *testing.T) {
 			t.Fatalf("addr %d = %q", i, got.Addrs.At(i))
 		}
 	}
-	fwd := AppendForward(nil, &got, 2, 8)
+	fwd := AppendForward(nil, &got, 2, 8, 7)
 	var next WriteHeader
 	if err := ParseWrite(fwd, &next); err != nil {
 		t.Fatal(err)
 	}
-	if next.Rank != 2 || next.Version != 8 || next.WriteID != 0xabcdef || string(next.Addrs.At(2)) != addrs[2] {
+	if next.Rank != 2 || next.Version != 8 || next.Base != 7 || next.Flags&FlagBase != 0 || next.WriteID != 0xabcdef || string(next.Addrs.At(2)) != addrs[2] {
 		t.Fatalf("forwarded header %+v", next)
+	}
+	// A write skipping doubtful versions carries its base.
+	fwd = AppendForward(nil, &got, 2, 8, 5)
+	if err := ParseWrite(fwd, &next); err != nil {
+		t.Fatal(err)
+	}
+	if next.Version != 8 || next.Base != 5 || next.Flags&FlagBase == 0 || string(next.Addrs.At(2)) != addrs[2] {
+		t.Fatalf("forwarded header with a base %+v", next)
+	}
+	if again := AppendForward(nil, &next, 2, next.Version, next.Base); !bytes.Equal(again, fwd) {
+		t.Fatal("header with a base does not re-encode identically")
+	}
+	for _, base := range []uint64{7, 8, 9} {
+		bad, err := AppendWrite(nil, &WriteHeader{Strategy: StrategyRing, Flags: FlagBase, Version: 8, Base: base, Cap: []byte("c")}, addrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ParseWrite(bad, &next); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("flagged base %d for version 8: %v", base, err)
+		}
 	}
 	// Every truncation fails cleanly.
 	for i := 0; i < len(b); i++ {
@@ -59,7 +79,7 @@ func TestWriteModesRoundTrip(t *testing.T) {
 	if got.Strategy != StrategyTree || got.Mode != ModePull || got.Flags != FlagRaw|FlagReserve || got.RegionKey != 0xabc || got.RegionOff != 77 {
 		t.Fatalf("got %+v", got)
 	}
-	if fwd := AppendForward(nil, &got, 2, 0); !bytes.Equal(fwd, b) {
+	if fwd := AppendForward(nil, &got, 2, 0, 0); !bytes.Equal(fwd, b) {
 		t.Fatal("forwarded pull header differs")
 	}
 	bad := append([]byte(nil), b...)
@@ -128,6 +148,17 @@ func TestReplyRoundTrip(t *testing.T) {
 	if err := ParseReply(pb, &got); err != nil || !got.Partial || got.Status != StatusReplica || !IsPartial(got.Err()) {
 		t.Fatalf("partial reply: %v %+v", err, got)
 	}
+	// A reservation skipping doubtful versions carries its base.
+	rb := AppendReply(nil, &Reply{Status: StatusOK, Version: 9, Skipped: 2}, []uint32{5}, "m")
+	if err := ParseReply(rb, &got); err != nil || got.Version != 9 || got.Skipped != 2 || got.NCRC() != 1 || got.CRC(0) != 5 || string(got.Msg) != "m" {
+		t.Fatalf("reply with skipped versions: %v %+v", err, got)
+	}
+	if err := ParseReply(rb[:len(rb)-6], &got); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("truncated reply with skipped versions: %v", err)
+	}
+	if err := ParseReply(AppendReply(nil, &Reply{Version: 2, Skipped: 2}, nil, ""), &got); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("skipping below version 0: %v", err)
+	}
 	long := AppendStatus(nil, StatusIO, string(make([]byte, 2*MaxMsg)))
 	if err := ParseReply(long, &got); err != nil || len(got.Msg) != MaxMsg {
 		t.Fatalf("long text not truncated: %v %d", err, len(got.Msg))
@@ -148,7 +179,7 @@ func FuzzParse(f *testing.F) {
 					t.Fatal("empty address accepted")
 				}
 			}
-			re := AppendForward(nil, &wh, wh.Rank, wh.Version)
+			re := AppendForward(nil, &wh, wh.Rank, wh.Version, wh.Base)
 			if !bytes.Equal(re, b) {
 				t.Fatal("write header does not re-encode identically")
 			}
