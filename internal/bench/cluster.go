@@ -23,8 +23,15 @@ import (
 // N `sluice node`, started from the sluice binary, on loopback.
 type procCluster struct {
 	dir   string
-	procs []*exec.Cmd
+	procs []*proc
 	conf  config.ClientConf
+}
+
+// proc is one process of the cluster and its log.
+type proc struct {
+	cmd  *exec.Cmd
+	log  *os.File
+	read chan struct{} // closed once its stdout is copied to the log
 }
 
 var (
@@ -97,14 +104,18 @@ func (c *procCluster) start(ctx context.Context, exe, name string, ready *regexp
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
 	if err != nil {
+		logf.Close()
 		return "", err
 	}
 	if err := cmd.Start(); err != nil {
+		logf.Close()
 		return "", fmt.Errorf("bench: starting %s: %w", name, err)
 	}
-	c.procs = append(c.procs, cmd)
+	p := &proc{cmd: cmd, log: logf, read: make(chan struct{})}
+	c.procs = append(c.procs, p)
 	found := make(chan string, 1)
 	go func() {
+		defer close(p.read)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			fmt.Fprintln(logf, sc.Text())
@@ -132,19 +143,19 @@ func (c *procCluster) Close() error {
 	var errs []error
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
-		p.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- p.Wait() }()
+		p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case err := <-done:
-			var ee *exec.ExitError
-			if err != nil && !errors.As(err, &ee) {
-				errs = append(errs, err)
-			}
+		case <-p.read: // stdout is at EOF: the process has exited
 		case <-time.After(10 * time.Second):
-			p.Process.Kill()
-			<-done
+			p.cmd.Process.Kill()
+			<-p.read
 		}
+		// Wait only once the output is read (it closes the pipe).
+		var ee *exec.ExitError
+		if err := p.cmd.Wait(); err != nil && !errors.As(err, &ee) {
+			errs = append(errs, err)
+		}
+		p.log.Close()
 	}
 	if len(errs) == 0 {
 		os.RemoveAll(c.dir)
