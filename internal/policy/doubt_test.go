@@ -360,3 +360,24 @@ func assertIdentical(t *testing.T, e *doubtEnv, chunk ids.ChunkID, version uint6
 		}
 	}
 }
+
+// TestReservationWithData: a version reservation carrying data packets is
+// refused, and neither holds the chunk nor leaves a doubt: the next
+// reservation gets the same version.
+func TestReservationWithData(t *testing.T) {
+	e := newDoubtEnv(t, 2, nil)
+	const chunk = 75
+	cp := e.capFor(chunk)
+	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 0xA}
+	if s, msg, _ := e.send(t, 0, res, make([]byte, 1000)); s != wire.StatusBadRequest {
+		t.Fatalf("reservation with data: %v %s", s, msg)
+	}
+	res.WriteID = 0xB
+	s, msg, v := e.send(t, 0, res, nil)
+	if s != wire.StatusOK || v != 1 {
+		t.Fatalf("next reservation: %v %s v%d", s, msg, v)
+	}
+	if _, ok := e.nodes[0].st.Doubt(chunk); ok {
+		t.Fatal("a refused reservation left a doubt")
+	}
+}

@@ -87,6 +87,20 @@ func (rs *reservations) take(chunk ids.ChunkID, version uint64, off, n int64, wr
 	return r.w, nil
 }
 
+// cancel drops the reservation holding w, if it still does.
+func (rs *reservations) cancel(chunk ids.ChunkID, w *store.Write) {
+	rs.mu.Lock()
+	r := rs.m[chunk]
+	if r == nil || r.w != w {
+		rs.mu.Unlock()
+		return
+	}
+	r.timer.Stop()
+	delete(rs.m, chunk)
+	rs.mu.Unlock()
+	w.Abort()
+}
+
 func (rs *reservations) expire(chunk ids.ChunkID, r *reservation) {
 	rs.mu.Lock()
 	if rs.m[chunk] != r {

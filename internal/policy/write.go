@@ -389,7 +389,10 @@ func (x *writer) cleanup(r *engine.Request, reason error) {
 		x.releaseHost(st)
 		return
 	case st.reserve:
-		return // the reservation holds the write until its data or expiry
+		// The reservation request itself failed: its client never learned
+		// the version, so nothing can have been written with it.
+		x.reserved.cancel(st.chunk, st.w)
+		return
 	case st.flat:
 		go x.abort(st, true)
 		return
