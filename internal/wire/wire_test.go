@@ -165,12 +165,22 @@ func TestReplyRoundTrip(t *testing.T) {
 	}
 }
 
+func mustParse(f *testing.F, b []byte) *WriteHeader {
+	var h WriteHeader
+	if err := ParseWrite(b, &h); err != nil {
+		f.Fatal(err)
+	}
+	return &h
+}
+
 func FuzzParse(f *testing.F) {
 	w, _ := AppendWrite(nil, &WriteHeader{Strategy: StrategyRing, Cap: []byte("c")}, []string{"a:1", "b:2"})
 	r, _ := AppendRead(nil, &ReadHeader{Cap: []byte("c")})
 	f.Add(w)
 	f.Add(r)
 	f.Add(AppendReply(nil, &Reply{}, []uint32{1}, "x"))
+	f.Add(AppendForward(w[:0:0], mustParse(f, w), 1, 9, 5))
+	f.Add(AppendReply(nil, &Reply{Status: StatusReplica, Partial: true, Version: 9, Skipped: 3}, []uint32{1}, "x"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var wh WriteHeader
 		if ParseWrite(b, &wh) == nil {
