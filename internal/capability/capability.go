@@ -19,6 +19,19 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
+// Fanout says who may write a chunk's replicas other than the first.
+type Fanout uint8
+
+const (
+	// FanoutNodes: the client writes rank 0 only; every other replica
+	// accepts a write only as forwarded (and sealed) by another node —
+	// ring and tree layouts and their store-and-forward variants.
+	FanoutNodes Fanout = 0
+	// FanoutClient: the client writes every replica itself (flat), so
+	// the nodes trust it to send them all the same bytes.
+	FanoutClient Fanout = 1
+)
+
 // Rights is a bit set of operations a capability allows.
 type Rights uint8
 
@@ -58,6 +71,7 @@ const fixedSize = 4 + 4 + 8*7
 // does not allocate; only the first NReplicas entries are meaningful.
 type Capability struct {
 	Rights    Rights
+	Fanout    Fanout
 	KeyID     uint32
 	Client    ids.ClientID
 	Ino       ids.Ino
@@ -99,7 +113,7 @@ func (c *Capability) ReplicaList() []ids.NodeID { return c.Replicas[:c.NReplicas
 
 // appendBody encodes everything the MAC covers.
 func (c *Capability) appendBody(b []byte) []byte {
-	b = append(b, version, byte(c.Rights), c.NReplicas, 0)
+	b = append(b, version, byte(c.Rights), c.NReplicas, byte(c.Fanout))
 	b = binary.LittleEndian.AppendUint32(b, c.KeyID)
 	b = binary.LittleEndian.AppendUint64(b, uint64(c.Client))
 	b = binary.LittleEndian.AppendUint64(b, uint64(c.Ino))
@@ -131,14 +145,15 @@ func Decode(b []byte, c *Capability) (int, error) {
 		return 0, fmt.Errorf("%w: version %d", ErrMalformed, b[0])
 	}
 	n := int(b[2])
-	if n > MaxReplicas || b[3] != 0 {
-		return 0, fmt.Errorf("%w: %d replicas", ErrMalformed, n)
+	if n > MaxReplicas || b[3] > byte(FanoutClient) {
+		return 0, fmt.Errorf("%w: %d replicas, fanout %d", ErrMalformed, n, b[3])
 	}
 	size := fixedSize + 4*n + MACSize
 	if len(b) < size {
 		return 0, fmt.Errorf("%w: %d bytes, need %d", ErrMalformed, len(b), size)
 	}
 	c.Rights = Rights(b[1])
+	c.Fanout = Fanout(b[3])
 	c.NReplicas = uint8(n)
 	c.KeyID = binary.LittleEndian.Uint32(b[4:])
 	c.Client = ids.ClientID(binary.LittleEndian.Uint64(b[8:]))

@@ -32,7 +32,7 @@ func hexOf(b []byte) []byte {
 }
 
 func sample() Capability {
-	c := Capability{Rights: Read | Write, Client: 7, Ino: 42, Chunk: 0x1234, Off: 4096, Len: 1 << 20,
+	c := Capability{Rights: Read | Write, Fanout: FanoutClient, Client: 7, Ino: 42, Chunk: 0x1234, Off: 4096, Len: 1 << 20,
 		Expiry: time.Now().Add(time.Minute).UnixNano(), Epoch: 3}
 	_ = c.SetReplicas([]ids.NodeID{5, 9, 2})
 	return c
@@ -58,6 +58,29 @@ func TestMintOpenRoundTrip(t *testing.T) {
 	}
 	if got.RankOf(9) != 1 || got.RankOf(4) != -1 {
 		t.Fatalf("RankOf wrong")
+	}
+}
+
+// TestSeal: a seal checks only with the secret it was made with, and
+// only for the bytes it was made over.
+func TestSeal(t *testing.T) {
+	k, other := NewKeyring(testSecret(t, 1)), NewKeyring(testSecret(t, 2))
+	body := []byte("forwarded header")
+	s := k.Seal(body)
+	if !k.CheckSeal(body, s[:]) {
+		t.Fatal("own seal refused")
+	}
+	if other.CheckSeal(body, s[:]) {
+		t.Fatal("seal accepted under another secret")
+	}
+	if k.CheckSeal([]byte("forwarded headeR"), s[:]) || k.CheckSeal(body, s[:8]) || k.CheckSeal(body, nil) {
+		t.Fatal("seal accepted for other bytes or truncated")
+	}
+	// The seal key is not the capability key.
+	c := sample()
+	raw := k.Mint(&c)
+	if k.CheckSeal(raw[:len(raw)-MACSize], raw[len(raw)-MACSize:]) {
+		t.Fatal("a capability MAC passes as a seal")
 	}
 }
 

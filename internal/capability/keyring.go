@@ -18,6 +18,7 @@ import (
 type Keyring struct {
 	current uint32
 	macs    map[uint32]*sync.Pool // of *macState; HMAC state is reused, not rebuilt per check
+	seals   sync.Pool             // of *macState, under the forward-seal key
 }
 
 // macState is an HMAC with its output buffer, pooled together so a check
@@ -38,7 +39,28 @@ func NewKeyring(s secret.Secret, keyIDs ...uint32) *Keyring {
 		key := s.Derive(secret.PurposeCapability, uint64(id))
 		k.macs[id] = &sync.Pool{New: func() any { return &macState{h: hmac.New(sha256.New, key)} }}
 	}
+	fwd := s.Derive(secret.PurposeForward, 0)
+	k.seals.New = func() any { return &macState{h: hmac.New(sha256.New, fwd)} }
 	return k
+}
+
+// Seal returns the MAC a node puts on a request it forwards to another
+// node, so the receiver knows a node (not a client, which never holds the
+// cluster secret) produced it.
+func (k *Keyring) Seal(body []byte) [MACSize]byte {
+	m := k.seals.Get().(*macState)
+	m.h.Reset()
+	m.h.Write(body)
+	var out [MACSize]byte
+	copy(out[:], m.h.Sum(m.out[:0]))
+	k.seals.Put(m)
+	return out
+}
+
+// CheckSeal reports whether seal is Seal(body).
+func (k *Keyring) CheckSeal(body, seal []byte) bool {
+	want := k.Seal(body)
+	return hmac.Equal(want[:], seal)
 }
 
 // CurrentKey is the key id Mint uses.

@@ -185,10 +185,16 @@ func (s *Service) mintLayout(client ids.ClientID, write bool, p *layoutPlan) met
 		rights |= capability.Write
 	}
 	expiry := s.opts.Now().Add(s.opts.CapabilityTTL).UnixNano()
+	// Only a flat file's client may write replicas other than the first.
+	fanout := capability.FanoutNodes
+	if p.attr.Policy != nil && p.attr.Policy.Strategy == metaapi.StrategyFlat {
+		fanout = capability.FanoutClient
+	}
 	out := metaapi.LayoutResp{Attr: p.attr, Epoch: p.epoch, Chunks: make([]metaapi.ChunkLayout, 0, len(p.chunks)), More: p.more}
 	for _, c := range p.chunks {
 		cp := capability.Capability{
 			Rights: rights,
+			Fanout: fanout,
 			Client: client,
 			Ino:    p.attr.Ino,
 			Chunk:  c.rec.ID,

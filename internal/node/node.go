@@ -58,6 +58,7 @@ type Node struct {
 	fwd    *fabric.Endpoint
 	pool   *fabric.Pool
 	eng    *engine.Engine
+	pol    *policy.Policies
 	meta   *metaapi.Client
 	addr   string
 	id     atomic.Uint32 // ids.NodeID; 0 until registered
@@ -137,7 +138,7 @@ func (n *Node) serve() error {
 	eopts := n.opts.Engine
 	eopts.Logger = n.log
 	eopts.OnEvent = n.onEvent
-	ctxs := policy.Contexts(policy.Deps{
+	n.pol = policy.New(policy.Deps{
 		Self:         n.ID,
 		Keys:         capability.NewKeyring(n.opts.Secret),
 		Store:        n.store,
@@ -148,7 +149,7 @@ func (n *Node) serve() error {
 		AllowRaw:     n.opts.AllowRaw,
 		Logger:       n.log,
 	})
-	if n.eng, err = engine.New(eopts, ctxs...); err != nil {
+	if n.eng, err = engine.New(eopts, n.pol.Contexts()...); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	addr, err := n.ep.Listen(n.opts.Listen, n.eng)
@@ -250,6 +251,13 @@ func (n *Node) close() error {
 	}
 	if n.eng != nil {
 		n.eng.Close()
+	}
+	if n.pol != nil {
+		// Writes the closed connections failed settle (and record their
+		// doubts) while the store is still open.
+		if err := n.pol.Close(30 * time.Second); err != nil {
+			n.log.Error("closing", "err", err)
+		}
 	}
 	if n.meta != nil {
 		n.meta.Close()

@@ -3,7 +3,9 @@ package policy_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,13 +21,16 @@ import (
 
 // doubtNode is one storage node's data path with configurable Deps.
 type doubtNode struct {
-	st   *store.Store
-	addr string
+	st    *store.Store
+	dir   string
+	addr  string
+	close func() // shuts the node down in a node's order (idempotent)
 }
 
 func startDoubtNode(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*policy.Deps)) *doubtNode {
 	t.Helper()
-	st, err := store.Open(store.Options{Dir: t.TempDir()})
+	dir := t.TempDir()
+	st, err := store.Open(store.Options{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +44,8 @@ func startDoubtNode(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*
 	if tweak != nil {
 		tweak(&d)
 	}
-	eng, err := engine.New(engine.Options{}, policy.Contexts(d)...)
+	pol := policy.New(d)
+	eng, err := engine.New(engine.Options{}, pol.Contexts()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,21 +53,28 @@ func startDoubtNode(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ep.Close()
-		pool.Close()
-		fwd.Close()
-		time.Sleep(100 * time.Millisecond)
-		eng.Close()
-		st.Close()
-	})
-	return &doubtNode{st: st, addr: a.String()}
+	var once sync.Once
+	n := &doubtNode{st: st, dir: dir, addr: a.String(), close: func() {
+		once.Do(func() {
+			ep.Close()
+			pool.Close()
+			fwd.Close()
+			eng.Close()
+			if err := pol.Close(10 * time.Second); err != nil {
+				t.Error(err)
+			}
+			st.Close()
+		})
+	}}
+	t.Cleanup(n.close)
+	return n
 }
 
 type doubtEnv struct {
-	nodes []*doubtNode
-	keys  *capability.Keyring
-	pool  *fabric.Pool
+	lastVersion uint64
+	nodes       []*doubtNode
+	keys        *capability.Keyring
+	pool        *fabric.Pool
 }
 
 func newDoubtEnv(t *testing.T, n int, tweak func(*policy.Deps)) *doubtEnv {
@@ -77,7 +90,20 @@ func newDoubtEnv(t *testing.T, n int, tweak func(*policy.Deps)) *doubtEnv {
 }
 
 func (e *doubtEnv) capFor(chunk ids.ChunkID) []byte {
-	c := capability.Capability{Rights: capability.Write | capability.Read, Client: 1, Ino: 1, Chunk: chunk, Len: 64 << 20,
+	return e.capFanout(chunk, capability.FanoutNodes)
+}
+
+// flatCap is a capability for a client-replicated (flat) file.
+func (e *doubtEnv) flatCap(chunk ids.ChunkID) []byte {
+	return e.capFanout(chunk, capability.FanoutClient)
+}
+
+func (e *doubtEnv) capFanout(chunk ids.ChunkID, f capability.Fanout) []byte {
+	return e.capFor3(chunk, f, 1)
+}
+
+func (e *doubtEnv) capFor3(chunk ids.ChunkID, f capability.Fanout, client ids.ClientID) []byte {
+	c := capability.Capability{Rights: capability.Write | capability.Read, Fanout: f, Client: client, Ino: 1, Chunk: chunk, Len: 64 << 20,
 		Expiry: time.Now().Add(time.Minute).UnixNano()}
 	var list []ids.NodeID
 	for i := range e.nodes {
@@ -102,6 +128,15 @@ func (e *doubtEnv) send(t *testing.T, to int, h wire.WriteHeader, data []byte) (
 	if err != nil {
 		t.Fatal(err)
 	}
+	s, msg := e.sendRaw(t, to, hdr, data)
+	return s, msg, e.lastVersion
+}
+
+// sendRaw sends an encoded header and data to node `to` and returns its
+// reply's status and text (and records its version in lastVersion).
+func (e *doubtEnv) sendRaw(t *testing.T, to int, hdr, data []byte) (wire.Status, string) {
+	t.Helper()
+	e.lastVersion = 0
 	pc, err := e.pool.Get(context.Background(), e.nodes[to].addr)
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +154,7 @@ func (e *doubtEnv) send(t *testing.T, to int, h wire.WriteHeader, data []byte) (
 	case p, ok := <-ch:
 		if !ok {
 			pc.Close()
-			return 255, "connection closed", 0
+			return 255, "connection closed"
 		}
 		var r wire.Reply
 		if err := wire.ParseReply(p.Data, &r); err != nil {
@@ -128,11 +163,12 @@ func (e *doubtEnv) send(t *testing.T, to int, h wire.WriteHeader, data []byte) (
 		msg := string(r.Msg)
 		p.Release()
 		e.pool.Put(pc)
-		return r.Status, msg, r.Version
+		e.lastVersion = r.Version
+		return r.Status, msg
 	case <-time.After(15 * time.Second):
 		t.Fatal("no reply")
 	}
-	return 0, "", 0
+	return 0, ""
 }
 
 func readChunk(t *testing.T, st *store.Store, id ids.ChunkID) (store.Info, []byte) {
@@ -281,7 +317,7 @@ func TestTreeRetryWithEarlyAlreadyApplied(t *testing.T) {
 func TestFlatExpiredReservationLeavesDoubt(t *testing.T) {
 	e := newDoubtEnv(t, 2, func(d *policy.Deps) { d.ReserveTimeout = 200 * time.Millisecond })
 	const chunk = 72
-	cp := e.capFor(chunk)
+	cp := e.flatCap(chunk)
 	a := bytes.Repeat([]byte("A"), 1000)
 	b := bytes.Repeat([]byte("B"), 1000)
 	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 0xA}
@@ -367,7 +403,7 @@ func assertIdentical(t *testing.T, e *doubtEnv, chunk ids.ChunkID, version uint6
 func TestReservationWithData(t *testing.T) {
 	e := newDoubtEnv(t, 2, nil)
 	const chunk = 75
-	cp := e.capFor(chunk)
+	cp := e.flatCap(chunk)
 	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 0xA}
 	if s, msg, _ := e.send(t, 0, res, make([]byte, 1000)); s != wire.StatusBadRequest {
 		t.Fatalf("reservation with data: %v %s", s, msg)
@@ -379,5 +415,73 @@ func TestReservationWithData(t *testing.T) {
 	}
 	if _, ok := e.nodes[0].st.Doubt(chunk); ok {
 		t.Fatal("a refused reservation left a doubt")
+	}
+}
+
+// TestShutdownRecordsReservations: a node shut down while a flat
+// reservation is outstanding records it as a doubt before its store
+// closes, so after a restart the reserved version is not handed to
+// another writer (the reserving client may have written the other
+// replicas with it).
+func TestShutdownRecordsReservations(t *testing.T) {
+	e := newDoubtEnv(t, 2, nil)
+	const chunk = 76
+	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Off: 10, Len: 1000, Cap: e.flatCap(chunk), WriteID: 0xA}
+	if s, msg, v := e.send(t, 0, res, nil); s != wire.StatusOK || v != 1 {
+		t.Fatalf("reserve: %v %s v%d", s, msg, v)
+	}
+	e.nodes[0].close()
+	st, err := store.Open(store.Options{Dir: e.nodes[0].dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if d, ok := st.Doubt(chunk); !ok || d.Version != 1 || d.Tag != 0xA || d.Off != 10 || d.End != 1010 {
+		t.Fatalf("doubt after restart: %+v %v", d, ok)
+	}
+}
+
+// TestAbortInDoubtAfterStoreClose: a doubt that comes too late for a
+// closed store is an error, not a crash.
+func TestAbortInDoubtAfterStoreClose(t *testing.T) {
+	st, err := store.Open(store.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := st.BeginHead(7, 0, 100, 0xA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if err := w.AbortInDoubt(); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("AbortInDoubt after Close: %v", err)
+	}
+}
+
+// TestReservationsPerClient: one client cannot hold every reservation a
+// node has: past its share it is refused busy while others still reserve.
+func TestReservationsPerClient(t *testing.T) {
+	e := newDoubtEnv(t, 1, nil)
+	reserve := func(chunk ids.ChunkID, client ids.ClientID) (wire.Status, string) {
+		s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Len: 10,
+			Cap: e.capFor3(chunk, capability.FanoutClient, client), WriteID: uint64(chunk)}, nil)
+		return s, msg
+	}
+	var chunk ids.ChunkID = 1000
+	for ; ; chunk++ {
+		s, msg := reserve(chunk, 1)
+		if s == wire.StatusBusy {
+			if chunk-1000 < 8 || !strings.Contains(msg, "reservations") {
+				t.Fatalf("refused after %d reservations: %s", chunk-1000, msg)
+			}
+			t.Logf("client 1 refused after %d reservations: %s", chunk-1000, msg)
+			break
+		}
+		if s != wire.StatusOK || chunk-1000 > 2000 {
+			t.Fatalf("reservation %d: %v %s", chunk-1000, s, msg)
+		}
+	}
+	if s, msg := reserve(chunk+1, 2); s != wire.StatusOK {
+		t.Fatalf("another client: %v %s", s, msg)
 	}
 }

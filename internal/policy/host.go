@@ -30,7 +30,7 @@ type hostState struct {
 }
 
 func (x *writer) hostHeader(st *writeState, h *wire.WriteHeader, raw []byte) error {
-	if h.Flags&^wire.FlagBase != 0 || h.Strategy == wire.StrategyFlat {
+	if h.Flags&^(wire.FlagBase|wire.FlagSealed) != 0 || h.Strategy == wire.StrategyFlat {
 		return wire.Errorf(wire.StatusBadRequest, "store-and-forward writes are ring or tree writes")
 	}
 	if h.Len > uint64(x.d.HostBuffer) || int64(1)<<sizeClass(int(h.Len)) > max(x.d.HostBuffer, 1) {
@@ -145,8 +145,7 @@ func (x *writer) hostStore(st *writeState) []byte {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			hdr := wire.AppendForward(nil, &h, uint8(k.rank), w.Version(), w.Base())
-			errs[i] = x.sendWhole(k, hdr, hs.buf)
+			errs[i] = x.sendWhole(k, x.forwardHeader(&h, k, w), hs.buf)
 		}()
 	}
 	err = w.Sync()

@@ -108,9 +108,31 @@ func (d *Deps) fill() {
 	}
 }
 
-// Contexts returns the execution contexts of every policy, to install in
-// the node's engine.
-func Contexts(d Deps) []*engine.Context {
-	d.fill()
-	return []*engine.Context{newWriter(&d).context(), newReader(&d).context()}
+// Policies is a node's set of policies.
+type Policies struct {
+	w *writer
+	r *reader
 }
+
+// New builds the policies over d.
+func New(d Deps) *Policies {
+	d.fill()
+	return &Policies{w: newWriter(&d), r: newReader(&d)}
+}
+
+// Contexts returns the execution contexts to install in the node's engine.
+func (p *Policies) Contexts() []*engine.Context {
+	return []*engine.Context{p.w.context(), p.r.context()}
+}
+
+// Close settles every write still in progress before the store closes:
+// it waits (up to timeout) for writes finishing in the background, and
+// records each outstanding flat reservation as a doubt — its client may
+// have written the other replicas — so a restart does not reissue its
+// version. Call it after the engine is closed (no handler runs any more)
+// and before the store.
+func (p *Policies) Close(timeout time.Duration) error { return p.w.close(timeout) }
+
+// Contexts returns the execution contexts of a fresh set of policies (for
+// tests that never close them).
+func Contexts(d Deps) []*engine.Context { return New(d).Contexts() }

@@ -47,7 +47,13 @@ func newEnv(t *testing.T, eopts engine.Options) *env {
 // mint makes a capability for chunk over all three nodes (rank order n1,
 // n2, n3), as meta would.
 func (e *env) mint(chunk ids.ChunkID, rights capability.Rights, expiry time.Time, nodes ...*node.Node) []byte {
-	c := capability.Capability{Rights: rights, Client: 1, Ino: 99, Chunk: chunk, Off: 0, Len: 64 << 20, Expiry: expiry.UnixNano()}
+	return e.mintFanout(capability.FanoutNodes, chunk, rights, expiry, nodes...)
+}
+
+// mintFanout mints for a file whose client writes every replica (flat)
+// or only the first.
+func (e *env) mintFanout(f capability.Fanout, chunk ids.ChunkID, rights capability.Rights, expiry time.Time, nodes ...*node.Node) []byte {
+	c := capability.Capability{Rights: rights, Fanout: f, Client: 1, Ino: 99, Chunk: chunk, Off: 0, Len: 64 << 20, Expiry: expiry.UnixNano()}
 	var list []ids.NodeID
 	for _, n := range nodes {
 		list = append(list, n.ID())
@@ -416,7 +422,7 @@ func TestFlatReservations(t *testing.T) {
 	e := newEnv(t, engine.Options{})
 	n := e.c.Nodes
 	set := []*node.Node{n[0], n[1]}
-	cp := e.mint(33, capability.Write|capability.Read, time.Now().Add(time.Minute), set...)
+	cp := e.mintFanout(capability.FanoutClient, 33, capability.Write|capability.Read, time.Now().Add(time.Minute), set...)
 	data := bytes.Repeat([]byte("f"), 1000)
 	// Data for rank 0 without a reservation: refused.
 	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyFlat, Chunk: 33, Len: 1000, Version: 1, Cap: cp}, set, data); r.Status != wire.StatusStale {

@@ -22,35 +22,42 @@ import (
 // so rank 0 records it as a doubt (store.Doubt).
 
 type reservations struct {
-	mu      sync.Mutex
-	m       map[ids.ChunkID]*reservation
-	timeout time.Duration
-	log     *slog.Logger
+	mu       sync.Mutex
+	m        map[ids.ChunkID]*reservation
+	byClient map[ids.ClientID]int
+	closed   bool
+	timeout  time.Duration
+	log      *slog.Logger
 }
 
 type reservation struct {
 	w        *store.Write
 	off, len int64
 	writeID  uint64
+	client   ids.ClientID
 	timer    *time.Timer
 }
 
 // maxReservations bounds how many chunks can be reserved at once: each
 // holds a chunk's write lock (and open files) until its data comes or it
-// expires.
-const maxReservations = 1024
+// expires. One client may hold only a share, so it cannot lock out the
+// others.
+const (
+	maxReservations          = 1024
+	maxReservationsPerClient = 64
+)
 
 func newReservations(timeout time.Duration, log *slog.Logger) *reservations {
-	return &reservations{m: map[ids.ChunkID]*reservation{}, timeout: timeout, log: log}
+	return &reservations{m: map[ids.ChunkID]*reservation{}, byClient: map[ids.ClientID]int{}, timeout: timeout, log: log}
 }
 
 // reserveHeader opens the write a flat reservation holds.
-func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader) error {
+func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader, client ids.ClientID) error {
 	w, err := x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID)
 	if err != nil {
 		return storeError(err)
 	}
-	if err := x.reserved.put(h.Chunk, &reservation{w: w, off: int64(h.Off), len: int64(h.Len), writeID: h.WriteID}); err != nil {
+	if err := x.reserved.put(h.Chunk, &reservation{w: w, off: int64(h.Off), len: int64(h.Len), writeID: h.WriteID, client: client}); err != nil {
 		w.Abort()
 		return err
 	}
@@ -61,9 +68,15 @@ func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader) error {
 func (rs *reservations) put(chunk ids.ChunkID, r *reservation) error {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if len(rs.m) >= maxReservations {
+	switch {
+	case rs.closed:
+		return wire.Errorf(wire.StatusBusy, "node shutting down")
+	case len(rs.m) >= maxReservations:
 		return wire.Errorf(wire.StatusBusy, "too many flat writes reserved")
+	case rs.byClient[r.client] >= maxReservationsPerClient:
+		return wire.Errorf(wire.StatusBusy, "client %v holds %d flat write reservations already", r.client, maxReservationsPerClient)
 	}
+	rs.byClient[r.client]++
 	r.timer = time.AfterFunc(rs.timeout, func() { rs.expire(chunk, r) })
 	rs.m[chunk] = r
 	return nil
@@ -83,8 +96,16 @@ func (rs *reservations) take(chunk ids.ChunkID, version uint64, off, n int64, wr
 			chunk, r.w.Version(), r.off, r.len, r.writeID, version, off, n, writeID)
 	}
 	r.timer.Stop()
-	delete(rs.m, chunk)
+	rs.drop(chunk, r)
 	return r.w, nil
+}
+
+// drop removes r, reserved for chunk. Caller holds mu.
+func (rs *reservations) drop(chunk ids.ChunkID, r *reservation) {
+	delete(rs.m, chunk)
+	if rs.byClient[r.client]--; rs.byClient[r.client] <= 0 {
+		delete(rs.byClient, r.client)
+	}
 }
 
 // cancel drops the reservation holding w, if it still does.
@@ -96,7 +117,7 @@ func (rs *reservations) cancel(chunk ids.ChunkID, w *store.Write) {
 		return
 	}
 	r.timer.Stop()
-	delete(rs.m, chunk)
+	rs.drop(chunk, r)
 	rs.mu.Unlock()
 	w.Abort()
 }
@@ -107,10 +128,28 @@ func (rs *reservations) expire(chunk ids.ChunkID, r *reservation) {
 		rs.mu.Unlock()
 		return
 	}
-	delete(rs.m, chunk)
+	rs.drop(chunk, r)
 	rs.mu.Unlock()
-	// The client may have written the other replicas already.
+	rs.inDoubt(chunk, r)
+}
+
+// inDoubt ends a reservation whose data never came: the client may have
+// written the other replicas already.
+func (rs *reservations) inDoubt(chunk ids.ChunkID, r *reservation) {
 	if err := r.w.AbortInDoubt(); err != nil {
-		rs.log.Error("flat reservation expired, and its doubt could not be recorded", "chunk", chunk, "err", err)
+		rs.log.Error("flat reservation ended without its data, and its doubt could not be recorded", "chunk", chunk, "err", err)
+	}
+}
+
+// closeAll ends every reservation (each becomes a doubt) and refuses new
+// ones. An expiry timer that already fired finds its entry gone.
+func (rs *reservations) closeAll() {
+	rs.mu.Lock()
+	m := rs.m
+	rs.m, rs.byClient, rs.closed = map[ids.ChunkID]*reservation{}, map[ids.ClientID]int{}, true
+	rs.mu.Unlock()
+	for chunk, r := range m {
+		r.timer.Stop()
+		rs.inDoubt(chunk, r)
 	}
 }

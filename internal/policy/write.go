@@ -2,7 +2,10 @@ package policy
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
@@ -29,6 +32,33 @@ type writer struct {
 	reserved  *reservations
 	hostBytes atomic.Int64 // bytes buffered by host-mode writes
 	hostBufs  bufPools
+	bg        sync.WaitGroup // writes finishing or aborting in the background
+}
+
+// background runs fn off the worker, tracked so close can wait for it.
+// Only handlers call it, so never after the engine has closed.
+func (x *writer) background(fn func()) {
+	x.bg.Add(1)
+	go func() {
+		defer x.bg.Done()
+		fn()
+	}()
+}
+
+func (x *writer) close(timeout time.Duration) error {
+	done := make(chan struct{})
+	go func() {
+		x.bg.Wait()
+		close(done)
+	}()
+	var err error
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		err = fmt.Errorf("policy: writes still finishing after %s", timeout)
+	}
+	x.reserved.closeAll()
+	return err
 }
 
 // writeState is the per-request state (the sPIN write descriptor). Only
@@ -93,7 +123,7 @@ func (x *writer) header(r *engine.Request, hdr []byte) error {
 	var err error
 	switch {
 	case h.Flags&wire.FlagReserve != 0:
-		err = x.reserveHeader(st, &h)
+		err = x.reserveHeader(st, &h, c.Client)
 	case h.Mode == wire.ModePull:
 		err = x.pullHeader(st, &h)
 	default:
@@ -133,6 +163,17 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 	if h.Addrs.Len() != int(c.NReplicas) {
 		return wire.Errorf(wire.StatusBadRequest, "%d replica addresses for %d replicas", h.Addrs.Len(), c.NReplicas)
 	}
+	// Who may write this replica: the client only at rank 0, unless the
+	// file is client-replicated (flat); below rank 0 only another node,
+	// whose seal a client cannot make. Otherwise a client could send two
+	// replicas different bytes as the same version.
+	switch flat := h.Strategy == wire.StrategyFlat; {
+	case flat != (c.Fanout == capability.FanoutClient):
+		return wire.Errorf(wire.StatusAuth, "chunk %v is %s-replicated; a %v write is not allowed", h.Chunk, fanoutName(c.Fanout), h.Strategy)
+	case !flat && rank != 0 && (h.Flags&wire.FlagSealed == 0 || !x.d.Keys.CheckSeal(h.Sealed, h.Seal)):
+		return wire.Errorf(wire.StatusAuth, "replica rank %d of chunk %v takes a %v write only as forwarded by rank %d's node",
+			rank, h.Chunk, h.Strategy, parentRank(h.Strategy, rank))
+	}
 	reserve := h.Flags&wire.FlagReserve != 0
 	switch h.Strategy {
 	case wire.StrategyRing, wire.StrategyTree:
@@ -156,6 +197,26 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 		return wire.Errorf(wire.StatusBadRequest, "pulled writes are single-replica")
 	}
 	return nil
+}
+
+func fanoutName(f capability.Fanout) string {
+	if f == capability.FanoutClient {
+		return "client"
+	}
+	return "node"
+}
+
+// parentRank is the rank that forwards to rank in strategy s (rank > 0).
+func parentRank(s wire.Strategy, rank int) int {
+	if s == wire.StrategyTree {
+		return (rank - 1) / 2
+	}
+	return rank - 1
+}
+
+// forwardHeader is the sealed header for child rank k.
+func (x *writer) forwardHeader(h *wire.WriteHeader, k child, w *store.Write) []byte {
+	return wire.SealForward(wire.AppendForward(nil, h, uint8(k.rank), w.Version(), w.Base()), x.d.Keys.Seal)
 }
 
 // children resolves the replicas this node forwards to: their rank, node
@@ -238,8 +299,7 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 	}
 	st.w.SetTag(h.WriteID)
 	for _, k := range kids {
-		hdr := wire.AppendForward(nil, h, uint8(k.rank), st.w.Version(), st.w.Base())
-		st.fwds = append(st.fwds, startForward(x.d, k.node, k.addr, k.rank, hdr, h.Len == 0))
+		st.fwds = append(st.fwds, startForward(x.d, k.node, k.addr, k.rank, x.forwardHeader(h, k, st.w), h.Len == 0))
 	}
 	return nil
 }
@@ -314,11 +374,11 @@ func (x *writer) completion(r *engine.Request) {
 		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: st.w.Version(),
 			Skipped: st.w.Version() - 1 - st.w.Base()}, nil, ""))
 	case st.mode == wire.ModeHost:
-		go x.hostFinish(r, st)
+		x.background(func() { x.hostFinish(r, st) })
 	case st.mode == wire.ModePull:
-		go x.pullFinish(r, st)
+		x.background(func() { x.pullFinish(r, st) })
 	default:
-		go x.finish(r, st)
+		x.background(func() { x.finish(r, st) })
 	}
 }
 
@@ -394,7 +454,7 @@ func (x *writer) cleanup(r *engine.Request, reason error) {
 		x.reserved.cancel(st.chunk, st.w)
 		return
 	case st.flat:
-		go x.abort(st, true)
+		x.background(func() { x.abort(st, true) })
 		return
 	case len(st.fwds) == 0:
 		st.w.Abort()
@@ -403,12 +463,12 @@ func (x *writer) cleanup(r *engine.Request, reason error) {
 	for _, f := range st.fwds {
 		f.abort(reason)
 	}
-	go func() {
+	x.background(func() {
 		for _, f := range st.fwds {
 			f.wait()
 		}
 		st.w.Abort()
-	}()
+	})
 }
 
 // errAborted is the reason a forward stops when its request is cleaned up.

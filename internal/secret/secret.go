@@ -107,6 +107,7 @@ const (
 	PurposeCapability = "capability-key"
 	PurposeNodeToken  = "node-token"
 	PurposeClient     = "client-credential"
+	PurposeForward    = "forward-seal"
 )
 
 // NodeToken is what a storage node presents to meta to prove it holds the

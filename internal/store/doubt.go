@@ -147,9 +147,12 @@ func (w *Write) AbortInDoubt() error {
 	}
 	d := Doubt{Base: w.base, Version: w.version, Tag: w.tag, Off: w.off, End: w.end}
 	w.s.doubts.set(w.id, d)
-	err := w.s.db.Set(doubtKey(w.id), d.encode(), pebble.Sync)
-	w.Abort()
-	if err != nil {
+	defer w.Abort()
+	if !w.s.gate.enter() {
+		return fmt.Errorf("store: abort %v v%d in doubt: not recorded: %w", w.id, w.version, ErrClosed)
+	}
+	defer w.s.gate.exit()
+	if err := w.s.db.Set(doubtKey(w.id), d.encode(), pebble.Sync); err != nil {
 		return fmt.Errorf("store: abort %v v%d in doubt: record it: %w", w.id, w.version, err)
 	}
 	return nil

@@ -122,8 +122,15 @@ const (
 	// FlagBase: the header carries Base (after the addresses), because
 	// the write skips the versions of an unresolved one it covers.
 	FlagBase uint8 = 1 << 2
-	flagsAll       = FlagRaw | FlagReserve | FlagBase
+	// FlagSealed: a node forwarded the header and sealed it: the last
+	// SealSize bytes are a MAC over everything before them under a key
+	// only nodes hold (see SealForward).
+	FlagSealed uint8 = 1 << 3
+	flagsAll         = FlagRaw | FlagReserve | FlagBase | FlagSealed
 )
+
+// SealSize is the length of a forwarded header's seal.
+const SealSize = 16
 
 // MaxAddrs bounds the replica coordinates a header carries.
 const MaxAddrs = 32
@@ -223,6 +230,18 @@ type WriteHeader struct {
 	// buffer holding the data.
 	RegionKey uint64
 	RegionOff uint64
+	// Seal and Sealed (FlagSealed only): the seal, and the bytes it
+	// covers. Both alias the parsed packet.
+	Seal   []byte
+	Sealed []byte
+}
+
+// SealForward seals a header built by AppendForward: it sets FlagSealed
+// and appends seal(header). seal is the forwarding node's keyed MAC.
+func SealForward(hdr []byte, seal func(body []byte) [SealSize]byte) []byte {
+	hdr[7] |= FlagSealed
+	mac := seal(hdr)
+	return append(hdr, mac[:]...)
 }
 
 // AppendWrite encodes h; addrs are the replica coordinates.
@@ -262,7 +281,7 @@ func appendTail(b []byte, h *WriteHeader, flags uint8, base uint64) []byte {
 // version and base (FlagBase set only if base is not version-1), and the
 // same raw address list.
 func AppendForward(b []byte, h *WriteHeader, rank uint8, version, base uint64) []byte {
-	flags := h.Flags &^ FlagBase
+	flags := h.Flags &^ (FlagBase | FlagSealed)
 	if version > 0 && base+1 != version {
 		flags |= FlagBase
 	}
@@ -328,11 +347,20 @@ func ParseWrite(b []byte, h *WriteHeader) error {
 		}
 		h.Base = binary.LittleEndian.Uint64(tail)
 		tail = tail[8:]
-		if h.Base+1 >= h.Version { // only a skip is sent
+		if h.Version < 2 || h.Base >= h.Version-1 { // only a skip is sent
 			return malformed("base version %d for version %d", h.Base, h.Version)
 		}
 	case h.Version > 0:
 		h.Base = h.Version - 1
+	}
+	h.Seal, h.Sealed = nil, nil
+	if h.Flags&FlagSealed != 0 {
+		if len(tail) < SealSize {
+			return malformed("sealed header without its seal")
+		}
+		h.Seal = tail[len(tail)-SealSize:]
+		h.Sealed = b[:len(b)-SealSize]
+		tail = tail[:len(tail)-SealSize]
 	}
 	h.RegionKey, h.RegionOff = 0, 0
 	if h.Mode == ModePull {

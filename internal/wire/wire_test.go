@@ -45,7 +45,30 @@ func TestWriteRoundTrip(t *testing.T) {
 	if again := AppendForward(nil, &next, 2, next.Version, next.Base); !bytes.Equal(again, fwd) {
 		t.Fatal("header with a base does not re-encode identically")
 	}
-	for _, base := range []uint64{7, 8, 9} {
+	// A sealed header: the seal covers everything before it.
+	sealed := SealForward(AppendForward(nil, &got, 1, 8, 5), func(body []byte) (s [SealSize]byte) {
+		for i := range s {
+			s[i] = 0xA5
+		}
+		s[0] = byte(len(body))
+		return
+	})
+	if err := ParseWrite(sealed, &next); err != nil {
+		t.Fatal(err)
+	}
+	if next.Flags&FlagSealed == 0 || next.Base != 5 || len(next.Seal) != SealSize || next.Seal[0] != byte(len(sealed)-SealSize) ||
+		!bytes.Equal(next.Sealed, sealed[:len(sealed)-SealSize]) || string(next.Addrs.At(2)) != addrs[2] {
+		t.Fatalf("sealed header %+v", next)
+	}
+	var trunc WriteHeader
+	if ParseWrite(sealed[:len(sealed)-1], &trunc) == nil {
+		t.Fatal("truncated seal accepted")
+	}
+	// Re-forwarding drops the old seal.
+	if again := AppendForward(nil, &next, 2, 8, 5); bytes.Contains(again, next.Seal) || again[7]&FlagSealed != 0 {
+		t.Fatal("forwarded header kept the previous seal")
+	}
+	for _, base := range []uint64{7, 8, 9, ^uint64(0)} {
 		bad, err := AppendWrite(nil, &WriteHeader{Strategy: StrategyRing, Flags: FlagBase, Version: 8, Base: base, Cap: []byte("c")}, addrs)
 		if err != nil {
 			t.Fatal(err)
@@ -180,6 +203,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(r)
 	f.Add(AppendReply(nil, &Reply{}, []uint32{1}, "x"))
 	f.Add(AppendForward(w[:0:0], mustParse(f, w), 1, 9, 5))
+	f.Add(SealForward(AppendForward(nil, mustParse(f, w), 1, 9, 8), func([]byte) [SealSize]byte { return [SealSize]byte{1, 2} }))
 	f.Add(AppendReply(nil, &Reply{Status: StatusReplica, Partial: true, Version: 9, Skipped: 3}, []uint32{1}, "x"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var wh WriteHeader
@@ -190,6 +214,12 @@ func FuzzParse(f *testing.F) {
 				}
 			}
 			re := AppendForward(nil, &wh, wh.Rank, wh.Version, wh.Base)
+			if wh.Flags&FlagSealed != 0 {
+				re = SealForward(re, func([]byte) (s [SealSize]byte) { copy(s[:], wh.Seal); return })
+				if !bytes.Equal(wh.Sealed, b[:len(b)-SealSize]) {
+					t.Fatal("sealed bytes are not the header before its seal")
+				}
+			}
 			if !bytes.Equal(re, b) {
 				t.Fatal("write header does not re-encode identically")
 			}
