@@ -4,8 +4,9 @@ go 1.26.8
 
 require (
 	github.com/cockroachdb/pebble/v2 v2.1.7
+	github.com/klauspost/reedsolomon v1.14.2
 	github.com/spf13/cobra v1.10.2
-	golang.org/x/sys v0.18.0
+	golang.org/x/sys v0.30.0
 	gonum.org/v1/plot v0.17.0
 )
 
@@ -33,6 +34,7 @@ require (
 	github.com/golang/snappy v0.0.5-0.20231225225746-43d5d4cd4e0e // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/klauspost/compress v1.17.11 // indirect
+	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
 	github.com/kr/pretty v0.3.1 // indirect
 	github.com/kr/text v0.2.0 // indirect
 	github.com/matttproud/golang_protobuf_extensions v1.0.4 // indirect

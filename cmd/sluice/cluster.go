@@ -17,18 +17,42 @@ func (a *app) policyCmd() *cobra.Command {
 	var (
 		replicas int
 		strategy string
+		ec       string
+		cell     int64
 	)
 	set := &cobra.Command{
-		Use:   "set PATH --replicas K [--strategy S]",
+		Use:   "set PATH (--replicas K [--strategy S] | --ec K+M [--cell BYTES])",
 		Short: "Set the policy new files under directory PATH get",
-		Args:  cobra.ExactArgs(1),
+		Long: `Set the policy new files under directory PATH get: K copies of every
+chunk (--replicas), or a Reed-Solomon erasure code (--ec K+M: stripes of K
+data cells and M parity cells on K+M distinct nodes; any K of them rebuild
+the rest). Existing files keep the policy they were created with.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("replicas") {
-				return fmt.Errorf("--replicas is required")
+			var pol metaapi.Policy
+			switch fl := cmd.Flags(); {
+			case fl.Changed("ec") && (fl.Changed("replicas") || fl.Changed("strategy")):
+				return fmt.Errorf("--ec and --replicas/--strategy are exclusive: a directory is either replicated or erasure-coded")
+			case fl.Changed("ec"):
+				code, err := metaapi.ParseEC(ec)
+				if err != nil {
+					return err
+				}
+				code.Cell = cell
+				pol.EC = &code
+			case fl.Changed("cell"):
+				return fmt.Errorf("--cell goes with --ec")
+			case fl.Changed("replicas"):
+				pol = metaapi.Policy{Replicas: replicas, Strategy: metaapi.Strategy(strategy)}
+			default:
+				return fmt.Errorf("--replicas is required (or --ec K+M for an erasure code)")
 			}
-			pol := metaapi.Policy{Replicas: replicas, Strategy: metaapi.Strategy(strategy)}
 			if err := pol.Validate(); err != nil {
 				return err
+			}
+			need, what := pol.Replicas, fmt.Sprintf("--replicas %d is", pol.Replicas)
+			if pol.EC != nil {
+				need, what = pol.EC.Units(), fmt.Sprintf("--ec %s needs %d distinct nodes, which is", pol.EC, pol.EC.Units())
 			}
 			return a.withClient(func(c *client.Client) error {
 				st, err := c.Status(cmd.Context())
@@ -41,8 +65,8 @@ func (a *app) policyCmd() *cobra.Command {
 						up++
 					}
 				}
-				if replicas > up {
-					return fmt.Errorf("--replicas %d is more than the %d storage nodes that are up", replicas, up)
+				if need > up {
+					return fmt.Errorf("%s more than the %d storage nodes that are up", what, up)
 				}
 				return c.SetPolicy(cmd.Context(), args[0], pol)
 			})
@@ -50,6 +74,8 @@ func (a *app) policyCmd() *cobra.Command {
 	}
 	set.Flags().IntVar(&replicas, "replicas", 0, "number of copies of each chunk")
 	set.Flags().StringVar(&strategy, "strategy", string(metaapi.StrategyRing), "replication strategy: ring, tree, flat, host-ring or host-tree")
+	set.Flags().StringVar(&ec, "ec", "", "erasure code K+M: K data and M parity units per stripe (e.g. 4+2, 6+3, 10+4)")
+	set.Flags().Int64Var(&cell, "cell", metaapi.DefaultECCell, "erasure code: bytes of each stripe on each unit (a multiple of 512)")
 	get := &cobra.Command{
 		Use:   "get PATH",
 		Short: "Show the effective policy of PATH and where it comes from",

@@ -30,6 +30,11 @@ const (
 	// FanoutClient: the client writes every replica itself (flat), so
 	// the nodes trust it to send them all the same bytes.
 	FanoutClient Fanout = 1
+	// FanoutEC: the chunk is an erasure-coded stripe group: the replica
+	// set is its Data data units then its parity units, and the client
+	// writes each unit itself (a parity unit may also take partial
+	// parities a data unit's node forwards and seals).
+	FanoutEC Fanout = 2
 )
 
 // Rights is a bit set of operations a capability allows.
@@ -65,7 +70,7 @@ const MACSize = 16
 const version = 1
 
 // fixedSize is the encoded size without replicas and MAC.
-const fixedSize = 4 + 4 + 8*7
+const fixedSize = 4 + 4 + 8*7 + 4
 
 // Capability is a decoded ticket. Replicas is a fixed array so decoding
 // does not allocate; only the first NReplicas entries are meaningful.
@@ -81,8 +86,11 @@ type Capability struct {
 	Expiry    int64  // unix nanoseconds
 	Epoch     uint64 // cluster-map epoch the layout was planned on
 	NReplicas uint8
-	Replicas  [MaxReplicas]ids.NodeID
-	MAC       [MACSize]byte
+	// Data is the number of data units of an erasure-coded stripe group
+	// (FanoutEC); 0 otherwise.
+	Data     uint8
+	Replicas [MaxReplicas]ids.NodeID
+	MAC      [MACSize]byte
 }
 
 // Errors returned by Decode and Keyring.Open. They are distinct so the
@@ -122,6 +130,7 @@ func (c *Capability) appendBody(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, c.Len)
 	b = binary.LittleEndian.AppendUint64(b, uint64(c.Expiry))
 	b = binary.LittleEndian.AppendUint64(b, c.Epoch)
+	b = append(b, c.Data, 0, 0, 0)
 	for _, r := range c.Replicas[:c.NReplicas] {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r))
 	}
@@ -145,8 +154,11 @@ func Decode(b []byte, c *Capability) (int, error) {
 		return 0, fmt.Errorf("%w: version %d", ErrMalformed, b[0])
 	}
 	n := int(b[2])
-	if n > MaxReplicas || b[3] > byte(FanoutClient) {
+	if n > MaxReplicas || b[3] > byte(FanoutEC) {
 		return 0, fmt.Errorf("%w: %d replicas, fanout %d", ErrMalformed, n, b[3])
+	}
+	if data := int(b[64]); (Fanout(b[3]) == FanoutEC) != (data > 0) || data >= max(n, 1) || b[65]|b[66]|b[67] != 0 {
+		return 0, fmt.Errorf("%w: %d data units of %d, fanout %d", ErrMalformed, data, n, b[3])
 	}
 	size := fixedSize + 4*n + MACSize
 	if len(b) < size {
@@ -163,6 +175,7 @@ func Decode(b []byte, c *Capability) (int, error) {
 	c.Len = binary.LittleEndian.Uint64(b[40:])
 	c.Expiry = int64(binary.LittleEndian.Uint64(b[48:]))
 	c.Epoch = binary.LittleEndian.Uint64(b[56:])
+	c.Data = b[64]
 	for i := 0; i < n; i++ {
 		c.Replicas[i] = ids.NodeID(binary.LittleEndian.Uint32(b[fixedSize+4*i:]))
 	}

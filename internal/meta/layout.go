@@ -156,7 +156,7 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 					next++
 					continue
 				}
-				nodes, err := placement.Choose(infos, pol.Replicas, nil, s.rng)
+				nodes, err := placement.Choose(infos, pol.Units(), nil, s.rng)
 				if err != nil {
 					return s.placementError(err)
 				}
@@ -186,8 +186,13 @@ func (s *Service) mintLayout(client ids.ClientID, write bool, p *layoutPlan) met
 	}
 	expiry := s.opts.Now().Add(s.opts.CapabilityTTL).UnixNano()
 	// Only a flat file's client may write replicas other than the first.
-	fanout := capability.FanoutNodes
-	if p.attr.Policy != nil && p.attr.Policy.Strategy == metaapi.StrategyFlat {
+	fanout, data, unitLen := capability.FanoutNodes, uint8(0), p.attr.ChunkSize
+	switch pol := p.attr.Policy; {
+	case pol == nil:
+	case pol.EC != nil:
+		fanout, data = capability.FanoutEC, uint8(pol.EC.Data)
+		unitLen = p.attr.ChunkSize / int64(pol.EC.Data) // each unit holds its share of the group
+	case pol.Strategy == metaapi.StrategyFlat:
 		fanout = capability.FanoutClient
 	}
 	out := metaapi.LayoutResp{Attr: p.attr, Epoch: p.epoch, Chunks: make([]metaapi.ChunkLayout, 0, len(p.chunks)), More: p.more}
@@ -195,16 +200,17 @@ func (s *Service) mintLayout(client ids.ClientID, write bool, p *layoutPlan) met
 		cp := capability.Capability{
 			Rights: rights,
 			Fanout: fanout,
+			Data:   data,
 			Client: client,
 			Ino:    p.attr.Ino,
 			Chunk:  c.rec.ID,
 			Off:    0,
-			Len:    uint64(p.attr.ChunkSize),
+			Len:    uint64(unitLen),
 			Expiry: expiry,
 			Epoch:  p.epoch,
 		}
 		if err := cp.SetReplicas(c.rec.Nodes); err != nil {
-			panic(err) // policies allow at most 16 replicas
+			panic(err) // policies allow at most MaxECUnits nodes
 		}
 		reps := make([]metaapi.Replica, len(c.rec.Nodes))
 		for i, n := range c.rec.Nodes {

@@ -208,6 +208,9 @@ func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
 				return err
 			}
 			in.ChunkSize = s.opts.ChunkSize
+			if pol.EC != nil {
+				in.ChunkSize = pol.EC.ChunkSize()
+			}
 			in.Policy = &pol
 		case metaapi.TypeSymlink:
 			in.Target = req.Target

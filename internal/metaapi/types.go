@@ -113,19 +113,95 @@ const (
 // Strategies lists every strategy, for help texts and errors.
 var Strategies = []Strategy{StrategyRing, StrategyTree, StrategyFlat, StrategyHostRing, StrategyHostTree}
 
-// Policy says how a file's data is made redundant. Exactly one of
-// Replicas (with Strategy) or an erasure code (later) is set.
+// Policy says how a file's data is made redundant: Replicas copies
+// placed with Strategy, or (EC set) a Reed-Solomon erasure code.
 type Policy struct {
-	Replicas int      `json:"replicas"`
-	Strategy Strategy `json:"strategy"`
+	Replicas int          `json:"replicas,omitempty"`
+	Strategy Strategy     `json:"strategy,omitempty"`
+	EC       *ErasureCode `json:"ec,omitempty"`
+}
+
+// ErasureCode is a systematic Reed-Solomon code RS(Data, Parity). A file
+// is cut into stripes of Data cells of Cell bytes each; the stripe's
+// Parity parity cells are computed from them, and the Data+Parity units
+// of a stripe group live on as many distinct nodes. Any Data of the units
+// rebuild the rest.
+type ErasureCode struct {
+	Data   int   `json:"data"`
+	Parity int   `json:"parity"`
+	Cell   int64 `json:"cell"` // bytes of a stripe on each unit
+}
+
+// Erasure-code limits. Units are bounded by what one capability and one
+// write header can name; cells by alignment and by memory per stripe.
+const (
+	MaxECUnits    = 32
+	MinECCell     = 512
+	MaxECCell     = 4 << 20
+	DefaultECCell = 64 << 10
+	// ECUnitTarget is about how many bytes of each unit one stripe group
+	// (one chunk of an erasure-coded file) holds.
+	ECUnitTarget = 16 << 20
+)
+
+// ParseEC parses "K+M" (for example "4+2").
+func ParseEC(s string) (ErasureCode, error) {
+	var k, m int
+	var rest string
+	if n, _ := fmt.Sscanf(s, "%d+%d%s", &k, &m, &rest); n != 2 {
+		return ErasureCode{}, Errorf(EINVAL, "erasure code %q is not K+M (for example 4+2)", s)
+	}
+	ec := ErasureCode{Data: k, Parity: m, Cell: DefaultECCell}
+	return ec, ec.Validate()
+}
+
+func (e ErasureCode) String() string { return fmt.Sprintf("%d+%d", e.Data, e.Parity) }
+
+// Units is the number of units of a stripe: data and parity.
+func (e ErasureCode) Units() int { return e.Data + e.Parity }
+
+// Validate checks the code on its own (not against the cluster size).
+func (e ErasureCode) Validate() error {
+	switch {
+	case e.Data < 1 || e.Parity < 1:
+		return Errorf(EINVAL, "erasure code %d+%d: K and M must each be at least 1", e.Data, e.Parity)
+	case e.Data+e.Parity > MaxECUnits:
+		return Errorf(EINVAL, "erasure code %d+%d: at most %d units (K+M) per stripe", e.Data, e.Parity, MaxECUnits)
+	case e.Cell < MinECCell || e.Cell > MaxECCell || e.Cell%MinECCell != 0:
+		return Errorf(EINVAL, "erasure code cell of %d bytes: must be a multiple of %d between %d and %d", e.Cell, MinECCell, MinECCell, MaxECCell)
+	}
+	return nil
+}
+
+// ChunkSize is the file bytes one stripe group of this code holds: Data
+// units of about ECUnitTarget bytes, a whole number of cells each.
+func (e ErasureCode) ChunkSize() int64 {
+	return int64(e.Data) * e.Cell * max(1, ECUnitTarget/e.Cell)
 }
 
 func (p Policy) String() string {
+	if p.EC != nil {
+		return fmt.Sprintf("ec=%s cell=%d", p.EC, p.EC.Cell)
+	}
 	return fmt.Sprintf("replicas=%d strategy=%s", p.Replicas, p.Strategy)
+}
+
+// Units is the number of distinct nodes one chunk of the policy needs.
+func (p Policy) Units() int {
+	if p.EC != nil {
+		return p.EC.Units()
+	}
+	return p.Replicas
 }
 
 // Validate checks a policy on its own (not against the cluster size).
 func (p Policy) Validate() error {
+	if p.EC != nil {
+		if p.Replicas != 0 || p.Strategy != "" {
+			return Errorf(EINVAL, "a policy is either replicated or erasure-coded, not both")
+		}
+		return p.EC.Validate()
+	}
 	if p.Replicas < 1 || p.Replicas > 16 {
 		return Errorf(EINVAL, "replicas must be between 1 and 16, got %d", p.Replicas)
 	}
