@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
@@ -48,7 +49,10 @@ type Options struct {
 	// benchmarks): ProtoStream (default), ProtoRPC, ProtoRPCPull or
 	// ProtoRaw.
 	Protocol string
-	Logger   *slog.Logger
+	// ECMode is how erasure-coded writes are encoded (for benchmarks):
+	// ECStream (default), ECPerChunk or ECCentral.
+	ECMode string
+	Logger *slog.Logger
 }
 
 // Client is a connection to a cluster. It is safe for concurrent use.
@@ -63,6 +67,7 @@ type Client struct {
 	log     *slog.Logger
 	layouts *layoutCache
 	bufs    *bufferPool
+	codes   erasure.Codes
 }
 
 // New connects to the cluster described by opts.Conf. No network traffic

@@ -242,37 +242,58 @@ func (c *Client) sendWrite(ctx context.Context, addr string, hdr, data []byte) (
 
 // sendWriteReply sends a write and returns the node's reply.
 func (c *Client) sendWriteReply(ctx context.Context, addr string, hdr, data []byte) (wire.Reply, error) {
+	var parts [][]byte
+	if len(data) > 0 {
+		parts = [][]byte{data}
+	}
+	return c.sendWriteParts(ctx, addr, hdr, parts)
+}
+
+// sendWriteParts sends a write whose data is the concatenation of parts.
+func (c *Client) sendWriteParts(ctx context.Context, addr string, hdr []byte, parts [][]byte) (wire.Reply, error) {
+	total := 0
+	for _, p := range parts {
+		total += len(p)
+	}
 	pc, err := c.pool.Get(ctx, addr)
 	if err != nil {
 		return wire.Reply{}, err
 	}
 	id := pc.NewID()
 	replies := pc.Replies.Expect(id)
-	mw, err := pc.Begin(id, hdr, len(data) == 0)
+	mw, err := pc.Begin(id, hdr, total == 0)
 	if err != nil {
 		pc.Close()
 		return wire.Reply{}, err
 	}
-	for pos := 0; pos < len(data); {
-		select {
-		case p, ok := <-replies:
-			// The node answered before the end: a refusal, or "already
-			// applied" (a retry of a write it committed). Either way the
-			// unfinished message dies with the connection.
-			mw.Abort(errors.New("answered mid-message"))
-			return parseReply(p, ok, pc)
-		default:
+	sent, unflushed := 0, 0
+	for _, data := range parts {
+		for pos := 0; pos < len(data); {
+			select {
+			case p, ok := <-replies:
+				// The node answered before the end: a refusal, or "already
+				// applied" (a retry of a write it committed). Either way the
+				// unfinished message dies with the connection.
+				mw.Abort(errors.New("answered mid-message"))
+				return parseReply(p, ok, pc)
+			default:
+			}
+			end := min(pos+writePiece-unflushed, len(data))
+			sent += end - pos
+			unflushed += end - pos
+			if err := mw.Write(data[pos:end], sent == total); err != nil {
+				mw.Abort(err)
+				return wire.Reply{}, err
+			}
+			if unflushed >= writePiece || sent == total {
+				if err := mw.Flush(); err != nil {
+					mw.Abort(err)
+					return wire.Reply{}, err
+				}
+				unflushed = 0
+			}
+			pos = end
 		}
-		end := min(pos+writePiece, len(data))
-		if err := mw.Write(data[pos:end], end == len(data)); err != nil {
-			mw.Abort(err)
-			return wire.Reply{}, err
-		}
-		if err := mw.Flush(); err != nil {
-			mw.Abort(err)
-			return wire.Reply{}, err
-		}
-		pos = end
 	}
 	if err := mw.Close(); err != nil {
 		return wire.Reply{}, err
@@ -327,8 +348,9 @@ func parseReply(p *fabric.Packet, ok bool, pc *fabric.PeerConn) (wire.Reply, err
 
 // piece is verified chunk data sitting in a registered buffer.
 type piece struct {
-	region *fabric.Region
-	data   []byte // the requested bytes (zeros where the chunk is short)
+	region  *fabric.Region
+	data    []byte // the requested bytes (zeros where the chunk is short)
+	version uint64 // the replica's version
 }
 
 // maxReadLen is the largest read request this client sends: its reply's
@@ -423,7 +445,7 @@ func (c *Client) readReplica(ctx context.Context, addr string, l *metaapi.ChunkL
 		clear(data[max(0, l.ZeroFrom-off):])
 	}
 	ok = true
-	return piece{region: region, data: data}, nil
+	return piece{region: region, data: data, version: rep.Version}, nil
 }
 
 // verify checks every block of a read reply against its checksum and

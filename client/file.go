@@ -192,6 +192,9 @@ func (f *File) writeRange(ctx context.Context, p []byte, off int64) ([]metaapi.C
 func (f *File) writeOne(ctx context.Context, p []byte, off int64) (int, metaapi.ChunkVersion, error) {
 	c := f.c
 	a := f.Attr()
+	if g, ok := ecGeomOf(&a); ok {
+		return f.ecWriteOne(ctx, g, p, off)
+	}
 	cs := a.ChunkSize
 	wm, err := c.modeFor(a.Policy)
 	if err != nil {
@@ -427,9 +430,16 @@ func (f *File) writeFrom(ctx context.Context, r io.Reader) (int64, error) {
 		after <-chan struct{} // the previous write to the same chunk
 		done  chan struct{}
 	}
+	msg := c.opts.WriteMsg
+	if a := f.Attr(); a.Policy != nil && a.Policy.EC != nil {
+		// Whole stripes per message, so only the last one is partial.
+		if g, ok := ecGeomOf(&a); ok {
+			msg = int(max(1, int64(msg)/g.width) * g.width)
+		}
+	}
 	free := make(chan []byte, depth)
 	for range depth {
-		free <- make([]byte, c.opts.WriteMsg)
+		free <- make([]byte, msg)
 	}
 	jobs := make(chan job)
 	ctx, cancel := context.WithCancel(ctx)
@@ -586,6 +596,14 @@ func (c *Client) Get(ctx context.Context, p string, w io.Writer) (int64, error) 
 func (f *File) readPieceKeep(ctx context.Context, s span, i int, data *[]byte, release *func()) error {
 	c := f.c
 	a := f.Attr()
+	if g, ok := ecGeomOf(&a); ok {
+		buf := make([]byte, s.n)
+		if err := f.ecRead(ctx, g, buf, s.off); err != nil {
+			return err
+		}
+		*data = buf
+		return nil
+	}
 	cs := a.ChunkSize
 	idx := s.off / cs
 	for attempt := 0; ; attempt++ {

@@ -29,7 +29,7 @@ type forward struct {
 	addr string
 	rank int
 
-	q      chan *fabric.Packet
+	q      chan item
 	stop   chan struct{}
 	stopMu sync.Once
 	reason error
@@ -44,7 +44,7 @@ type forward struct {
 func startForward(d *Deps, node ids.NodeID, addr string, rank int, hdr []byte, headerOnly bool) *forward {
 	f := &forward{
 		d: d, node: node, addr: addr, rank: rank,
-		q:    make(chan *fabric.Packet, d.ForwardQuota+1),
+		q:    make(chan item, d.ForwardQuota+1),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -54,7 +54,40 @@ func startForward(d *Deps, node ids.NodeID, addr string, rank int, hdr []byte, h
 }
 
 // push hands a retained packet to the sender.
-func (f *forward) push(p *fabric.Packet) { f.q <- p }
+func (f *forward) push(p *fabric.Packet) { f.q <- item{p: p} }
+
+// pushBuf hands a computed buffer (a partial parity) to the sender, which
+// releases it once sent.
+func (f *forward) pushBuf(b *outBuf) { f.q <- item{b: b} }
+
+// item is what a forward sends: a received packet passed on as it is, or
+// a buffer the node computed from one (a partial parity).
+type item struct {
+	p *fabric.Packet
+	b *outBuf
+}
+
+func (it item) data() []byte {
+	if it.b != nil {
+		return it.b.data
+	}
+	return it.p.Data
+}
+
+func (it item) last() bool {
+	if it.b != nil {
+		return it.b.last
+	}
+	return it.p.Last()
+}
+
+func (it item) release() {
+	if it.b != nil {
+		it.b.release()
+		return
+	}
+	it.p.Release()
+}
 
 // failed returns the forward's error once it has failed, else nil.
 func (f *forward) failed() error {
@@ -102,13 +135,13 @@ func (f *forward) drain(sawLast bool) {
 	for !sawLast {
 		select {
 		case p := <-f.q:
-			sawLast = p.Last()
-			p.Release()
+			sawLast = p.last()
+			p.release()
 		case <-f.stop:
 			for {
 				select {
 				case p := <-f.q:
-					p.Release()
+					p.release()
 				default:
 					return
 				}
@@ -151,13 +184,13 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 		f.drain(headerOnly)
 		return err
 	}
-	var pending [64]*fabric.Packet // sent but not yet flushed
+	var pending [64]item // sent but not yet flushed
 	np := 0
 	flush := func() error {
 		err := mw.Flush()
 		for i := range np {
-			pending[i].Release()
-			pending[i] = nil
+			pending[i].release()
+			pending[i] = item{}
 		}
 		np = 0
 		return err
@@ -174,8 +207,8 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 	for !sawLast {
 		select {
 		case p := <-f.q:
-			sawLast = p.Last()
-			werr := mw.Write(p.Data, sawLast)
+			sawLast = p.last()
+			werr := mw.Write(p.data(), sawLast)
 			pending[np] = p
 			np++
 			if werr == nil && (sawLast || np == len(pending) || len(f.q) == 0) {
@@ -193,7 +226,7 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 			// drops the batched packets and closes the connection.
 			mw.Abort(f.reason)
 			for i := range np {
-				pending[i].Release()
+				pending[i].release()
 			}
 			f.drain(false)
 			return f.reason
@@ -204,7 +237,7 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 			rerr := replyErr(p, ok, pc)
 			mw.Abort(errEarlyReply)
 			for i := range np {
-				pending[i].Release()
+				pending[i].release()
 			}
 			if rerr == nil {
 				f.conn.Store(nil)

@@ -30,8 +30,9 @@ type hostState struct {
 }
 
 func (x *writer) hostHeader(st *writeState, h *wire.WriteHeader, raw []byte) error {
-	if h.Flags&^(wire.FlagBase|wire.FlagSealed) != 0 || h.Strategy == wire.StrategyFlat {
-		return wire.Errorf(wire.StatusBadRequest, "store-and-forward writes are ring or tree writes")
+	ec := h.Strategy == wire.StrategyEC && h.Flags&wire.FlagEncode != 0
+	if !ec && (h.Flags&^(wire.FlagBase|wire.FlagSealed) != 0 || h.Strategy == wire.StrategyFlat || h.Strategy == wire.StrategyEC) {
+		return wire.Errorf(wire.StatusBadRequest, "store-and-forward writes are ring or tree writes, or erasure-coded data units that encode")
 	}
 	if h.Len > uint64(x.d.HostBuffer) || int64(1)<<sizeClass(int(h.Len)) > max(x.d.HostBuffer, 1) {
 		return wire.Errorf(wire.StatusBadRequest, "store-and-forward write of %d bytes, at most %d", h.Len, x.d.HostBuffer)
@@ -47,6 +48,9 @@ func (x *writer) hostHeader(st *writeState, h *wire.WriteHeader, raw []byte) err
 	// refused busy (retryable), never queued. It is charged what its
 	// pooled buffer really holds.
 	charge := int64(1) << sizeClass(int(h.Len))
+	if ec {
+		charge *= int64(c.NReplicas-c.Data) + 1 // the unit and its partial parities
+	}
 	if x.hostBytes.Add(charge) > x.d.HostBuffer {
 		x.hostBytes.Add(-charge)
 		return wire.Errorf(wire.StatusBusy, "host buffers for store-and-forward writes are full")
@@ -119,6 +123,9 @@ func (x *writer) hostStore(st *writeState) []byte {
 	kids, err := x.children(&h, &c)
 	if err != nil {
 		return wire.AppendError(nil, err)
+	}
+	if h.Strategy == wire.StrategyEC {
+		return x.hostEncode(st, &h, &c)
 	}
 	var w *store.Write
 	if h.Version == 0 {
@@ -215,4 +222,77 @@ func dialReplicaWith(d *Deps, ctx context.Context, node ids.NodeID, addr *string
 
 func (x *writer) dialReplica(ctx context.Context, node ids.NodeID, addr *string) (*peerConn, error) {
 	return dialReplicaWith(x.d, ctx, node, addr, nil)
+}
+
+// hostEncode is the per-chunk erasure-coding baseline at a data unit: the
+// whole unit is in host memory; store it, then compute its partial
+// parities and send each parity unit its whole partial.
+func (x *writer) hostEncode(st *writeState, h *wire.WriteHeader, c *capability.Capability) []byte {
+	hs := st.host
+	var err error
+	if h.Rank == 0 {
+		st.w, err = x.reserved.take(h.Chunk, h.Version, int64(h.Off), int64(h.Len), h.WriteID)
+		st.head, st.flat = true, true
+	} else {
+		if info, serr := x.d.Store.Stat(h.Chunk); serr == nil && info.Version < h.Base {
+			return wire.AppendError(nil, wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, h.Base))
+		}
+		if st.w, err = x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base); err != nil {
+			err = storeError(err)
+		}
+	}
+	if err != nil {
+		return wire.AppendError(nil, err)
+	}
+	w := st.w
+	w.SetTag(h.WriteID)
+	fail := func(err error) []byte {
+		x.abort(st, st.head)
+		return wire.AppendError(nil, err)
+	}
+	if len(hs.buf) > 0 {
+		if err := w.Place(int64(h.Off), hs.buf); err != nil {
+			return fail(storeError(err))
+		}
+	}
+	k := int(c.Data)
+	code, err := x.ecCode(k, int(c.NReplicas))
+	if err != nil {
+		return fail(err)
+	}
+	units, err := x.parityUnits(h, c.ReplicaList(), k)
+	if err != nil {
+		return fail(err)
+	}
+	shards := make([][]byte, 1+code.M)
+	shards[0] = hs.buf
+	for i := range code.M {
+		shards[1+i] = x.hostBufs.get(len(hs.buf))
+		defer x.hostBufs.put(shards[1+i])
+	}
+	if err := code.Partial(int(h.Rank), shards); err != nil {
+		return fail(wire.Errorf(wire.StatusIO, "computing partial parity: %v", err))
+	}
+	errs := make([]error, len(units))
+	var wg sync.WaitGroup
+	for i, u := range units {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = x.sendWhole(u, x.partialHeader(h, u, w), shards[1+i])
+		}()
+	}
+	err = w.Sync()
+	if err != nil {
+		err = storeError(err)
+	}
+	wg.Wait()
+	partial := st.flat
+	for _, e := range errs {
+		partial = partial || e == nil || wire.IsPartial(e)
+		if err == nil {
+			err = e
+		}
+	}
+	return x.publish(st, err, partial)
 }

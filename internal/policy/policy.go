@@ -76,6 +76,10 @@ type Deps struct {
 	// ReserveTimeout is how long a flat write's version reservation waits
 	// for its data. Default 10s.
 	ReserveTimeout time.Duration
+	// Accumulators is the number of parity accumulator slots (64 KiB
+	// each) for erasure-coded writes; past them, aggregation uses host
+	// memory (HostBuffer). Default 256.
+	Accumulators int
 	// Now returns unix nanoseconds (for capability expiry).
 	Now    func() int64
 	Logger *slog.Logger
@@ -96,6 +100,9 @@ func (d *Deps) fill() {
 	}
 	if d.HostBuffer == 0 {
 		d.HostBuffer = 256 << 20
+	}
+	if d.Accumulators == 0 {
+		d.Accumulators = 256
 	}
 	if d.ReserveTimeout == 0 {
 		d.ReserveTimeout = 10 * time.Second

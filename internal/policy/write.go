@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
@@ -33,6 +34,9 @@ type writer struct {
 	hostBytes atomic.Int64 // bytes buffered by host-mode writes
 	hostBufs  bufPools
 	bg        sync.WaitGroup // writes finishing or aborting in the background
+	codes     erasure.Codes
+	outBufs   outBufs
+	aggs      *aggregations
 }
 
 // background runs fn off the worker, tracked so close can wait for it.
@@ -46,6 +50,7 @@ func (x *writer) background(fn func()) {
 }
 
 func (x *writer) close(timeout time.Duration) error {
+	x.aggs.failAll()
 	done := make(chan struct{})
 	go func() {
 		x.bg.Wait()
@@ -81,10 +86,14 @@ type writeState struct {
 
 	host *hostState // host mode
 	pull *pullState // pull mode
+
+	enc *encodeState // an erasure-coded data unit sending partial parities
+	agg *aggregation // a partial parity for a parity unit
+	src uint8        // the data unit whose partial parity agg gets
 }
 
 func newWriter(d *Deps) *writer {
-	return &writer{d: d, reserved: newReservations(d.ReserveTimeout, d.Logger)}
+	return &writer{d: d, reserved: newReservations(d.ReserveTimeout, d.Logger), aggs: newAggregations(d.Accumulators)}
 }
 
 func (x *writer) context() *engine.Context {
@@ -167,12 +176,20 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 	// file is client-replicated (flat); below rank 0 only another node,
 	// whose seal a client cannot make. Otherwise a client could send two
 	// replicas different bytes as the same version.
-	switch flat := h.Strategy == wire.StrategyFlat; {
-	case flat != (c.Fanout == capability.FanoutClient):
-		return wire.Errorf(wire.StatusAuth, "chunk %v is %s-replicated; a %v write is not allowed", h.Chunk, fanoutName(c.Fanout), h.Strategy)
-	case !flat && rank != 0 && (h.Flags&wire.FlagSealed == 0 || !x.d.Keys.CheckSeal(h.Sealed, h.Seal)):
+	sealed := h.Flags&wire.FlagSealed != 0 && x.d.Keys.CheckSeal(h.Sealed, h.Seal)
+	flat, ec := h.Strategy == wire.StrategyFlat, h.Strategy == wire.StrategyEC
+	switch {
+	case flat != (c.Fanout == capability.FanoutClient) || ec != (c.Fanout == capability.FanoutEC):
+		return wire.Errorf(wire.StatusAuth, "chunk %v is %s; a %v write is not allowed", h.Chunk, fanoutName(c.Fanout), h.Strategy)
+	case !flat && !ec && rank != 0 && !sealed:
 		return wire.Errorf(wire.StatusAuth, "replica rank %d of chunk %v takes a %v write only as forwarded by rank %d's node",
 			rank, h.Chunk, h.Strategy, parentRank(h.Strategy, rank))
+	case !ec && h.Flags&(wire.FlagEncode|wire.FlagPartial) != 0:
+		return wire.Errorf(wire.StatusBadRequest, "encode and partial-parity flags are for erasure-coded writes")
+	case ec:
+		if err := checkEC(h, c, rank, sealed); err != nil {
+			return err
+		}
 	}
 	reserve := h.Flags&wire.FlagReserve != 0
 	switch h.Strategy {
@@ -181,14 +198,14 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 		if reserve || (rank == 0) != (h.Version == 0) {
 			return wire.Errorf(wire.StatusBadRequest, "version %d at rank %d of a %v write", h.Version, rank, h.Strategy)
 		}
-	case wire.StrategyFlat:
+	case wire.StrategyFlat, wire.StrategyEC:
 		// The client reserves the version at rank 0, then writes every
-		// replica with it.
+		// replica (unit) with it.
 		if reserve && (rank != 0 || h.Version != 0 || h.Mode != wire.ModeStream) || !reserve && h.Version == 0 {
-			return wire.Errorf(wire.StatusBadRequest, "flat write: version %d at rank %d (reserve %v)", h.Version, rank, reserve)
+			return wire.Errorf(wire.StatusBadRequest, "%v write: version %d at rank %d (reserve %v)", h.Strategy, h.Version, rank, reserve)
 		}
-		if h.Mode != wire.ModeStream {
-			return wire.Errorf(wire.StatusBadRequest, "flat writes stream")
+		if h.Mode != wire.ModeStream && !(h.Mode == wire.ModeHost && h.Flags&wire.FlagEncode != 0) {
+			return wire.Errorf(wire.StatusBadRequest, "%v writes stream", h.Strategy)
 		}
 	default:
 		return wire.Errorf(wire.StatusBadRequest, "unknown replication strategy %v", h.Strategy)
@@ -200,10 +217,35 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 }
 
 func fanoutName(f capability.Fanout) string {
-	if f == capability.FanoutClient {
-		return "client"
+	switch f {
+	case capability.FanoutClient:
+		return "client-replicated"
+	case capability.FanoutEC:
+		return "erasure-coded"
 	}
-	return "node"
+	return "node-replicated"
+}
+
+// checkEC checks the unit-specific rules of an erasure-coded write: only
+// data units encode, only parity units take partial parities, and those
+// only from a data unit's node.
+func checkEC(h *wire.WriteHeader, c *capability.Capability, rank int, sealed bool) error {
+	k := int(c.Data)
+	switch {
+	case h.Flags&wire.FlagEncode != 0 && (rank >= k || h.Flags&wire.FlagReserve != 0):
+		return wire.Errorf(wire.StatusBadRequest, "unit %d of chunk %v is not a data unit (%d data units) and cannot encode", rank, h.Chunk, k)
+	case h.Flags&wire.FlagPartial == 0:
+		return nil
+	case rank < k:
+		return wire.Errorf(wire.StatusBadRequest, "unit %d of chunk %v is a data unit, not a parity unit", rank, h.Chunk)
+	case int(h.Src) >= k:
+		return wire.Errorf(wire.StatusBadRequest, "partial parity from unit %d of chunk %v, which is not a data unit", h.Src, h.Chunk)
+	case !sealed:
+		return wire.Errorf(wire.StatusAuth, "parity unit %d of chunk %v takes partial parities only from a data unit's node", rank, h.Chunk)
+	case h.Mode != wire.ModeStream || h.Flags&wire.FlagReserve != 0:
+		return wire.Errorf(wire.StatusBadRequest, "partial parities stream")
+	}
+	return nil
 }
 
 // parentRank is the rank that forwards to rank in strategy s (rank > 0).
@@ -273,8 +315,16 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 	if err != nil {
 		return err
 	}
+	if h.Flags&wire.FlagPartial != 0 {
+		// A partial parity: joins its write's aggregation.
+		if st.agg, err = x.join(h, int(c.Data)); err != nil {
+			return err
+		}
+		st.src = h.Src
+		return nil
+	}
 	switch {
-	case h.Strategy == wire.StrategyFlat && h.Rank == 0:
+	case (h.Strategy == wire.StrategyFlat || h.Strategy == wire.StrategyEC) && h.Rank == 0:
 		// The data of a flat write whose version rank 0 reserved.
 		if st.w, err = x.reserved.take(h.Chunk, h.Version, int64(h.Off), int64(h.Len), h.WriteID); err != nil {
 			return err
@@ -287,7 +337,7 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 		}
 		st.head = true
 	default:
-		if h.Strategy == wire.StrategyFlat {
+		if h.Strategy == wire.StrategyFlat || h.Strategy == wire.StrategyEC {
 			if info, err := x.d.Store.Stat(h.Chunk); err == nil && info.Version < h.Base {
 				// An earlier flat write has not reached this replica yet.
 				return wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, h.Base)
@@ -300,6 +350,36 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 	st.w.SetTag(h.WriteID)
 	for _, k := range kids {
 		st.fwds = append(st.fwds, startForward(x.d, k.node, k.addr, k.rank, x.forwardHeader(h, k, st.w), h.Len == 0))
+	}
+	if h.Flags&wire.FlagEncode != 0 {
+		return x.startEncode(st, h, c)
+	}
+	return nil
+}
+
+// startEncode makes a data unit's write send its partial parities: a
+// forward to each parity unit, fed per packet by the payload handler.
+func (x *writer) startEncode(st *writeState, h *wire.WriteHeader, c *capability.Capability) error {
+	fail := func(err error) error {
+		if st.head {
+			st.w.AbortInDoubt() // the reservation's version may be written elsewhere
+		} else {
+			st.w.Abort()
+		}
+		return err
+	}
+	k := int(c.Data)
+	code, err := x.ecCode(k, int(c.NReplicas))
+	if err != nil {
+		return fail(err)
+	}
+	units, err := x.parityUnits(h, c.ReplicaList(), k)
+	if err != nil {
+		return fail(err)
+	}
+	st.enc = &encodeState{code: code, src: int(h.Rank), shards: make([][]byte, 1+code.M)}
+	for _, u := range units {
+		st.fwds = append(st.fwds, startForward(x.d, u.node, u.addr, u.rank, x.partialHeader(h, u, st.w), h.Len == 0))
 	}
 	return nil
 }
@@ -350,6 +430,9 @@ func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
 		return wire.Errorf(wire.StatusBadRequest, "a pulled write carries no data packets")
 	case st.reserve:
 		return wire.Errorf(wire.StatusBadRequest, "a version reservation carries no data packets")
+	case st.agg != nil:
+		x.aggs.Accumulated.Add(int64(len(p.Data)))
+		return st.agg.add(p.Off, p.Data)
 	}
 	for _, f := range st.fwds {
 		if err := f.failed(); err != nil {
@@ -358,6 +441,9 @@ func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
 	}
 	if err := st.w.Place(st.chunkOff+p.Off, p.Data); err != nil {
 		return storeError(err)
+	}
+	if st.enc != nil {
+		return x.encodePacket(st, p)
 	}
 	for _, f := range st.fwds {
 		p.Retain()
@@ -370,6 +456,8 @@ func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
 func (x *writer) completion(r *engine.Request) {
 	st := r.State.(*writeState)
 	switch {
+	case st.agg != nil:
+		st.agg.complete(st.src, r)
 	case st.reserve:
 		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: st.w.Version(),
 			Skipped: st.w.Version() - 1 - st.w.Base()}, nil, ""))
@@ -453,8 +541,19 @@ func (x *writer) cleanup(r *engine.Request, reason error) {
 		// the version, so nothing can have been written with it.
 		x.reserved.cancel(st.chunk, st.w)
 		return
+	case st.agg != nil:
+		st.agg.fail(reason)
+		return
 	case st.flat:
-		x.background(func() { x.abort(st, true) })
+		for _, f := range st.fwds {
+			f.abort(reason)
+		}
+		x.background(func() {
+			for _, f := range st.fwds {
+				f.wait()
+			}
+			x.abort(st, true)
+		})
 		return
 	case len(st.fwds) == 0:
 		st.w.Abort()

@@ -50,6 +50,10 @@ const (
 	// StrategyFlat: the client writes every replica itself; no replica
 	// forwards. The version comes from a reservation at rank 0.
 	StrategyFlat Strategy = 3
+	// StrategyEC: one unit of an erasure-coded stripe group; Rank is the
+	// unit's index (data units first, then parity units). Like flat, the
+	// client writes each unit with the version reserved at unit 0.
+	StrategyEC Strategy = 4
 )
 
 func (s Strategy) String() string {
@@ -60,6 +64,8 @@ func (s Strategy) String() string {
 		return "tree"
 	case StrategyFlat:
 		return "flat"
+	case StrategyEC:
+		return "ec"
 	}
 	return fmt.Sprintf("strategy(%d)", uint8(s))
 }
@@ -126,7 +132,15 @@ const (
 	// SealSize bytes are a MAC over everything before them under a key
 	// only nodes hold (see SealForward).
 	FlagSealed uint8 = 1 << 3
-	flagsAll         = FlagRaw | FlagReserve | FlagBase | FlagSealed
+	// FlagEncode (erasure-coded data units): compute the partial parity
+	// of the data for every parity unit and send it there — per packet in
+	// stream mode, once the whole unit is in in host mode (per-chunk).
+	FlagEncode uint8 = 1 << 4
+	// FlagPartial (erasure-coded parity units): the data is data unit
+	// Src's partial parity, forwarded and sealed by that unit's node; the
+	// parity unit stores the XOR of all data units' partials.
+	FlagPartial uint8 = 1 << 5
+	flagsAll          = FlagRaw | FlagReserve | FlagBase | FlagSealed | FlagEncode | FlagPartial
 )
 
 // SealSize is the length of a forwarded header's seal.
@@ -223,7 +237,9 @@ type WriteHeader struct {
 	// write: Version-1, unless the write covers an unresolved one whose
 	// versions it skips (store.Doubt). Sent only with FlagBase; ParseWrite
 	// fills in Version-1 otherwise.
-	Base  uint64
+	Base uint64
+	// Src (FlagPartial only) is the data unit whose partial parity this is.
+	Src   uint8
 	Cap   []byte // encoded capability
 	Addrs Addrs  // replica coordinates in chain order, one per replica
 	// RegionKey and RegionOff (ModePull only) name the client's registered
@@ -262,15 +278,18 @@ func AppendWrite(b []byte, h *WriteHeader, addrs []string) ([]byte, error) {
 	if err != nil {
 		return b, err
 	}
-	return appendTail(b, h, h.Flags, h.Base), nil
+	return appendTail(b, h, h.Mode, h.Flags, h.Base, h.Src), nil
 }
 
 // appendTail appends the optional fields that follow the addresses.
-func appendTail(b []byte, h *WriteHeader, flags uint8, base uint64) []byte {
+func appendTail(b []byte, h *WriteHeader, mode Mode, flags uint8, base uint64, src uint8) []byte {
 	if flags&FlagBase != 0 {
 		b = binary.LittleEndian.AppendUint64(b, base)
 	}
-	if h.Mode != ModePull {
+	if flags&FlagPartial != 0 {
+		b = append(b, src)
+	}
+	if mode != ModePull {
 		return b
 	}
 	b = binary.LittleEndian.AppendUint64(b, h.RegionKey)
@@ -281,13 +300,24 @@ func appendTail(b []byte, h *WriteHeader, flags uint8, base uint64) []byte {
 // version and base (FlagBase set only if base is not version-1), and the
 // same raw address list.
 func AppendForward(b []byte, h *WriteHeader, rank uint8, version, base uint64) []byte {
-	flags := h.Flags &^ (FlagBase | FlagSealed)
+	return appendHop(b, h, h.Mode, h.Flags&^(FlagBase|FlagSealed), rank, version, base, 0)
+}
+
+// AppendPartial encodes, from data unit src's header h, the header of its
+// partial parity for parity unit rank: a streamed FlagPartial write of the
+// same range and version.
+func AppendPartial(b []byte, h *WriteHeader, rank, src uint8, version, base uint64) []byte {
+	flags := h.Flags&^(FlagBase|FlagSealed|FlagEncode|FlagReserve) | FlagPartial
+	return appendHop(b, h, ModeStream, flags, rank, version, base, src)
+}
+
+func appendHop(b []byte, h *WriteHeader, mode Mode, flags, rank uint8, version, base uint64, src uint8) []byte {
 	if version > 0 && base+1 != version {
 		flags |= FlagBase
 	}
 	b = append(b, byte(OpWrite), byte(h.Strategy), rank, byte(h.Addrs.n))
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
-	b = append(b, byte(h.Mode), flags)
+	b = append(b, byte(mode), flags)
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
 	b = binary.LittleEndian.AppendUint64(b, h.Off)
 	b = binary.LittleEndian.AppendUint64(b, h.Len)
@@ -295,7 +325,7 @@ func AppendForward(b []byte, h *WriteHeader, rank uint8, version, base uint64) [
 	b = binary.LittleEndian.AppendUint64(b, h.WriteID)
 	b = append(b, h.Cap...)
 	b = append(b, h.Addrs.raw...)
-	return appendTail(b, h, flags, base)
+	return appendTail(b, h, mode, flags, base, src)
 }
 
 // ParseWrite decodes a WRH; the whole packet must be the header.
@@ -352,6 +382,13 @@ func ParseWrite(b []byte, h *WriteHeader) error {
 		}
 	case h.Version > 0:
 		h.Base = h.Version - 1
+	}
+	h.Src = 0
+	if h.Flags&FlagPartial != 0 {
+		if len(tail) < 1 {
+			return malformed("partial parity header without its source unit")
+		}
+		h.Src, tail = tail[0], tail[1:]
 	}
 	h.Seal, h.Sealed = nil, nil
 	if h.Flags&FlagSealed != 0 {

@@ -1,0 +1,474 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// Erasure-coded files. A file chunk is a stripe group: K data units and M
+// parity units, one per node, each a chunk of the same id on its node.
+// The group's bytes are cut into stripes of K cells; cell j of stripe s
+// is at unit offset s·Cell of data unit j, and the parity units hold, at
+// the same offset, the parity of the stripe. So unit j's bytes for
+// stripes [s0, s1) are contiguous, and the code works bytewise: encoding
+// the units' runs is encoding every stripe.
+//
+// Every write covers whole stripes of all K+M units with one version
+// (reserved at unit 0, which also serialises writers): a write that does
+// not cover its first or last stripe whole reads the stripe first
+// (read-modify-write, under the reservation) and writes it back whole.
+
+// EC encoding modes a client can choose (benchmarks compare them).
+const (
+	ECStream   = "stream"    // data nodes send partial parities per packet (the default)
+	ECPerChunk = "per-chunk" // data nodes receive the whole unit, then send partial parities
+	ECCentral  = "central"   // the client encodes and writes the parity units itself
+)
+
+// ecGeom is the striping of an erasure-coded file.
+type ecGeom struct {
+	k, m    int
+	cell    int64
+	width   int64 // file bytes of a stripe: k·cell
+	group   int64 // file bytes of a stripe group (the file's chunk size)
+	stripes int64 // stripes per group
+}
+
+func ecGeomOf(a *metaapi.Attr) (ecGeom, bool) {
+	if a.Policy == nil || a.Policy.EC == nil {
+		return ecGeom{}, false
+	}
+	ec := a.Policy.EC
+	g := ecGeom{k: ec.Data, m: ec.Parity, cell: ec.Cell, width: int64(ec.Data) * ec.Cell, group: a.ChunkSize}
+	if g.cell <= 0 || g.width <= 0 || g.group%g.width != 0 {
+		return ecGeom{}, false
+	}
+	g.stripes = g.group / g.width
+	return g, true
+}
+
+func (c *Client) ecFlags() (wire.Mode, uint8, bool, error) {
+	switch c.opts.ECMode {
+	case "", ECStream:
+		return wire.ModeStream, wire.FlagEncode, false, nil
+	case ECPerChunk:
+		return wire.ModeHost, wire.FlagEncode, false, nil
+	case ECCentral:
+		return wire.ModeStream, 0, true, nil
+	}
+	return 0, 0, false, fmt.Errorf("unknown erasure-coding mode %q (known: stream, per-chunk, central)", c.opts.ECMode)
+}
+
+// ecWriteOne writes the front of p at off that fits one group and one
+// message (whole stripes where it can), and returns how much it wrote.
+func (f *File) ecWriteOne(ctx context.Context, g ecGeom, p []byte, off int64) (int, metaapi.ChunkVersion, error) {
+	c := f.c
+	a := f.Attr()
+	idx, o := off/g.group, off%g.group
+	s0 := o / g.width
+	maxS := max(1, int64(c.opts.WriteMsg)/g.width)
+	end := min(o+int64(len(p)), min(s0+maxS, g.stripes)*g.width)
+	n := end - o
+	s1 := (end + g.width - 1) / g.width
+	for attempt := 0; ; attempt++ {
+		ls, _, err := c.chunkLayouts(ctx, a.Ino, g.group, off, n, true)
+		if err != nil {
+			return 0, metaapi.ChunkVersion{}, err
+		}
+		l, ok := ls[idx]
+		if !ok {
+			return 0, metaapi.ChunkVersion{}, fmt.Errorf("meta returned no layout for chunk %d", idx)
+		}
+		if len(l.Replicas) != g.k+g.m {
+			return 0, metaapi.ChunkVersion{}, fmt.Errorf("chunk %v has %d units, the code needs %d", l.Chunk, len(l.Replicas), g.k+g.m)
+		}
+		if l.ZeroFrom > 0 && o > l.ZeroFrom {
+			// Stale bytes lie between the old truncation point and this
+			// write: overwrite them with zeros first (whole stripes).
+			if err := f.ecZero(ctx, g, idx*g.group+l.ZeroFrom, idx*g.group+o); err != nil {
+				return 0, metaapi.ChunkVersion{}, err
+			}
+			c.layouts.dropChunk(a.Ino, idx)
+			continue
+		}
+		ver, err := c.ecWriteStripes(ctx, g, &l, s0, s1, p[:n], o)
+		if s, ok := statusOf(err); ok && s == wire.StatusAuth && attempt == 0 {
+			c.layouts.dropChunk(a.Ino, idx)
+			continue
+		}
+		if err != nil {
+			return 0, metaapi.ChunkVersion{}, err
+		}
+		if l.ZeroFrom > 0 {
+			c.layouts.dropChunk(a.Ino, idx) // meta moves ZeroFrom on commit
+		} else {
+			c.layouts.setVersion(a.Ino, idx, ver)
+		}
+		return int(n), metaapi.ChunkVersion{Index: idx, Chunk: l.Chunk, Version: ver, End: min(g.group, s1*g.width)}, nil
+	}
+}
+
+// ecZero writes zeros over [from, to) of the file and records it.
+func (f *File) ecZero(ctx context.Context, g ecGeom, from, to int64) error {
+	zeros := make([]byte, min(to-from, max(g.width, int64(f.c.opts.WriteMsg))))
+	var versions []metaapi.ChunkVersion
+	for pos := from; pos < to; {
+		n, v, err := f.ecWriteOne(ctx, g, zeros[:min(int64(len(zeros)), to-pos)], pos)
+		if err != nil {
+			return err
+		}
+		versions = append(versions, v)
+		pos += int64(n)
+	}
+	return f.commit(ctx, 0, versions)
+}
+
+// ecWriteStripes writes stripes [s0, s1) of group l, whose new bytes are
+// data starting at group offset o (the rest of those stripes is read and
+// written back), and returns the version they committed as.
+func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, data []byte, o int64) (uint64, error) {
+	mode, flags, central, err := c.ecFlags()
+	if err != nil {
+		return 0, err
+	}
+	addrs := make([]string, len(l.Replicas))
+	for i, r := range l.Replicas {
+		addrs[i] = r.Addr
+	}
+	unitOff, unitLen := s0*g.cell, (s1-s0)*g.cell
+	h := wire.WriteHeader{Strategy: wire.StrategyEC, Chunk: l.Chunk, Off: uint64(unitOff), Len: uint64(unitLen), Cap: l.Cap, WriteID: newWriteID()}
+
+	// Reserve the group's next version at unit 0: it orders this write
+	// against every other one of the group.
+	res := h
+	res.Flags = wire.FlagReserve
+	rhdr, err := wire.AppendWrite(nil, &res, addrs)
+	if err != nil {
+		return 0, err
+	}
+	var rep wire.Reply
+	if _, err = c.retryBusy(ctx, func() (uint64, error) {
+		var err error
+		rep, err = c.sendWriteReply(ctx, addrs[0], rhdr, nil)
+		return rep.Version, err
+	}); err != nil {
+		return 0, &NodeError{Op: fmt.Sprintf("reserve stripe group %v", l.Chunk), Addr: addrs[0], Err: err}
+	}
+	ver, base := rep.Version, rep.Version-1-rep.Skipped
+	if rep.Skipped > 0 {
+		h.Flags |= wire.FlagBase
+	}
+	h.Base = base
+
+	start, span := s0*g.width, (s1-s0)*g.width
+	stripes := data
+	if o != start || int64(len(data)) != span {
+		// Not whole stripes: read them as they stand, then overlay.
+		stripes = make([]byte, span)
+		if base > 0 {
+			if err := c.ecReadStripes(ctx, g, l, s0, s1, stripes, base); err != nil {
+				return 0, fmt.Errorf("reading stripes [%d,%d) of group %v to update them: %w", s0, s1, l.Chunk, err)
+			}
+			if l.ZeroFrom > 0 && l.ZeroFrom < start+span {
+				clear(stripes[max(0, l.ZeroFrom-start):]) // stale past a truncation
+			}
+		}
+		copy(stripes[o-start:], data)
+	}
+	units := make([][][]byte, g.k+g.m) // each unit's bytes, as cells
+	for j := 0; j < g.k; j++ {
+		units[j] = cellsOf(stripes, g, j)
+	}
+	if central {
+		if err := c.ecEncode(g, stripes, units); err != nil {
+			return 0, err
+		}
+	}
+	send := g.k
+	if central {
+		send = g.k + g.m
+	}
+	errs := make([]error, send)
+	partial := make([]bool, send)
+	var wg sync.WaitGroup
+	for i := range send {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hi := h
+			hi.Rank, hi.Version, hi.Mode = uint8(i), ver, mode
+			if i < g.k {
+				hi.Flags |= flags
+			} else {
+				hi.Mode = wire.ModeStream
+			}
+			hdr, err := wire.AppendWrite(nil, &hi, addrs)
+			if err == nil {
+				_, err = c.retryBusy(ctx, func() (uint64, error) {
+					rep, err := c.sendWriteParts(ctx, addrs[i], hdr, units[i])
+					partial[i] = partial[i] || wire.IsPartial(err)
+					return rep.Version, err
+				})
+			}
+			if err != nil {
+				errs[i] = &NodeError{Op: fmt.Sprintf("write unit %d of stripe group %v", i, l.Chunk), Addr: addrs[i], Err: err}
+			}
+		}()
+	}
+	wg.Wait()
+	var failed []error
+	for _, err := range errs {
+		if err != nil {
+			failed = append(failed, err)
+		}
+	}
+	if len(failed) > 0 {
+		// Units that did commit are ahead of the others: the stripe is
+		// degraded until the write is retried or repaired.
+		return 0, &wire.PartialError{Err: fmt.Errorf("stripe group %v version %d is degraded: %d of %d unit writes failed: %w",
+			l.Chunk, ver, len(failed), send, oneLine(failed))}
+	}
+	return ver, nil
+}
+
+// cellsOf returns data unit j's bytes of the stripes in buf: one cell per
+// stripe, aliasing buf. Small cells are gathered into one buffer so they
+// do not each become a packet.
+func cellsOf(buf []byte, g ecGeom, j int) [][]byte {
+	n := int64(len(buf)) / g.width
+	if g.cell < 16<<10 && n > 1 {
+		out := make([]byte, 0, n*g.cell)
+		for s := range n {
+			out = append(out, buf[s*g.width+int64(j)*g.cell:][:g.cell]...)
+		}
+		return [][]byte{out}
+	}
+	cells := make([][]byte, n)
+	for s := range n {
+		cells[s] = buf[s*g.width+int64(j)*g.cell:][:g.cell]
+	}
+	return cells
+}
+
+// ecEncode computes the parity units' bytes of the stripes in buf (the
+// central mode) into units[k:].
+func (c *Client) ecEncode(g ecGeom, buf []byte, units [][][]byte) error {
+	code, err := c.codes.Get(g.k, g.m)
+	if err != nil {
+		return err
+	}
+	n := int64(len(buf)) / g.width
+	par := make([]byte, int64(g.m)*n*g.cell)
+	for p := range g.m {
+		units[g.k+p] = [][]byte{par[int64(p)*n*g.cell:][:n*g.cell]}
+	}
+	shards := make([][]byte, g.k+g.m)
+	for s := range n {
+		for j := range g.k {
+			shards[j] = buf[s*g.width+int64(j)*g.cell:][:g.cell]
+		}
+		for p := range g.m {
+			shards[g.k+p] = units[g.k+p][0][s*g.cell:][:g.cell]
+		}
+		if err := code.Encode(shards); err != nil {
+			return fmt.Errorf("encoding stripe: %w", err)
+		}
+	}
+	return nil
+}
+
+// ---- reads ----
+
+// ecRead fills buf with the file bytes at off (within one group, as
+// split by the caller), reading data units directly and decoding from
+// parity when some cannot be read or fail their checksums.
+func (f *File) ecRead(ctx context.Context, g ecGeom, buf []byte, off int64) error {
+	c := f.c
+	a := f.Attr()
+	idx, o := off/g.group, off%g.group
+	for attempt := 0; ; attempt++ {
+		ls, _, err := c.chunkLayouts(ctx, a.Ino, g.group, off, int64(len(buf)), false)
+		if err != nil {
+			return err
+		}
+		l, ok := ls[idx]
+		if !ok {
+			clear(buf) // a hole
+			return nil
+		}
+		err = c.ecReadRange(ctx, g, &l, o, buf)
+		if err != nil && attempt == 0 && ctx.Err() == nil {
+			c.layouts.dropChunk(a.Ino, idx)
+			continue
+		}
+		return err
+	}
+}
+
+// ecReadRange reads group bytes [o, o+len(buf)) of l into buf.
+func (c *Client) ecReadRange(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, o int64, buf []byte) error {
+	end := o + int64(len(buf))
+	// Whole stripes at a time, as many as one read per unit may carry.
+	per := max(1, int64(c.maxReadLen())/g.cell)
+	for s0 := o / g.width; s0*g.width < end; s0 += per {
+		s1 := min(s0+per, (end+g.width-1)/g.width)
+		lo, hi := max(o, s0*g.width), min(end, s1*g.width)
+		if err := c.ecReadDirect(ctx, g, l, lo, buf[lo-o:hi-o]); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			c.log.Debug("direct read of an erasure-coded group failed, decoding", "group", l.Chunk, "err", err)
+			stripes := make([]byte, (s1-s0)*g.width)
+			if err := c.ecReadStripes(ctx, g, l, s0, s1, stripes, 0); err != nil {
+				return err
+			}
+			copy(buf[lo-o:hi-o], stripes[lo-s0*g.width:])
+		}
+	}
+	if l.ZeroFrom > 0 && end > l.ZeroFrom {
+		clear(buf[max(0, l.ZeroFrom-o):]) // stale past a truncation
+	}
+	return nil
+}
+
+// ecReadDirect reads group bytes [lo, lo+len(out)) from the data units
+// holding them (the healthy path: the code is systematic).
+func (c *Client) ecReadDirect(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, lo int64, out []byte) error {
+	hi := lo + int64(len(out))
+	errs := make([]error, g.k)
+	var wg sync.WaitGroup
+	for j := range g.k {
+		// Unit j's bytes in [lo, hi): from its first cell in range to its last.
+		first, last := int64(-1), int64(-1)
+		for s := lo / g.width; s*g.width < hi; s++ {
+			cs, ce := s*g.width+int64(j)*g.cell, s*g.width+int64(j+1)*g.cell
+			if ce <= lo || cs >= hi {
+				continue
+			}
+			u0, u1 := s*g.cell+max(lo, cs)-cs, s*g.cell+min(hi, ce)-cs
+			if first < 0 {
+				first = u0
+			}
+			last = u1
+		}
+		if first < 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pc, err := c.readUnit(ctx, l, j, first, last-first, 0)
+			if err != nil {
+				errs[j] = err
+				return
+			}
+			defer c.bufs.put(pc.region)
+			// Scatter the unit's run back to file order.
+			for u := first; u < last; {
+				s := u / g.cell
+				n := min(last, (s+1)*g.cell) - u
+				fo := s*g.width + int64(j)*g.cell + u%g.cell
+				copy(out[fo-lo:], pc.data[u-first:u-first+n])
+				u += n
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// readUnit reads [off, off+n) of unit j of group l. With exact set, the
+// unit must be at exactly that version; otherwise at least the version
+// meta knows.
+func (c *Client) readUnit(ctx context.Context, l *metaapi.ChunkLayout, j int, off, n int64, exact uint64) (piece, error) {
+	ul := *l
+	ul.ZeroFrom = 0 // applies to group offsets, not unit offsets
+	if exact > 0 {
+		ul.Version = exact
+	}
+	r := l.Replicas[j]
+	p, err := c.readReplica(ctx, r.Addr, &ul, off, n)
+	if err != nil {
+		return piece{}, &NodeError{Op: fmt.Sprintf("read unit %d of stripe group %v", j, l.Chunk), Addr: r.Addr, Err: err}
+	}
+	if exact > 0 && p.version != exact {
+		c.bufs.put(p.region)
+		return piece{}, &NodeError{Op: fmt.Sprintf("read unit %d of stripe group %v", j, l.Chunk), Addr: r.Addr,
+			Err: fmt.Errorf("%w: at version %d, need %d", errStale, p.version, exact)}
+	}
+	return p, nil
+}
+
+// ecReadStripes reads whole stripes [s0, s1) of group l into out (file
+// order), decoding from any K units that agree on a version: exactly
+// version exact if it is set, else the newest version at least K units
+// hold (and at least the one meta knows). Every byte used passed its
+// checksum; a unit that fails one counts as lost.
+func (c *Client) ecReadStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, out []byte, exact uint64) error {
+	code, err := c.codes.Get(g.k, g.m)
+	if err != nil {
+		return err
+	}
+	n := g.k + g.m
+	off, ln := s0*g.cell, (s1-s0)*g.cell
+	pcs := make([]piece, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for u := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pcs[u], errs[u] = c.readUnit(ctx, l, u, off, ln, exact)
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for _, p := range pcs {
+			if p.region != nil {
+				c.bufs.put(p.region)
+			}
+		}
+	}()
+	// The newest version enough units agree on.
+	count := map[uint64]int{}
+	for u := range n {
+		if errs[u] == nil {
+			count[pcs[u].version]++
+		}
+	}
+	var ver uint64
+	for v, k := range count {
+		if k >= g.k && v > ver {
+			ver = v
+		}
+	}
+	if ver == 0 {
+		var failed []error
+		for _, e := range errs {
+			if e != nil {
+				failed = append(failed, e)
+			}
+		}
+		return fmt.Errorf("stripe group %v: fewer than %d of its %d units readable at one version (%v): %w", l.Chunk, g.k, n, count, oneLine(failed))
+	}
+	shards := make([][]byte, n)
+	for u := range n {
+		if errs[u] == nil && pcs[u].version == ver {
+			shards[u] = pcs[u].data
+		}
+	}
+	if err := code.ReconstructData(shards); err != nil {
+		return fmt.Errorf("decoding stripe group %v: %w", l.Chunk, err)
+	}
+	for s := range s1 - s0 {
+		for j := range g.k {
+			copy(out[s*g.width+int64(j)*g.cell:][:g.cell], shards[j][s*g.cell:][:g.cell])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,424 @@
+package policy
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/erasure"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/store"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// Erasure-coded writes (seed 000 §V-C "sPIN-TriEC", seed 003). A stripe
+// group is one chunk id on K+M nodes: units 0..K-1 hold data, K..K+M-1
+// parity. Like a flat write, the client reserves the group's next version
+// at unit 0 and writes every data unit itself with it. Then, by mode:
+//
+//   - central: the client encodes and writes the parity units too;
+//   - streaming (FlagEncode, stream mode): each data unit's node stores
+//     every packet and at once sends, for each parity unit, the packet
+//     times its generator-matrix coefficient (its partial parity) — the
+//     per-packet path, no buffering;
+//   - per-chunk (FlagEncode, host mode): the data unit's node receives the
+//     whole unit first, then computes and sends its partial parities (the
+//     INEC-TriEC baseline).
+//
+// A parity unit's node XORs the K partial parities of the same write and
+// offset in a bounded pool of accumulator slots (aggregation); when the
+// pool is empty, slots come from host memory instead (counted), and only
+// when that budget is spent too is the write refused busy. It stores each
+// slot once all K partials have arrived, commits when every byte has, and
+// only then acknowledges the K data units — which publish and acknowledge
+// the client only after every parity unit has. So the client's OK means
+// all K+M units of the stripe are durable.
+
+// outBuf is a computed buffer a forward sends (a partial parity packet).
+type outBuf struct {
+	data []byte
+	last bool
+	pool *outBufs
+}
+
+func (b *outBuf) release() {
+	b.pool.bufs.put(b.data)
+	b.data = nil
+	b.pool.structs.Put(b)
+}
+
+// outBufs pools partial-parity buffers, so the per-packet path does not
+// allocate.
+type outBufs struct {
+	structs sync.Pool
+	bufs    bufPools
+}
+
+func (o *outBufs) get(n int, last bool) *outBuf {
+	b, _ := o.structs.Get().(*outBuf)
+	if b == nil {
+		b = &outBuf{pool: o}
+	}
+	b.data, b.last = o.bufs.get(n), last
+	return b
+}
+
+// encodeState is a data unit's streaming encoder.
+type encodeState struct {
+	code   *erasure.Code
+	src    int
+	shards [][]byte // scratch: the packet, then one output per parity unit
+}
+
+// ecUnits returns the code of an erasure-coded write's capability.
+func (x *writer) ecCode(k, n int) (*erasure.Code, error) {
+	code, err := x.codes.Get(k, n-k)
+	if err != nil {
+		return nil, wire.Errorf(wire.StatusBadRequest, "%v", err)
+	}
+	return code, nil
+}
+
+// parityUnits resolves the parity units a data unit sends its partial
+// parities to (from the cluster map, as children are).
+func (x *writer) parityUnits(h *wire.WriteHeader, reps []ids.NodeID, k int) ([]child, error) {
+	var out []child
+	for rank := k; rank < h.Addrs.Len(); rank++ {
+		ch := child{rank: rank}
+		if len(reps) > 0 {
+			ch.node = reps[rank]
+		}
+		if x.d.ReplicaAddr == nil {
+			ch.addr = string(h.Addrs.At(rank))
+		} else {
+			var known bool
+			if ch.addr, known = x.d.ReplicaAddr(ch.node); !known {
+				return nil, wire.Errorf(wire.StatusBusy, "parity unit %v is not in this node's cluster map yet", ch.node)
+			}
+		}
+		out = append(out, ch)
+	}
+	return out, nil
+}
+
+// partialHeader is the sealed header of this data unit's partial parity
+// for parity unit k.
+func (x *writer) partialHeader(h *wire.WriteHeader, k child, w *store.Write) []byte {
+	return wire.SealForward(wire.AppendPartial(nil, h, uint8(k.rank), h.Rank, w.Version(), w.Base()), x.d.Keys.Seal)
+}
+
+// encodePacket computes a data packet's partial parities and hands one to
+// each parity unit's forward.
+func (x *writer) encodePacket(st *writeState, p *fabric.Packet) error {
+	e := st.enc
+	e.shards[0] = p.Data
+	bufs := [erasure.MaxUnits]*outBuf{}
+	for i := range st.fwds {
+		bufs[i] = x.outBufs.get(len(p.Data), p.Last())
+		e.shards[1+i] = bufs[i].data
+	}
+	err := e.code.Partial(e.src, e.shards)
+	for i, f := range st.fwds {
+		if err != nil {
+			bufs[i].release()
+			continue
+		}
+		f.pushBuf(bufs[i])
+	}
+	clear(e.shards)
+	if err != nil {
+		return wire.Errorf(wire.StatusIO, "computing partial parity: %v", err)
+	}
+	return nil
+}
+
+// ---- parity units: aggregation ----
+
+// accSlot is the size of one accumulator slot.
+const accSlot = 64 << 10
+
+// maxAggregations bounds the writes a node aggregates parity for at once.
+const maxAggregations = 1024
+
+type aggKey struct {
+	chunk   ids.ChunkID
+	version uint64
+}
+
+// aggregations is a parity node's set of writes being aggregated and its
+// accumulator pool.
+type aggregations struct {
+	mu sync.Mutex
+	m  map[aggKey]*aggregation
+	// slots is the accumulator pool: fixed buffers, taken without waiting.
+	slots chan []byte
+	// Fallbacks counts slots taken from host memory because the pool was
+	// empty; Accumulated counts partial-parity bytes XORed.
+	Fallbacks   atomic.Int64
+	Accumulated atomic.Int64
+}
+
+func newAggregations(n int) *aggregations {
+	a := &aggregations{m: map[aggKey]*aggregation{}, slots: make(chan []byte, n)}
+	for range n {
+		a.slots <- make([]byte, accSlot)
+	}
+	return a
+}
+
+// aggregation is one write's parity being assembled from K partials.
+type aggregation struct {
+	x   *writer
+	key aggKey
+	k   int
+
+	mu      sync.Mutex
+	w       *store.Write
+	off     int64 // chunk offset of the write
+	length  int64
+	base    uint64
+	writeID uint64
+	joined  uint64 // bit per data unit whose partial has begun
+	done    uint64 // bit per data unit whose partial is all in
+	waiting []*engine.Request
+	slots   map[int64]*slot
+	placed  int64
+	err     error // set once failed
+	ended   bool  // finished or failed
+	timer   *time.Timer
+}
+
+type slot struct {
+	buf     []byte
+	got     int64
+	charged int64 // host memory charged (a fallback slot)
+}
+
+// join admits data unit h.Src's partial parity: into the aggregation of
+// its write if one is open, else a new one (opening the store write).
+func (x *writer) join(h *wire.WriteHeader, k int) (*aggregation, error) {
+	a := x.aggs
+	key := aggKey{h.Chunk, h.Version}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if g := a.m[key]; g != nil {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		switch bit := uint64(1) << h.Src; {
+		case g.ended:
+			return nil, wire.Errorf(wire.StatusBusy, "parity of chunk %v version %d is ending", h.Chunk, h.Version)
+		case g.off != int64(h.Off) || g.length != int64(h.Len) || g.base != h.Base || g.writeID != h.WriteID:
+			return nil, wire.Errorf(wire.StatusBadRequest, "partial parity [%d,+%d) of write %x does not match the one being aggregated for chunk %v version %d ([%d,+%d) of %x)",
+				h.Off, h.Len, h.WriteID, h.Chunk, h.Version, g.off, g.length, g.writeID)
+		case g.joined&bit != 0:
+			return nil, wire.Errorf(wire.StatusBadRequest, "partial parity from data unit %d of chunk %v version %d arrived twice (counted once)", h.Src, h.Chunk, h.Version)
+		default:
+			g.joined |= bit
+		}
+		return g, nil
+	}
+	if len(a.m) >= maxAggregations {
+		return nil, wire.Errorf(wire.StatusBusy, "too many parity aggregations in progress")
+	}
+	if info, err := x.d.Store.Stat(h.Chunk); err == nil && info.Version < h.Base {
+		return nil, wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, h.Base)
+	}
+	w, err := x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base)
+	if err != nil {
+		return nil, storeError(err)
+	}
+	w.SetTag(h.WriteID)
+	g := &aggregation{x: x, key: key, k: k, w: w, off: int64(h.Off), length: int64(h.Len), base: h.Base, writeID: h.WriteID,
+		joined: 1 << h.Src, slots: map[int64]*slot{}}
+	// Every data unit sends its header at once; one that has not within
+	// the reservation timeout is not coming.
+	g.timer = time.AfterFunc(x.d.ReserveTimeout, func() {
+		g.mu.Lock()
+		missing := g.joined != 1<<g.k-1
+		g.mu.Unlock()
+		if missing {
+			g.fail(wire.Errorf(wire.StatusReplica, "only some of the %d data units' partial parities arrived within %s", g.k, x.d.ReserveTimeout))
+		}
+	})
+	a.m[key] = g
+	return g, nil
+}
+
+// add XORs a partial-parity packet at write offset off into the slots,
+// storing each slot that is complete.
+func (g *aggregation) add(off int64, data []byte) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		return g.err
+	}
+	for len(data) > 0 {
+		idx := off / accSlot
+		so := off % accSlot
+		n := min(int64(len(data)), accSlot-so)
+		s := g.slots[idx]
+		if s == nil {
+			var err error
+			if s, err = g.newSlot(idx); err != nil {
+				g.failLocked(err)
+				return err
+			}
+			g.slots[idx] = s
+		}
+		erasure.XOR(s.buf[so:so+n], data[:n])
+		s.got += n
+		if l := g.slotLen(idx); s.got == int64(g.k)*l {
+			if err := g.w.Place(g.off+idx*accSlot, s.buf[:l]); err != nil {
+				err = storeError(err)
+				g.failLocked(err)
+				return err
+			}
+			g.placed += l
+			g.freeSlot(s)
+			delete(g.slots, idx)
+		}
+		off += n
+		data = data[n:]
+	}
+	return nil
+}
+
+func (g *aggregation) slotLen(idx int64) int64 { return min(accSlot, g.length-idx*accSlot) }
+
+// newSlot takes a zeroed slot from the pool, or from host memory when the
+// pool is empty (the fallback; refused busy only when that budget is
+// spent too).
+func (g *aggregation) newSlot(idx int64) (*slot, error) {
+	l := g.slotLen(idx)
+	select {
+	case b := <-g.x.aggs.slots:
+		clear(b[:l])
+		return &slot{buf: b}, nil
+	default:
+	}
+	charge := int64(1) << sizeClass(int(l))
+	if g.x.hostBytes.Add(charge) > g.x.d.HostBuffer {
+		g.x.hostBytes.Add(-charge)
+		return nil, wire.Errorf(wire.StatusBusy, "parity accumulators and host buffers are full")
+	}
+	g.x.aggs.Fallbacks.Add(1)
+	b := g.x.hostBufs.get(int(l))
+	clear(b)
+	return &slot{buf: b, charged: charge}, nil
+}
+
+func (g *aggregation) freeSlot(s *slot) {
+	if s.charged > 0 {
+		g.x.hostBufs.put(s.buf)
+		g.x.hostBytes.Add(-s.charged)
+		return
+	}
+	g.x.aggs.slots <- s.buf[:accSlot]
+}
+
+// complete records that data unit src's partial is all in; the request
+// waits for the aggregation's verdict. The last one commits.
+func (g *aggregation) complete(src uint8, r *engine.Request) {
+	g.mu.Lock()
+	if g.err != nil {
+		err := g.err
+		g.mu.Unlock()
+		r.Finish(wire.AppendError(nil, err))
+		return
+	}
+	g.done |= 1 << src
+	g.waiting = append(g.waiting, r)
+	last := g.done == 1<<g.k-1
+	if last {
+		g.ended = true
+		g.timer.Stop()
+	}
+	g.mu.Unlock()
+	if last {
+		g.x.background(g.finish)
+	}
+}
+
+// finish syncs and commits the parity, then answers every data unit.
+func (g *aggregation) finish() {
+	g.x.aggs.remove(g)
+	var reply []byte
+	switch {
+	case g.placed != g.length:
+		g.w.Abort()
+		reply = wire.AppendError(nil, wire.Errorf(wire.StatusBadRequest, "parity of chunk %v: %d of %d bytes aggregated", g.key.chunk, g.placed, g.length))
+	default:
+		err := g.w.Sync()
+		if err == nil {
+			var info store.Info
+			if info, err = g.w.Commit(); err == nil {
+				reply = wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, "")
+			}
+		} else {
+			g.w.Abort()
+		}
+		if err != nil {
+			reply = wire.AppendError(nil, storeError(err))
+		}
+	}
+	g.mu.Lock()
+	waiting := g.waiting
+	g.waiting = nil
+	g.mu.Unlock()
+	for _, r := range waiting {
+		r.Finish(reply)
+	}
+}
+
+// fail ends the aggregation: the write is aborted and every data unit
+// waiting for it is told why.
+func (g *aggregation) fail(err error) {
+	g.mu.Lock()
+	g.failLocked(err)
+	g.mu.Unlock()
+}
+
+func (g *aggregation) failLocked(err error) {
+	if g.ended {
+		return
+	}
+	g.ended, g.err = true, err
+	g.timer.Stop()
+	for _, s := range g.slots {
+		g.freeSlot(s)
+	}
+	clear(g.slots)
+	waiting := g.waiting
+	g.waiting = nil
+	g.x.background(func() {
+		g.x.aggs.remove(g)
+		g.w.Abort()
+		reply := wire.AppendError(nil, err)
+		for _, r := range waiting {
+			r.Finish(reply)
+		}
+	})
+}
+
+func (a *aggregations) remove(g *aggregation) {
+	a.mu.Lock()
+	if a.m[g.key] == g {
+		delete(a.m, g.key)
+	}
+	a.mu.Unlock()
+}
+
+// failAll ends every aggregation (node shutdown).
+func (a *aggregations) failAll() {
+	a.mu.Lock()
+	gs := make([]*aggregation, 0, len(a.m))
+	for _, g := range a.m {
+		gs = append(gs, g)
+	}
+	a.mu.Unlock()
+	for _, g := range gs {
+		g.fail(wire.Errorf(wire.StatusBusy, "node shutting down"))
+	}
+}
