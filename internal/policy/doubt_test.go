@@ -21,6 +21,7 @@ import (
 
 // doubtNode is one storage node's data path with configurable Deps.
 type doubtNode struct {
+	pol   *policy.Policies
 	st    *store.Store
 	dir   string
 	addr  string
@@ -54,7 +55,7 @@ func startDoubtNode(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*
 		t.Fatal(err)
 	}
 	var once sync.Once
-	n := &doubtNode{st: st, dir: dir, addr: a.String(), close: func() {
+	n := &doubtNode{pol: pol, st: st, dir: dir, addr: a.String(), close: func() {
 		once.Do(func() {
 			ep.Close()
 			pool.Close()

@@ -127,6 +127,19 @@ func New(d Deps) *Policies {
 	return &Policies{w: newWriter(&d), r: newReader(&d)}
 }
 
+// Stats are counters of a node's policies.
+type Stats struct {
+	// ParityBytes is the partial-parity bytes aggregated; ParityFallbacks
+	// the accumulator slots taken from host memory because the pool was
+	// empty.
+	ParityBytes, ParityFallbacks int64
+}
+
+// Stats returns the policies' counters.
+func (p *Policies) Stats() Stats {
+	return Stats{ParityBytes: p.w.aggs.Accumulated.Load(), ParityFallbacks: p.w.aggs.Fallbacks.Load()}
+}
+
 // Contexts returns the execution contexts to install in the node's engine.
 func (p *Policies) Contexts() []*engine.Context {
 	return []*engine.Context{p.w.context(), p.r.context()}

@@ -1,0 +1,203 @@
+package policy_test
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/erasure"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/policy"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// ecCap is a capability for an erasure-coded group: the env's nodes, the
+// first k of them data units.
+func (e *doubtEnv) ecCap(chunk ids.ChunkID, k int) []byte {
+	c := capability.Capability{Rights: capability.Write | capability.Read, Fanout: capability.FanoutEC, Data: uint8(k), Client: 1, Ino: 1,
+		Chunk: chunk, Len: 64 << 20, Expiry: time.Now().Add(time.Minute).UnixNano()}
+	var list []ids.NodeID
+	for i := range e.nodes {
+		list = append(list, ids.NodeID(i+1))
+	}
+	c.SetReplicas(list)
+	return e.keys.Mint(&c)
+}
+
+// partialHdr is data unit src's partial-parity header for parity unit
+// rank, sealed as that unit's node would (seal: false leaves it unsealed).
+func (e *doubtEnv) partialHdr(t *testing.T, chunk ids.ChunkID, cp []byte, rank, src uint8, version, n uint64, seal bool) []byte {
+	t.Helper()
+	h := wire.WriteHeader{Strategy: wire.StrategyEC, Rank: src, Chunk: chunk, Len: n, Version: version, WriteID: 77, Cap: cp}
+	hdr, err := wire.AppendWrite(nil, &h, e.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p wire.WriteHeader
+	if err := wire.ParseWrite(hdr, &p); err != nil {
+		t.Fatal(err)
+	}
+	out := wire.AppendPartial(nil, &p, rank, src, version, version-1)
+	if seal {
+		out = wire.SealForward(out, e.keys.Seal)
+	}
+	return out
+}
+
+type asyncReply struct {
+	status wire.Status
+	msg    string
+}
+
+// sendAsync sends a message to node `to` and delivers its reply later.
+func (e *doubtEnv) sendAsync(t *testing.T, to int, hdr, data []byte) <-chan asyncReply {
+	t.Helper()
+	pc, err := e.pool.Get(context.Background(), e.nodes[to].addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := pc.NewID()
+	ch := pc.Replies.Expect(id)
+	if err := pc.Send(id, hdr, data); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan asyncReply, 1)
+	go func() {
+		select {
+		case p, ok := <-ch:
+			if !ok {
+				out <- asyncReply{255, "connection closed"}
+				return
+			}
+			var r wire.Reply
+			if err := wire.ParseReply(p.Data, &r); err != nil {
+				out <- asyncReply{254, err.Error()}
+				return
+			}
+			out <- asyncReply{r.Status, string(r.Msg)}
+			p.Release()
+		case <-time.After(20 * time.Second):
+			out <- asyncReply{253, "no reply"}
+		}
+	}()
+	return out
+}
+
+func wait(t *testing.T, ch <-chan asyncReply) asyncReply {
+	t.Helper()
+	return <-ch
+}
+
+// TestECBadInput: the node refuses what an erasure-coded write must not
+// do, with a clear error and nothing committed.
+func TestECBadInput(t *testing.T) {
+	e := newDoubtEnv(t, 3, func(d *policy.Deps) { d.ReserveTimeout = 500 * time.Millisecond })
+	const chunk ids.ChunkID = 300
+	cp := e.ecCap(chunk, 2) // RS(2,1): units 0, 1 data, 2 parity
+	data := bytes.Repeat([]byte{7}, 5000)
+	cases := []struct {
+		name string
+		to   int
+		hdr  []byte
+		want wire.Status
+		text string
+	}{
+		{"partial parity from a client (unsealed)", 2, e.partialHdr(t, chunk, cp, 2, 0, 1, 5000, false), wire.StatusAuth, "only from a data unit's node"},
+		{"partial parity sent to a data unit", 1, e.partialHdr(t, chunk, cp, 1, 0, 1, 5000, true), wire.StatusBadRequest, "is a data unit"},
+		{"partial parity from a parity unit", 2, e.partialHdr(t, chunk, cp, 2, 2, 1, 5000, true), wire.StatusBadRequest, "not a data unit"},
+		{"partial parity for a stripe version the unit has not reached", 2, e.partialHdr(t, chunk, cp, 2, 0, 5, 5000, true), wire.StatusBusy, "must wait for 4"},
+	}
+	enc := wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: 2, Chunk: chunk, Len: 5000, Version: 1, WriteID: 9, Cap: cp}
+	encHdr, _ := wire.AppendWrite(nil, &enc, e.addrs())
+	cases = append(cases, struct {
+		name string
+		to   int
+		hdr  []byte
+		want wire.Status
+		text string
+	}{"a parity unit asked to encode", 2, encHdr, wire.StatusBadRequest, "not a data unit"})
+	ring := wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: chunk, Len: 5000, WriteID: 9, Cap: cp}
+	ringHdr, _ := wire.AppendWrite(nil, &ring, e.addrs())
+	cases = append(cases, struct {
+		name string
+		to   int
+		hdr  []byte
+		want wire.Status
+		text string
+	}{"a ring write to an erasure-coded group", 0, ringHdr, wire.StatusAuth, "erasure-coded"})
+	for _, c := range cases {
+		st, msg := e.sendRaw(t, c.to, c.hdr, data)
+		if st != c.want || !strings.Contains(msg, c.text) {
+			t.Errorf("%s: %v %q, want %v %q", c.name, st, msg, c.want, c.text)
+		}
+	}
+	// A partial parity arriving twice is refused and counted once: the
+	// parity is p0 ^ p1, not p0 ^ p0 ^ p1.
+	p0, p1 := bytes.Repeat([]byte{0x0f}, 5000), bytes.Repeat([]byte{0x33}, 5000)
+	first := e.sendAsync(t, 2, e.partialHdr(t, chunk, cp, 2, 0, 1, 5000, true), p0)
+	time.Sleep(50 * time.Millisecond) // the first one joins before the second
+	if r := wait(t, e.sendAsync(t, 2, e.partialHdr(t, chunk, cp, 2, 0, 1, 5000, true), p0)); r.status != wire.StatusBadRequest || !strings.Contains(r.msg, "arrived twice") {
+		t.Fatalf("duplicate partial parity: %v %q", r.status, r.msg)
+	}
+	second := e.sendAsync(t, 2, e.partialHdr(t, chunk, cp, 2, 1, 1, 5000, true), p1)
+	for _, ch := range []<-chan asyncReply{first, second} {
+		if r := wait(t, ch); r.status != wire.StatusOK {
+			t.Fatalf("aggregation: %v %q", r.status, r.msg)
+		}
+	}
+	info, got := readChunk(t, e.nodes[2].st, chunk)
+	want := bytes.Repeat([]byte{0x0f ^ 0x33}, 5000)
+	if info.Version != 1 || !bytes.Equal(got, want) {
+		t.Fatalf("aggregated parity: version %d, equal %v", info.Version, bytes.Equal(got, want))
+	}
+	// Only one data unit's partial ever comes: the aggregation gives up
+	// after the reservation timeout and commits nothing.
+	lone := wait(t, e.sendAsync(t, 2, e.partialHdr(t, chunk, cp, 2, 0, 2, 5000, true), p0))
+	if lone.status == wire.StatusOK || !strings.Contains(lone.msg, "arrived within") {
+		t.Fatalf("lone partial parity: %v %q", lone.status, lone.msg)
+	}
+	if info, _ := readChunk(t, e.nodes[2].st, chunk); info.Version != 1 {
+		t.Fatalf("a failed aggregation committed: %+v", info)
+	}
+}
+
+// TestECAccumulatorFallback: with a one-slot accumulator pool, parity
+// aggregation falls back to host memory instead of failing, and the
+// stored parity is still the XOR of every data unit's partial.
+func TestECAccumulatorFallback(t *testing.T) {
+	e := newDoubtEnv(t, 4, func(d *policy.Deps) { d.Accumulators = 1 })
+	const chunk ids.ChunkID = 301
+	cp := e.ecCap(chunk, 3)
+	const n = 1 << 20
+	rng := rand.New(rand.NewPCG(1, 1))
+	parts := make([][]byte, 3)
+	want := make([]byte, n)
+	for i := range parts {
+		parts[i] = make([]byte, n)
+		for j := range parts[i] {
+			parts[i][j] = byte(rng.Uint32())
+		}
+		erasure.XOR(want, parts[i])
+	}
+	var chs []<-chan asyncReply
+	for i := range parts {
+		chs = append(chs, e.sendAsync(t, 3, e.partialHdr(t, chunk, cp, 3, uint8(i), 1, n, true), parts[i]))
+	}
+	for _, ch := range chs {
+		if r := wait(t, ch); r.status != wire.StatusOK {
+			t.Fatalf("aggregation: %v %q", r.status, r.msg)
+		}
+	}
+	if _, got := readChunk(t, e.nodes[3].st, chunk); !bytes.Equal(got, want) {
+		t.Fatal("parity differs from the XOR of the partials")
+	}
+	st := e.nodes[3].pol.Stats()
+	if st.ParityFallbacks == 0 || st.ParityBytes != 3*n {
+		t.Fatalf("stats %+v: want fallbacks and %d bytes", st, 3*n)
+	}
+	t.Logf("%+v", st)
+}
