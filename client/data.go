@@ -351,6 +351,7 @@ type piece struct {
 	region  *fabric.Region
 	data    []byte // the requested bytes (zeros where the chunk is short)
 	version uint64 // the replica's version
+	length  int64  // the replica's chunk length
 }
 
 // maxReadLen is the largest read request this client sends: its reply's
@@ -445,7 +446,7 @@ func (c *Client) readReplica(ctx context.Context, addr string, l *metaapi.ChunkL
 		clear(data[max(0, l.ZeroFrom-off):])
 	}
 	ok = true
-	return piece{region: region, data: data, version: rep.Version}, nil
+	return piece{region: region, data: data, version: rep.Version, length: int64(rep.ChunkLen)}, nil
 }
 
 // verify checks every block of a read reply against its checksum and

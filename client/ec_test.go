@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/klauspost/reedsolomon"
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
@@ -233,5 +235,88 @@ func TestECPolicyErrors(t *testing.T) {
 	ecDir(t, cl, "/ok", 2, 1, 4096)
 	if _, err := cl2.Put(ctx, "/ok/f", bytes.NewReader([]byte("x")), 0o644); err == nil || !bytesContain(err, "bogus") {
 		t.Fatalf("unknown EC mode: %v", err)
+	}
+}
+
+// TestECRepair: lost units are rebuilt where they belong — in place when
+// their node is up, on another node when it is down — by distributed
+// repair and by gathering, and the group is whole again: every unit at
+// the group's version, parity equal to the library's.
+func TestECRepair(t *testing.T) {
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 6, MetaListen: "127.0.0.1:0",
+		ChunkSize: testChunk, NodeTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	ecDir(t, cl, "/ec", 3, 2, 4096)
+	data := randBytes(rand.New(rand.NewPCG(8, 9)), 4<<20+333)
+	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := cl.Stat(ctx, "/ec/f")
+	var resp metaapi.LayoutResp
+	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &resp); err != nil || len(resp.Chunks) != 1 {
+		t.Fatalf("layout: %v %d chunks", err, len(resp.Chunks))
+	}
+	l := resp.Chunks[0]
+	nodeOf := func(id ids.NodeID) int {
+		for i, n := range c.Nodes {
+			if n.ID() == id {
+				return i
+			}
+		}
+		t.Fatalf("no node %v", id)
+		return -1
+	}
+	// Healthy: nothing to do.
+	if rep, err := cl.Repair(ctx, "/ec/f", client.RepairDistributed); err != nil || len(rep.Rebuilt) != 0 {
+		t.Fatalf("repair of a healthy file: %+v %v", rep, err)
+	}
+	// Two units (a data and a parity unit) lost on live nodes: rebuilt in
+	// place, distributed.
+	for _, u := range []int{1, 4} {
+		if err := c.Nodes[nodeOf(l.Replicas[u].Node)].Store().Delete(l.Chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := cl.Repair(ctx, "/ec/f", client.RepairDistributed)
+	if err != nil || len(rep.Rebuilt) != 2 {
+		t.Fatalf("distributed repair: %+v %v", rep, err)
+	}
+	t.Logf("distributed: %+v", rep.Rebuilt)
+	assertParityIsLibrarys(t, c, cl, "/ec/f", 3, 2)
+	// A node down for good: its unit moves to the spare node, gathered.
+	dead := nodeOf(l.Replicas[0].Node)
+	c.Nodes[dead].Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := cl.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		isDown := false
+		for _, n := range st.Nodes {
+			isDown = isDown || n.ID == l.Replicas[0].Node && n.State == metaapi.NodeDown
+		}
+		if isDown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("meta never saw the node down")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rep, err = cl.Repair(ctx, "/ec/f", client.RepairGather)
+	if err != nil || len(rep.Rebuilt) != 1 || !rep.Rebuilt[0].Moved || rep.Rebuilt[0].Node == l.Replicas[0].Node {
+		t.Fatalf("gather repair onto another node: %+v %v", rep, err)
+	}
+	live := c.Nodes[:dead:dead]
+	live = append(live, c.Nodes[dead+1:]...)
+	assertParityIsLibrarys(t, &cluster.Cluster{Nodes: live}, cl, "/ec/f", 3, 2)
+	if got := getAll(t, cl, "/ec/f"); !bytes.Equal(got, data) {
+		t.Fatal("read after repair differs")
 	}
 }

@@ -38,6 +38,9 @@ type Options struct {
 	// DefaultReplicas of the root policy on first start; default
 	// min(3, Nodes).
 	DefaultReplicas int
+	// NodeTimeout and HeartbeatInterval tune failure detection (meta's
+	// defaults if zero); tests of node loss shorten them.
+	NodeTimeout, HeartbeatInterval time.Duration
 	// AllowRaw lets nodes accept unauthenticated writes (benchmarks only).
 	AllowRaw bool
 	Fabric   fabric.Options
@@ -78,7 +81,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		opts.DefaultReplicas = min(3, opts.Nodes)
 	}
 	ms, err := meta.Open(meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
-		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize})
+		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

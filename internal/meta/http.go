@@ -122,6 +122,9 @@ var ops = map[string]op{
 	metaapi.OpCommit: endpoint(true, false, func(s *Service, _ caller, r metaapi.CommitReq) (metaapi.AttrResp, error) {
 		return attrResp(s.Commit(r))
 	}),
+	metaapi.OpReplace: endpoint(true, false, func(s *Service, c caller, r metaapi.ReplaceUnitReq) (metaapi.LayoutResp, error) {
+		return s.ReplaceUnit(c.client, r)
+	}),
 	metaapi.OpStatus: endpoint(true, true, func(s *Service, _ caller, _ empty) (metaapi.StatusResp, error) {
 		return s.Status()
 	}),

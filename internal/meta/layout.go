@@ -336,3 +336,61 @@ func (tx *txn) zeroFrom(ino ids.Ino, index, off int64) error {
 	}
 	return nil
 }
+
+// ReplaceUnit moves one unit of an erasure-coded group off a node that is
+// down to a live node holding none of the group's units, and returns the
+// group's new layout. The old node is told to delete its copy (garbage)
+// if it comes back.
+func (s *Service) ReplaceUnit(client ids.ClientID, req metaapi.ReplaceUnitReq) (metaapi.LayoutResp, error) {
+	s.Sweep() // judge liveness on the freshest view
+	var p layoutPlan
+	err := s.update(func(tx *txn) error {
+		in, err := fileForData(tx, req.Ino, req.Who, mayWrite)
+		if err != nil {
+			return err
+		}
+		if in.Policy == nil || in.Policy.EC == nil {
+			return metaapi.Errorf(metaapi.EINVAL, "file %d is not erasure-coded: its replicas are not repaired unit by unit", in.Ino)
+		}
+		key := chunkKey(in.Ino, req.Index)
+		var rec chunkRec
+		found, err := getJSON(tx.b, key, &rec)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !found || rec.ID != req.Chunk:
+			return metaapi.Errorf(metaapi.EINVAL, "chunk %v is not chunk %d of file %d", req.Chunk, req.Index, in.Ino)
+		case req.Unit < 0 || req.Unit >= len(rec.Nodes) || rec.Nodes[req.Unit] != req.Old:
+			return metaapi.Errorf(metaapi.EINVAL, "unit %d of chunk %v is not on node %v", req.Unit, req.Chunk, req.Old)
+		}
+		infos := s.nodeInfosLocked()
+		for _, n := range infos {
+			if n.ID == req.Old && n.State == metaapi.NodeUp {
+				return metaapi.Errorf(metaapi.EINVAL, "node %v is up: rebuild unit %d of chunk %v where it is", req.Old, req.Unit, req.Chunk)
+			}
+		}
+		nodes, err := placement.Choose(infos, 1, rec.Nodes, s.rng)
+		if err != nil {
+			return s.placementError(err)
+		}
+		rec.Nodes[req.Unit] = nodes[0]
+		if err := tx.b.Set(gcKey(req.Old, rec.ID), nil, nil); err != nil {
+			return err
+		}
+		// A node that once held a unit of this group and was told to drop
+		// it must not drop the one it is about to rebuild.
+		if err := tx.b.Delete(gcKey(nodes[0], rec.ID), nil); err != nil {
+			return err
+		}
+		if err := tx.setJSON(key, &rec); err != nil {
+			return err
+		}
+		p = layoutPlan{attr: in.Attr, epoch: tx.ctr.Epoch, chunks: []indexedChunk{{index: req.Index, rec: rec}}, addrs: s.addrsLocked()}
+		return nil
+	})
+	if err != nil {
+		return metaapi.LayoutResp{}, err
+	}
+	return s.mintLayout(client, true, &p), nil
+}

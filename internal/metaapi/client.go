@@ -29,6 +29,7 @@ const (
 	OpGetPolicy = "GetPolicy"
 	OpLayout    = "Layout"
 	OpCommit    = "Commit"
+	OpReplace   = "ReplaceUnit"
 	OpStatus    = "Status"
 	OpRegister  = "Register"
 	OpHeartbeat = "Heartbeat"

@@ -382,6 +382,20 @@ type ChunkVersion struct {
 	End int64 `json:"end,omitempty"`
 }
 
+// ReplaceUnitReq moves unit Unit of an erasure-coded file's chunk Index
+// (chunk id Chunk) off node Old, which must be down, to another live node
+// that holds none of the group's units; that node then rebuilds the unit
+// (repair). The reply is the chunk's new layout, with a read-write
+// capability.
+type ReplaceUnitReq struct {
+	Ino   ids.Ino     `json:"ino"`
+	Index int64       `json:"index"`
+	Chunk ids.ChunkID `json:"chunk"`
+	Unit  int         `json:"unit"`
+	Old   ids.NodeID  `json:"old"`
+	Who   Who         `json:"who"`
+}
+
 // ---- cluster ----
 
 type NodeState string

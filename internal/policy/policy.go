@@ -117,14 +117,19 @@ func (d *Deps) fill() {
 
 // Policies is a node's set of policies.
 type Policies struct {
-	w *writer
-	r *reader
+	w   *writer
+	r   *reader
+	rep *repairer
 }
 
 // New builds the policies over d.
 func New(d Deps) *Policies {
 	d.fill()
-	return &Policies{w: newWriter(&d), r: newReader(&d)}
+	w := newWriter(&d)
+	r := newReader(&d)
+	r.codes = &w.codes
+	rep := &repairer{d: &d, codes: &w.codes, slots: make(chan struct{}, 2)}
+	return &Policies{w: w, r: r, rep: rep}
 }
 
 // Stats are counters of a node's policies.
@@ -142,7 +147,7 @@ func (p *Policies) Stats() Stats {
 
 // Contexts returns the execution contexts to install in the node's engine.
 func (p *Policies) Contexts() []*engine.Context {
-	return []*engine.Context{p.w.context(), p.r.context()}
+	return []*engine.Context{p.w.context(), p.r.context(), p.rep.context()}
 }
 
 // Close settles every write still in progress before the store closes:

@@ -3,11 +3,13 @@ package policy
 import (
 	"context"
 	"errors"
+	"hash/crc32"
 	"io"
 	"sync"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -23,6 +25,7 @@ type reader struct {
 	d     *Deps
 	slots chan struct{}
 	bufs  sync.Pool // of *[]byte, readPiece bytes
+	codes *erasure.Codes
 }
 
 type readState struct {
@@ -94,6 +97,9 @@ func (x *reader) serve(r *engine.Request, st *readState) {
 // with a retryable busy answer rather than mixing versions. A client that
 // stops reading therefore delays nobody but itself.
 func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
+	if h.Scaled {
+		return x.readScaled(r, h)
+	}
 	rd, err := x.d.Store.OpenRead(h.Chunk)
 	if err != nil {
 		return nil, storeError(err)
@@ -171,4 +177,58 @@ func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
 		}
 	}
 	return nil, mw.Close()
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// readScaled serves a survivor's partial decoding: the data, checked
+// against the stored checksums here (a corrupt unit must not poison a
+// rebuild), times the coefficient, with the product's own checksums so
+// the rebuilder checks what arrived.
+func (x *reader) readScaled(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
+	if h.Len > readPiece || h.RegionKey == 0 {
+		return nil, wire.Errorf(wire.StatusBadRequest, "scaled reads place at most %d bytes in a region, not %d", readPiece, h.Len)
+	}
+	rd, err := x.d.Store.OpenRead(h.Chunk)
+	if err != nil {
+		return nil, storeError(err)
+	}
+	defer rd.Close()
+	info := rd.Info()
+	bs := int64(x.d.Store.BlockSize())
+	start := int64(h.Off) / bs * bs
+	end := max(min((int64(h.Off+h.Len)+bs-1)/bs*bs, info.Length), start)
+	nb := int((end - start + bs - 1) / bs)
+	in, out := x.bufs.Get().(*[]byte), x.bufs.Get().(*[]byte)
+	defer x.bufs.Put(in)
+	defer x.bufs.Put(out)
+	data, prod := (*in)[:end-start], (*out)[:end-start]
+	crcs := make([]uint32, 0, nb)
+	if nb > 0 {
+		if crcs, err = rd.Checksums(int(start/bs), nb, crcs); err != nil {
+			return nil, storeError(err)
+		}
+		if _, err := rd.ReadAt(data, start); err != nil && !errors.Is(err, io.EOF) {
+			return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", h.Chunk, start, err)
+		}
+	}
+	for i := range nb {
+		b := data[int64(i)*bs : min(int64(i+1)*bs, end-start)]
+		if crc32.Checksum(b, castagnoli) != crcs[i] {
+			return nil, wire.Errorf(wire.StatusIO, "chunk %v fails its checksum in the block at %d", h.Chunk, start+int64(i)*bs)
+		}
+	}
+	if err := x.codes.Multiply(h.Coef, data, prod); err != nil {
+		return nil, wire.Errorf(wire.StatusIO, "%v", err)
+	}
+	for i := range nb {
+		crcs[i] = crc32.Checksum(prod[int64(i)*bs:min(int64(i+1)*bs, end-start)], castagnoli)
+	}
+	if len(prod) > 0 {
+		if err := r.Conn.Write(context.Background(), h.RegionKey, h.RegionOff, prod, false); err != nil {
+			return nil, wire.Errorf(wire.StatusIO, "placing data in the requester's region: %v", err)
+		}
+	}
+	return wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length),
+		DataOff: uint64(start), DataLen: uint64(end - start), BlockSize: uint32(bs)}, crcs, ""), nil
 }

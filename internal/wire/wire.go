@@ -423,6 +423,12 @@ const readFixed = 48
 // requester's region at RegionOff (direct placement, no copy through the
 // message stream) before replying; otherwise the data follows the reply.
 type ReadHeader struct {
+	// Scaled: the node verifies the data against its stored checksums,
+	// multiplies it by Coef in GF(2^8) and sends the product, with the
+	// product's checksums (a survivor's partial decoding for distributed
+	// repair, seed 003).
+	Scaled    bool
+	Coef      byte
 	Chunk     ids.ChunkID
 	Off       uint64
 	Len       uint64
@@ -436,7 +442,11 @@ func AppendRead(b []byte, h *ReadHeader) ([]byte, error) {
 	if len(h.Cap) > 0xffff {
 		return b, fmt.Errorf("wire: capability of %d bytes", len(h.Cap))
 	}
-	b = append(b, byte(OpRead), 0, 0, 0)
+	var scaled byte
+	if h.Scaled {
+		scaled = 1
+	}
+	b = append(b, byte(OpRead), scaled, h.Coef, 0)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
 	b = append(b, 0, 0)
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
@@ -455,9 +465,10 @@ func ParseRead(b []byte, h *ReadHeader) error {
 	if Op(b[0]) != OpRead {
 		return malformed("op %d is not read", b[0])
 	}
-	if b[1] != 0 || b[2] != 0 || b[3] != 0 || b[6] != 0 || b[7] != 0 {
+	if b[1] > 1 || b[1] == 0 && b[2] != 0 || b[3] != 0 || b[6] != 0 || b[7] != 0 {
 		return malformed("reserved bytes set")
 	}
+	h.Scaled, h.Coef = b[1] == 1, b[2]
 	capLen := int(binary.LittleEndian.Uint16(b[4:]))
 	h.Chunk = ids.ChunkID(binary.LittleEndian.Uint64(b[8:]))
 	h.Off = binary.LittleEndian.Uint64(b[16:])
