@@ -154,3 +154,38 @@ func human(b int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }
+
+func (a *app) repairCmd() *cobra.Command {
+	var mode string
+	cmd := &cobra.Command{
+		Use:   "repair PATH",
+		Short: "Rebuild the lost, stale or unreadable units of an erasure-coded file",
+		Long: `Check every stripe group of the erasure-coded file PATH and rebuild the
+units that are lost (node down, chunk missing), stale or unreadable, each at
+the node that will hold it: in place when its node is up, on another live
+node (chosen by meta) when it is down. --mode distributed (the default) has
+each of K survivors send its unit times its decoding coefficient, which the
+rebuilding node XORs; --mode gather has them send their units whole for the
+rebuilding node to decode alone.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.withClient(func(c *client.Client) error {
+				rep, err := c.Repair(cmd.Context(), args[0], mode)
+				for _, u := range rep.Rebuilt {
+					where := "in place"
+					if u.Moved {
+						where = "moved from a node that is down"
+					}
+					fmt.Fprintf(a.stdout, "group %v: rebuilt unit %d on node %v (%s, %s) in %s\n", u.Group, u.Unit, u.Node, where, human(u.Bytes), u.Elapsed.Round(time.Microsecond))
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "%s: %d stripe groups checked, %d units rebuilt\n", args[0], rep.Groups, len(rep.Rebuilt))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&mode, "mode", client.RepairDistributed, "distributed or gather")
+	return cmd
+}

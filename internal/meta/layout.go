@@ -372,7 +372,11 @@ func (s *Service) ReplaceUnit(client ids.ClientID, req metaapi.ReplaceUnitReq) (
 		}
 		nodes, err := placement.Choose(infos, 1, rec.Nodes, s.rng)
 		if err != nil {
-			return s.placementError(err)
+			err = s.placementError(err)
+			if me, ok := err.(*metaapi.Error); ok {
+				return metaapi.Errorf(me.Code, "no live node outside stripe group %v to move unit %d to: %s", rec.ID, req.Unit, me.Message)
+			}
+			return err
 		}
 		rec.Nodes[req.Unit] = nodes[0]
 		if err := tx.b.Set(gcKey(req.Old, rec.ID), nil, nil); err != nil {

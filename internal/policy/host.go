@@ -229,7 +229,10 @@ func (x *writer) dialReplica(ctx context.Context, node ids.NodeID, addr *string)
 // parities and send each parity unit its whole partial.
 func (x *writer) hostEncode(st *writeState, h *wire.WriteHeader, c *capability.Capability) []byte {
 	hs := st.host
-	var err error
+	code, units, err := x.encodeTargets(h, c)
+	if err != nil {
+		return wire.AppendError(nil, err)
+	}
 	if h.Rank == 0 {
 		st.w, err = x.reserved.take(h.Chunk, h.Version, int64(h.Off), int64(h.Len), h.WriteID)
 		st.head, st.flat = true, true
@@ -254,15 +257,6 @@ func (x *writer) hostEncode(st *writeState, h *wire.WriteHeader, c *capability.C
 		if err := w.Place(int64(h.Off), hs.buf); err != nil {
 			return fail(storeError(err))
 		}
-	}
-	k := int(c.Data)
-	code, err := x.ecCode(k, int(c.NReplicas))
-	if err != nil {
-		return fail(err)
-	}
-	units, err := x.parityUnits(h, c.ReplicaList(), k)
-	if err != nil {
-		return fail(err)
 	}
 	shards := make([][]byte, 1+code.M)
 	shards[0] = hs.buf

@@ -315,6 +315,13 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 	if err != nil {
 		return err
 	}
+	var code *erasure.Code
+	var units []child
+	if h.Flags&wire.FlagEncode != 0 {
+		if code, units, err = x.encodeTargets(h, c); err != nil {
+			return err
+		}
+	}
 	if h.Flags&wire.FlagPartial != 0 {
 		// A partial parity: joins its write's aggregation.
 		if st.agg, err = x.join(h, int(c.Data)); err != nil {
@@ -351,37 +358,36 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 	for _, k := range kids {
 		st.fwds = append(st.fwds, startForward(x.d, k.node, k.addr, k.rank, x.forwardHeader(h, k, st.w), h.Len == 0))
 	}
-	if h.Flags&wire.FlagEncode != 0 {
-		return x.startEncode(st, h, c)
+	if code != nil {
+		x.startEncode(st, h, code, units)
 	}
 	return nil
 }
 
-// startEncode makes a data unit's write send its partial parities: a
-// forward to each parity unit, fed per packet by the payload handler.
-func (x *writer) startEncode(st *writeState, h *wire.WriteHeader, c *capability.Capability) error {
-	fail := func(err error) error {
-		if st.head {
-			st.w.AbortInDoubt() // the reservation's version may be written elsewhere
-		} else {
-			st.w.Abort()
-		}
-		return err
-	}
+// encodeTargets resolves what a data unit needs to send partial
+// parities — the code and the parity units' addresses — before it takes
+// its reservation or opens its write, so a retryable refusal here (a
+// parity unit not yet in the cluster map) leaves both for the retry.
+func (x *writer) encodeTargets(h *wire.WriteHeader, c *capability.Capability) (*erasure.Code, []child, error) {
 	k := int(c.Data)
 	code, err := x.ecCode(k, int(c.NReplicas))
 	if err != nil {
-		return fail(err)
+		return nil, nil, err
 	}
 	units, err := x.parityUnits(h, c.ReplicaList(), k)
 	if err != nil {
-		return fail(err)
+		return nil, nil, err
 	}
+	return code, units, nil
+}
+
+// startEncode makes a data unit's write send its partial parities: a
+// forward to each parity unit, fed per packet by the payload handler.
+func (x *writer) startEncode(st *writeState, h *wire.WriteHeader, code *erasure.Code, units []child) {
 	st.enc = &encodeState{code: code, src: int(h.Rank), shards: make([][]byte, 1+code.M)}
 	for _, u := range units {
 		st.fwds = append(st.fwds, startForward(x.d, u.node, u.addr, u.rank, x.partialHeader(h, u, st.w), h.Len == 0))
 	}
-	return nil
 }
 
 // storeError maps a store failure to the status the client should see.
