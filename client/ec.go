@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -193,34 +195,27 @@ func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 	if central {
 		send = g.k + g.m
 	}
-	errs := make([]error, send)
-	partial := make([]bool, send)
-	var wg sync.WaitGroup
+	hdrs := make([][]byte, send)
 	for i := range send {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			hi := h
-			hi.Rank, hi.Version, hi.Mode = uint8(i), ver, mode
-			if i < g.k {
-				hi.Flags |= flags
-			} else {
-				hi.Mode = wire.ModeStream
-			}
-			hdr, err := wire.AppendWrite(nil, &hi, addrs)
-			if err == nil {
-				_, err = c.retryBusy(ctx, func() (uint64, error) {
-					rep, err := c.sendWriteParts(ctx, addrs[i], hdr, units[i])
-					partial[i] = partial[i] || wire.IsPartial(err)
-					return rep.Version, err
-				})
-			}
-			if err != nil {
-				errs[i] = &NodeError{Op: fmt.Sprintf("write unit %d of stripe group %v", i, l.Chunk), Addr: addrs[i], Err: err}
-			}
-		}()
+		hi := h
+		hi.Rank, hi.Version, hi.Mode = uint8(i), ver, mode
+		if i < g.k {
+			hi.Flags |= flags
+		} else {
+			hi.Mode = wire.ModeStream
+		}
+		if hdrs[i], err = wire.AppendWrite(nil, &hi, addrs); err != nil {
+			return 0, err
+		}
 	}
-	wg.Wait()
+	// All units at once, their packets interleaved; a unit refused busy
+	// is retried on its own at once (the others' parity waits for it).
+	errs := c.sendInterleaved(ctx, addrs[:send], hdrs, units[:send])
+	for i, err := range errs {
+		if err != nil {
+			errs[i] = &NodeError{Op: fmt.Sprintf("write unit %d of stripe group %v", i, l.Chunk), Addr: addrs[i], Err: err}
+		}
+	}
 	var failed []error
 	for _, err := range errs {
 		if err != nil {
@@ -234,6 +229,133 @@ func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 			l.Chunk, ver, len(failed), send, oneLine(failed))}
 	}
 	return ver, nil
+}
+
+// interleave is the piece of each unit sent in turn: the client
+// interleaves the units' packets across their nodes (seed 000 §V-C), so
+// every data node receives — and streams on — its unit at the same pace
+// instead of one after the other.
+const interleave = 64 << 10
+
+// sendInterleaved sends write i (header hdrs[i], data parts[i]) to
+// addrs[i] for every i at once, a piece of each in turn, and returns each
+// one's outcome. A write refused busy is retried on its own right away:
+// the other units' parity cannot complete without it.
+func (c *Client) sendInterleaved(ctx context.Context, addrs []string, hdrs [][]byte, parts [][][]byte) []error {
+	n := len(addrs)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	retry := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = c.retryBusy(ctx, func() (uint64, error) {
+				rep, err := c.sendWriteParts(ctx, addrs[i], hdrs[i], parts[i])
+				return rep.Version, err
+			})
+		}()
+	}
+	retryable := func(err error) bool {
+		s, ok := statusOf(err)
+		return ok && s.Retryable()
+	}
+	type msg struct {
+		pc      *fabric.PeerConn
+		mw      *fabric.MessageWriter
+		replies <-chan *fabric.Packet
+		data    [][]byte // what is left to send
+		left    int
+		done    bool
+	}
+	ms := make([]*msg, n)
+	for i := range n {
+		total := 0
+		for _, p := range parts[i] {
+			total += len(p)
+		}
+		pc, err := c.pool.Get(ctx, addrs[i])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		id := pc.NewID()
+		replies := pc.Replies.Expect(id)
+		mw, err := pc.Begin(id, hdrs[i], total == 0)
+		if err != nil {
+			pc.Close()
+			errs[i] = err
+			continue
+		}
+		// A copy: the cursor must not eat the caller's parts, which a
+		// retry sends again.
+		ms[i] = &msg{pc: pc, mw: mw, replies: replies, data: slices.Clone(parts[i]), left: total}
+	}
+	for active := true; active; {
+		active = false
+		for i, m := range ms {
+			if m == nil || m.done || m.left == 0 {
+				continue
+			}
+			select {
+			case p, ok := <-m.replies:
+				// Answered before the end: a refusal, or "already applied".
+				m.mw.Abort(errors.New("answered mid-message"))
+				_, errs[i] = parseReply(p, ok, m.pc)
+				m.done = true
+				if retryable(errs[i]) {
+					retry(i)
+				}
+				continue
+			default:
+			}
+			budget := interleave
+			var err error
+			for budget > 0 && m.left > 0 && err == nil {
+				d := m.data[0]
+				k := min(budget, len(d))
+				m.left -= k
+				budget -= k
+				err = m.mw.Write(d[:k], m.left == 0)
+				if k == len(d) {
+					m.data = m.data[1:]
+				} else {
+					m.data[0] = d[k:]
+				}
+			}
+			if err == nil {
+				err = m.mw.Flush()
+			}
+			if err != nil {
+				m.mw.Abort(err)
+				errs[i], m.done = err, true
+				continue
+			}
+			active = active || m.left > 0
+		}
+	}
+	for i, m := range ms {
+		if m == nil || m.done {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.mw.Close(); err != nil {
+				errs[i] = err
+				return
+			}
+			_, err := c.awaitReply(ctx, m.pc, m.replies)
+			if retryable(err) {
+				_, err = c.retryBusy(ctx, func() (uint64, error) {
+					rep, err := c.sendWriteParts(ctx, addrs[i], hdrs[i], parts[i])
+					return rep.Version, err
+				})
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
 // cellsOf returns data unit j's bytes of the stripes in buf: one cell per

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -177,7 +178,13 @@ func (c *Client) repairGroup(ctx context.Context, g ecGeom, ino ids.Ino, l *meta
 		*l = resp.Chunks[0]
 		moved[u] = true
 	}
-	addrs := make([]string, n)
+	return c.rebuildUnits(ctx, l, lost, survivors, ver, length, moved, mode)
+}
+
+// rebuildUnits sends the repair requests for units lost of group l, all
+// at once, and waits for them.
+func (c *Client) rebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, ver, length uint64, moved map[int]bool, mode wire.RepairMode) ([]RebuiltUnit, error) {
+	addrs := make([]string, len(l.Replicas))
 	for i, r := range l.Replicas {
 		addrs[i] = r.Addr
 	}
@@ -187,6 +194,7 @@ func (c *Client) repairGroup(ctx context.Context, g ecGeom, ino ids.Ino, l *meta
 	}
 	out := make([]RebuiltUnit, len(lost))
 	errs := make([]error, len(lost))
+	var wg sync.WaitGroup
 	for i, u := range lost {
 		wg.Add(1)
 		go func() {
@@ -218,4 +226,41 @@ func (c *Client) repairGroup(ctx context.Context, g ecGeom, ino ids.Ino, l *meta
 		return done, oneLine(failed)
 	}
 	return done, nil
+}
+
+// Rebuild rebuilds the given units of stripe group index of the
+// erasure-coded file at p in place, whether or not they are damaged, from
+// the first K other units (benchmarks of repair). It returns when all
+// are rebuilt; the report's units carry each one's time.
+func (c *Client) Rebuild(ctx context.Context, p string, index int64, units []int, mode string) ([]RebuiltUnit, error) {
+	wmode := wire.RepairDistributed
+	if mode == RepairGather {
+		wmode = wire.RepairGather
+	}
+	a, err := c.Stat(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	g, ok := ecGeomOf(&a)
+	if !ok {
+		return nil, pathErr("rebuild", p, metaapi.Errorf(metaapi.EINVAL, "not an erasure-coded file"))
+	}
+	ls, _, err := c.chunkLayouts(ctx, a.Ino, g.group, index*g.group, 1, true)
+	if err != nil {
+		return nil, err
+	}
+	l := ls[index]
+	var survivors []int
+	for u := 0; u < g.k+g.m && len(survivors) < g.k; u++ {
+		if !slices.Contains(units, u) {
+			survivors = append(survivors, u)
+		}
+	}
+	pc, err := c.readUnit(ctx, &l, survivors[0], 0, 1, 0)
+	if err != nil {
+		return nil, err
+	}
+	ver, length := pc.version, uint64(pc.length)
+	c.bufs.put(pc.region)
+	return c.rebuildUnits(ctx, &l, units, survivors, ver, length, nil, wmode)
 }

@@ -28,6 +28,9 @@ Experiments:
   replication    latency vs size for K=2 and K=4 and vs K, every strategy (Fig. 9, 10)
   goodput        bytes per second a node ingests vs write size, ring and tree (Fig. 9 right)
   table-fill     latency and busy NACKs as concurrent writes fill the request table
+  ec-latency     full-stripe write latency vs size, RS(3,2) and RS(6,3): stream, per-chunk, central (Fig. 15 left)
+  ec-bandwidth   parity bytes generated per second vs write size, same runs (Fig. 15 right)
+  ec-recovery    time to rebuild 3 lost units of RS(6,3) vs unit size: distributed vs gather (TriEC Fig. 10)
 
 Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -109,11 +109,13 @@ type Point struct {
 	Runs        int
 	Concurrency int // table-fill and goodput
 	NACKs       int64
+	M           int     // erasure codes: parity units (K is the data units)
+	WireBytes   float64 // erasure codes: bytes on the network per byte written (from the protocol)
 	Group       string // which panel of the plot
 }
 
 // Experiments lists the experiment names in run order.
-var Experiments = []string{"write-latency", "replication", "goodput", "table-fill"}
+var Experiments = []string{"write-latency", "replication", "goodput", "table-fill", "ec-latency", "ec-bandwidth", "ec-recovery"}
 
 // Run runs the named experiments ("all" for every one).
 func Run(ctx context.Context, cfg Config, names []string) error {
@@ -138,17 +140,21 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 	if len(names) == 0 || slices.Contains(names, "all") {
 		names = Experiments
 	}
+	shared := &sharedResults{}
 	for _, name := range names {
 		run, ok := map[string]func(context.Context, *runner) error{
 			"write-latency": writeLatency,
 			"replication":   replication,
 			"goodput":       goodput,
 			"table-fill":    tableFill,
+			"ec-latency":    ecLatency,
+			"ec-bandwidth":  ecBandwidth,
+			"ec-recovery":   ecRecovery,
 		}[name]
 		if !ok {
 			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(Experiments, ", "))
 		}
-		r := &runner{cfg: cfg, name: name}
+		r := &runner{cfg: cfg, name: name, shared: shared}
 		start := time.Now()
 		fmt.Fprintf(cfg.Log, "== %s\n", name)
 		if err := run(ctx, r); err != nil {
@@ -168,6 +174,12 @@ type runner struct {
 	cfg    Config
 	name   string
 	points []Point
+	shared *sharedResults
+}
+
+// sharedResults are measurements several experiments of one run report.
+type sharedResults struct {
+	ec []Point // ec-latency and ec-bandwidth
 }
 
 func (r *runner) links(extra bool) []LinkSpec {
@@ -566,7 +578,7 @@ func tableFill(ctx context.Context, r *runner) error {
 // ---- output ----
 
 // CSVHeader is the header row every CSV has.
-var CSVHeader = []string{"experiment", "mode", "k", "size_bytes", "link", "p50_us", "p99_us", "throughput_MBps", "runs", "concurrency", "nacks"}
+var CSVHeader = []string{"experiment", "mode", "k", "size_bytes", "link", "p50_us", "p99_us", "throughput_MBps", "runs", "concurrency", "nacks", "m", "wire_bytes_per_byte"}
 
 func (r *runner) write() error {
 	path := filepath.Join(r.cfg.Out, r.name+".csv")
@@ -585,8 +597,15 @@ func (r *runner) write() error {
 		if r.name == "table-fill" {
 			nacks = strconv.FormatInt(p.NACKs, 10)
 		}
+		m, wire := "", ""
+		if p.M > 0 {
+			m = strconv.Itoa(p.M)
+		}
+		if p.WireBytes > 0 {
+			wire = strconv.FormatFloat(p.WireBytes, 'f', 2, 64)
+		}
 		w.Write([]string{p.Experiment, p.Mode, strconv.Itoa(p.K), strconv.FormatInt(p.Size, 10), p.Link,
-			us(p.P50), us(p.P99), strconv.FormatFloat(p.Throughput/1e6, 'f', 1, 64), strconv.Itoa(p.Runs), conc, nacks})
+			us(p.P50), us(p.P99), strconv.FormatFloat(p.Throughput/1e6, 'f', 1, 64), strconv.Itoa(p.Runs), conc, nacks, m, wire})
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {

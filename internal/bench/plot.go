@@ -89,6 +89,27 @@ func plotExperiment(out, name string, points []Point) error {
 				pl.add(p.Mode, float64(p.Size), p.Throughput/1e6)
 			}
 			row = append(row, pl)
+		case "ec-latency":
+			pl := newPanel("full-stripe writes, "+g, "write size", "p50 latency (µs)")
+			pl.sizeX = true
+			for _, p := range pts {
+				pl.add(p.Mode, float64(p.Size), us(p.P50))
+			}
+			row = append(row, pl)
+		case "ec-bandwidth":
+			pl := newPanel("encoding bandwidth, "+g, "write size", "parity generated (MB/s)")
+			pl.sizeX = true
+			for _, p := range pts {
+				pl.add(p.Mode, float64(p.Size), p.Throughput/1e6)
+			}
+			row = append(row, pl)
+		case "ec-recovery":
+			pl := newPanel("rebuild 3 lost units, "+g, "unit size", "p50 time (µs)")
+			pl.sizeX = true
+			for _, p := range pts {
+				pl.add(p.Mode, float64(p.Size), us(p.P50))
+			}
+			row = append(row, pl)
 		case "table-fill":
 			lat := newPanel("request table of 4, 64 KiB writes", "concurrent writes", "latency (µs)")
 			nack := newPanel("refused busy and retried", "concurrent writes", "NACKs per 100 writes")

@@ -1,0 +1,198 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// Erasure-coding experiments: seed 000 Fig. 15 (encoding latency and
+// bandwidth by mode) and TriEC Fig. 10 (recovery time, distributed repair
+// against gathering at one node).
+
+var ecCodes = [][2]int{{3, 2}, {6, 3}}
+
+var ecModes = []string{client.ECStream, client.ECPerChunk, client.ECCentral}
+
+// ecSize rounds a write size up to whole stripes of 512-byte-multiple
+// cells, so every measured write is a full stripe (as in the seed, where
+// a write is one stripe of K units): the cell is the size over K.
+func ecSize(size int64, k int) (actual, cell int64) {
+	cell = (size/int64(k) + metaapi.MinECCell - 1) / metaapi.MinECCell * metaapi.MinECCell
+	cell = max(cell, metaapi.MinECCell)
+	return cell * int64(k), cell
+}
+
+// wireBytes is the bytes sent on the network per byte written, from the
+// protocol: the client sends the data once; streaming and per-chunk data
+// units each send every parity unit its partial parity (K·M partials of a
+// unit each, M times the data), central encoding sends the M parity units
+// from the client (M/K of the data).
+func wireBytes(mode string, k, m int) float64 {
+	if mode == client.ECCentral {
+		return 1 + float64(m)/float64(k)
+	}
+	return 1 + float64(m)
+}
+
+// measureEC writes full stripes with every mode, interleaved, for both
+// codes and every size, on a cluster of nine node processes per link. It
+// runs once per bench run: ec-latency and ec-bandwidth are two views of
+// the same measurements.
+func measureEC(ctx context.Context, r *runner) ([]Point, error) {
+	if r.shared.ec != nil {
+		return r.shared.ec, nil
+	}
+	const nodes = 9
+	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
+	var out []Point
+	for _, l := range r.links(false) {
+		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
+		if err != nil {
+			return nil, err
+		}
+		err = func() error {
+			defer c.Close()
+			clients := map[string]*client.Client{}
+			for _, mode := range ecModes {
+				cl, err := client.New(client.Options{Conf: c.conf, Link: l.link(), MTU: r.cfg.MTU, ECMode: mode})
+				if err != nil {
+					return err
+				}
+				defer cl.Close()
+				clients[mode] = cl
+			}
+			for _, km := range ecCodes {
+				k, m := km[0], km[1]
+				for _, size := range sizes {
+					actual, cell := ecSize(size, k)
+					dir := fmt.Sprintf("/ec-%d-%d-%d", k, m, cell)
+					if err := prepare(ctx, clients[client.ECStream], dir, metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
+						return err
+					}
+					var lanes []*lane
+					for _, mode := range ecModes {
+						ln, err := openLane(ctx, mode, clients[mode], dir)
+						if err != nil {
+							return err
+						}
+						lanes = append(lanes, ln)
+					}
+					err := r.interleaved(ctx, lanes, actual)
+					closeLanes(ctx, lanes)
+					if err != nil {
+						return fmt.Errorf("RS(%d,%d): %w", k, m, err)
+					}
+					for _, ln := range lanes {
+						p := Point{Mode: ln.mode, K: k, M: m, Size: actual, Link: l.String(),
+							Group: fmt.Sprintf("RS(%d,%d), link %s", k, m, l), WireBytes: wireBytes(ln.mode, k, m)}
+						summarize(&p, ln.lat)
+						out = append(out, p)
+					}
+				}
+			}
+			return nil
+		}()
+		if err != nil {
+			return nil, err
+		}
+	}
+	r.shared.ec = out
+	return out, nil
+}
+
+// ecLatency: seed 000 Fig. 15 (left) — write latency of full-stripe
+// writes by encoding mode.
+func ecLatency(ctx context.Context, r *runner) error {
+	pts, err := measureEC(ctx, r)
+	if err != nil {
+		return err
+	}
+	for _, p := range pts {
+		p.Throughput = float64(p.Size) / p.P50.Seconds()
+		r.add(p)
+	}
+	return nil
+}
+
+// ecBandwidth: seed 000 Fig. 15 (right) — encoding bandwidth: parity
+// bytes generated per second of write latency.
+func ecBandwidth(ctx context.Context, r *runner) error {
+	pts, err := measureEC(ctx, r)
+	if err != nil {
+		return err
+	}
+	for _, p := range pts {
+		p.Throughput = float64(p.Size) * float64(p.M) / float64(p.K) / p.P50.Seconds()
+		r.add(p)
+	}
+	return nil
+}
+
+// ecRecovery: TriEC Fig. 10 — time to rebuild M lost units of an RS(6,3)
+// group at the nodes that hold them, by unit size: distributed repair
+// (survivors send partial decodings, the rebuilder XORs) against gathering
+// the survivors' units at the rebuilder and decoding there.
+func ecRecovery(ctx context.Context, r *runner) error {
+	const k, m, nodes = 6, 3, 9
+	lost := []int{0, 1, 6} // two data units and a parity unit
+	sizes := r.sizes(powers(256<<10, 16<<20), []int64{1 << 20, 4 << 20})
+	reps := 7
+	if r.cfg.Quick {
+		reps = 3
+	}
+	for _, l := range r.links(false) {
+		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
+		if err != nil {
+			return err
+		}
+		err = func() error {
+			defer c.Close()
+			cl, err := r.newClient(c, l, "")
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			const cell = 64 << 10
+			if err := prepare(ctx, cl, "/rec", metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
+				return err
+			}
+			for _, unit := range sizes {
+				path := fmt.Sprintf("/rec/u%d", unit)
+				if _, err := cl.Put(ctx, path, bytes.NewReader(randomData(k*unit)), 0o644); err != nil {
+					return err
+				}
+				lat := map[string][]time.Duration{}
+				modes := []string{client.RepairDistributed, client.RepairGather}
+				for i := 0; i < 1+reps; i++ {
+					for j := range modes {
+						mode := modes[(i+j)%len(modes)]
+						start := time.Now()
+						if _, err := cl.Rebuild(ctx, path, 0, lost, mode); err != nil {
+							return fmt.Errorf("%s rebuild of %d-byte units: %w", mode, unit, err)
+						}
+						if i > 0 {
+							lat[mode] = append(lat[mode], time.Since(start))
+						}
+					}
+				}
+				cl.Remove(ctx, path)
+				for _, mode := range modes {
+					p := Point{Mode: mode, K: k, M: m, Size: unit, Link: l.String(), Group: "RS(6,3), link " + l.String()}
+					summarize(&p, lat[mode])
+					p.Throughput = float64(len(lost)) * float64(unit) / p.P50.Seconds()
+					r.add(p)
+				}
+			}
+			return nil
+		}()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
