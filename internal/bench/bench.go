@@ -111,7 +111,7 @@ type Point struct {
 	NACKs       int64
 	M           int     // erasure codes: parity units (K is the data units)
 	WireBytes   float64 // erasure codes: bytes on the network per byte written (from the protocol)
-	Group       string // which panel of the plot
+	Group       string  // which panel of the plot
 }
 
 // Experiments lists the experiment names in run order.
