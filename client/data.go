@@ -466,6 +466,8 @@ func verify(buf []byte, rep *wire.Reply, off, n int64) ([]byte, error) {
 		return nil, fmt.Errorf("reply has %d checksums for %d bytes", rep.NCRC(), dLen)
 	case dLen < n+off-dOff && dOff+dLen < int64(rep.ChunkLen):
 		return nil, fmt.Errorf("short reply (%d bytes) although the chunk has %d", dLen, rep.ChunkLen)
+	case off-dOff+n > int64(len(buf)):
+		return nil, fmt.Errorf("read of %d bytes does not fit the %d-byte buffer", n, len(buf))
 	}
 	for i := 0; i < rep.NCRC(); i++ {
 		b := buf[int64(i)*bs : min(int64(i+1)*bs, dLen)]

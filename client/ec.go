@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
+	"time"
 
+	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -69,6 +73,12 @@ func (c *Client) ecFlags() (wire.Mode, uint8, bool, error) {
 // ecWriteOne writes the front of p at off that fits one group and one
 // message (whole stripes where it can), and returns how much it wrote.
 func (f *File) ecWriteOne(ctx context.Context, g ecGeom, p []byte, off int64) (int, metaapi.ChunkVersion, error) {
+	return f.ecWriteMsg(ctx, g, p, off, false)
+}
+
+// ecWriteMsg is ecWriteOne; zeroing says the write is itself the zeroing
+// of stale bytes past a truncation point (so it does not zero again).
+func (f *File) ecWriteMsg(ctx context.Context, g ecGeom, p []byte, off int64, zeroing bool) (int, metaapi.ChunkVersion, error) {
 	c := f.c
 	a := f.Attr()
 	idx, o := off/g.group, off%g.group
@@ -89,7 +99,7 @@ func (f *File) ecWriteOne(ctx context.Context, g ecGeom, p []byte, off int64) (i
 		if len(l.Replicas) != g.k+g.m {
 			return 0, metaapi.ChunkVersion{}, fmt.Errorf("chunk %v has %d units, the code needs %d", l.Chunk, len(l.Replicas), g.k+g.m)
 		}
-		if l.ZeroFrom > 0 && o > l.ZeroFrom {
+		if l.ZeroFrom > 0 && o > l.ZeroFrom && !zeroing {
 			// Stale bytes lie between the old truncation point and this
 			// write: overwrite them with zeros first (whole stripes).
 			if err := f.ecZero(ctx, g, idx*g.group+l.ZeroFrom, idx*g.group+o); err != nil {
@@ -120,7 +130,7 @@ func (f *File) ecZero(ctx context.Context, g ecGeom, from, to int64) error {
 	zeros := make([]byte, min(to-from, max(g.width, int64(f.c.opts.WriteMsg))))
 	var versions []metaapi.ChunkVersion
 	for pos := from; pos < to; {
-		n, v, err := f.ecWriteOne(ctx, g, zeros[:min(int64(len(zeros)), to-pos)], pos)
+		n, v, err := f.ecWriteMsg(ctx, g, zeros[:min(int64(len(zeros)), to-pos)], pos, true)
 		if err != nil {
 			return err
 		}
@@ -132,18 +142,46 @@ func (f *File) ecZero(ctx context.Context, g ecGeom, from, to int64) error {
 
 // ecWriteStripes writes stripes [s0, s1) of group l, whose new bytes are
 // data starting at group offset o (the rest of those stripes is read and
-// written back), and returns the version they committed as.
+// written back), and returns the version they committed as. A write a
+// unit refused busy is started over from a new reservation (with the same
+// write id, so units that did apply it say so), for up to BusyRetry.
 func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, data []byte, o int64) (uint64, error) {
+	id := newWriteID()
+	deadline := time.Now().Add(c.opts.BusyRetry)
+	backoff := time.Millisecond
+	for {
+		ver, err, again := c.ecWriteAttempt(ctx, g, l, s0, s1, data, o, id)
+		if !again || time.Now().After(deadline) {
+			return ver, err
+		}
+		c.busyRetries.Add(1)
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(backoff + rand.N(backoff)):
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
+}
+
+// errNoReservation is the node's answer to a unit-0 write whose
+// reservation it no longer holds (after that unit's first attempt was
+// refused busy, say): the write must start over.
+const errNoReservation = "no reservation for chunk"
+
+// ecWriteAttempt is one try of ecWriteStripes; again says whether trying
+// again from a new reservation may succeed.
+func (c *Client) ecWriteAttempt(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, data []byte, o int64, id uint64) (ver uint64, err error, again bool) {
 	mode, flags, central, err := c.ecFlags()
 	if err != nil {
-		return 0, err
+		return 0, err, false
 	}
 	addrs := make([]string, len(l.Replicas))
 	for i, r := range l.Replicas {
 		addrs[i] = r.Addr
 	}
 	unitOff, unitLen := s0*g.cell, (s1-s0)*g.cell
-	h := wire.WriteHeader{Strategy: wire.StrategyEC, Chunk: l.Chunk, Off: uint64(unitOff), Len: uint64(unitLen), Cap: l.Cap, WriteID: newWriteID()}
+	h := wire.WriteHeader{Strategy: wire.StrategyEC, Chunk: l.Chunk, Off: uint64(unitOff), Len: uint64(unitLen), Cap: l.Cap, WriteID: id}
 
 	// Reserve the group's next version at unit 0: it orders this write
 	// against every other one of the group.
@@ -151,7 +189,7 @@ func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 	res.Flags = wire.FlagReserve
 	rhdr, err := wire.AppendWrite(nil, &res, addrs)
 	if err != nil {
-		return 0, err
+		return 0, err, false
 	}
 	var rep wire.Reply
 	if _, err = c.retryBusy(ctx, func() (uint64, error) {
@@ -159,22 +197,46 @@ func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 		rep, err = c.sendWriteReply(ctx, addrs[0], rhdr, nil)
 		return rep.Version, err
 	}); err != nil {
-		return 0, &NodeError{Op: fmt.Sprintf("reserve stripe group %v", l.Chunk), Addr: addrs[0], Err: err}
+		return 0, &NodeError{Op: fmt.Sprintf("reserve stripe group %v", l.Chunk), Addr: addrs[0], Err: err}, false
 	}
 	ver, base := rep.Version, rep.Version-1-rep.Skipped
 	if rep.Skipped > 0 {
 		h.Flags |= wire.FlagBase
 	}
 	h.Base = base
+	// Until a unit write goes out, a failure gives the version back.
+	release := func(err error) (uint64, error, bool) {
+		rel := res
+		rel.Version = ver
+		if hdr, herr := wire.AppendWrite(nil, &rel, addrs); herr == nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			c.sendWriteReply(rctx, addrs[0], hdr, nil)
+			cancel()
+		}
+		return 0, err, false
+	}
 
 	start, span := s0*g.width, (s1-s0)*g.width
 	stripes := data
 	if o != start || int64(len(data)) != span {
-		// Not whole stripes: read them as they stand, then overlay.
+		// Not whole stripes: the first and last stripes' other bytes are
+		// read as they stand (at the reserved base or a version skipped
+		// since, whichever K units agree on), then the new bytes overlaid.
 		stripes = make([]byte, span)
-		if base > 0 {
-			if err := c.ecReadStripes(ctx, g, l, s0, s1, stripes, base); err != nil {
-				return 0, fmt.Errorf("reading stripes [%d,%d) of group %v to update them: %w", s0, s1, l.Chunk, err)
+		if base > 0 || rep.Skipped > 0 {
+			read := func(s int64) error {
+				return c.ecReadStripes(ctx, g, l, s, s+1, stripes[(s-s0)*g.width:][:g.width], max(base, 1))
+			}
+			end := o + int64(len(data))
+			var err error
+			if o > start {
+				err = read(s0)
+			}
+			if err == nil && end < start+span && (s1-1 != s0 || o == start) {
+				err = read(s1 - 1)
+			}
+			if err != nil {
+				return release(fmt.Errorf("reading stripes of group %v to update them: %w", l.Chunk, err))
 			}
 			if l.ZeroFrom > 0 && l.ZeroFrom < start+span {
 				clear(stripes[max(0, l.ZeroFrom-start):]) // stale past a truncation
@@ -188,7 +250,7 @@ func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 	}
 	if central {
 		if err := c.ecEncode(g, stripes, units); err != nil {
-			return 0, err
+			return release(err)
 		}
 	}
 	send := g.k
@@ -205,30 +267,32 @@ func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 			hi.Mode = wire.ModeStream
 		}
 		if hdrs[i], err = wire.AppendWrite(nil, &hi, addrs); err != nil {
-			return 0, err
+			return release(err)
 		}
+	}
+	if ctx.Err() != nil {
+		return release(ctx.Err())
 	}
 	// All units at once, their packets interleaved; a unit refused busy
 	// is retried on its own at once (the others' parity waits for it).
 	errs := c.sendInterleaved(ctx, addrs[:send], hdrs, units[:send])
-	for i, err := range errs {
-		if err != nil {
-			errs[i] = &NodeError{Op: fmt.Sprintf("write unit %d of stripe group %v", i, l.Chunk), Addr: addrs[i], Err: err}
-		}
-	}
 	var failed []error
-	for _, err := range errs {
-		if err != nil {
-			failed = append(failed, err)
+	for i, err := range errs {
+		if err == nil {
+			continue
 		}
+		if s, ok := statusOf(err); ok && s.Retryable() || strings.Contains(err.Error(), errNoReservation) {
+			again = true
+		}
+		failed = append(failed, &NodeError{Op: fmt.Sprintf("write unit %d of stripe group %v", i, l.Chunk), Addr: addrs[i], Err: err})
 	}
 	if len(failed) > 0 {
 		// Units that did commit are ahead of the others: the stripe is
 		// degraded until the write is retried or repaired.
 		return 0, &wire.PartialError{Err: fmt.Errorf("stripe group %v version %d is degraded: %d of %d unit writes failed: %w",
-			l.Chunk, ver, len(failed), send, oneLine(failed))}
+			l.Chunk, ver, len(failed), send, oneLine(failed))}, again
 	}
-	return ver, nil
+	return ver, nil, false
 }
 
 // interleave is the piece of each unit sent in turn: the client
@@ -463,6 +527,7 @@ func (c *Client) ecReadRange(ctx context.Context, g ecGeom, l *metaapi.ChunkLayo
 func (c *Client) ecReadDirect(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, lo int64, out []byte) error {
 	hi := lo + int64(len(out))
 	errs := make([]error, g.k)
+	versions := make([]uint64, g.k)
 	var wg sync.WaitGroup
 	for j := range g.k {
 		// Unit j's bytes in [lo, hi): from its first cell in range to its last.
@@ -490,6 +555,7 @@ func (c *Client) ecReadDirect(ctx context.Context, g ecGeom, l *metaapi.ChunkLay
 				return
 			}
 			defer c.bufs.put(pc.region)
+			versions[j] = pc.version
 			// Scatter the unit's run back to file order.
 			for u := first; u < last; {
 				s := u / g.cell
@@ -501,96 +567,127 @@ func (c *Client) ecReadDirect(ctx context.Context, g ecGeom, l *metaapi.ChunkLay
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Cells of one stripe from two versions (a write committed between
+	// the reads, or on only some units) must not be mixed: decode from a
+	// version K units agree on instead.
+	var v uint64
+	for _, u := range versions {
+		if u != 0 && v != 0 && u != v {
+			return fmt.Errorf("group %v: data units at versions %v", l.Chunk, versions)
+		}
+		v = max(v, u)
+	}
+	return nil
 }
 
-// readUnit reads [off, off+n) of unit j of group l. With exact set, the
-// unit must be at exactly that version; otherwise at least the version
-// meta knows.
-func (c *Client) readUnit(ctx context.Context, l *metaapi.ChunkLayout, j int, off, n int64, exact uint64) (piece, error) {
+// readUnit reads [off, off+n) of unit j of group l, which must be at
+// version floor or later (0: the version meta knows).
+func (c *Client) readUnit(ctx context.Context, l *metaapi.ChunkLayout, j int, off, n int64, floor uint64) (piece, error) {
 	ul := *l
 	ul.ZeroFrom = 0 // applies to group offsets, not unit offsets
-	if exact > 0 {
-		ul.Version = exact
+	if floor > 0 {
+		ul.Version = floor
 	}
 	r := l.Replicas[j]
 	p, err := c.readReplica(ctx, r.Addr, &ul, off, n)
 	if err != nil {
 		return piece{}, &NodeError{Op: fmt.Sprintf("read unit %d of stripe group %v", j, l.Chunk), Addr: r.Addr, Err: err}
 	}
-	if exact > 0 && p.version != exact {
-		c.bufs.put(p.region)
-		return piece{}, &NodeError{Op: fmt.Sprintf("read unit %d of stripe group %v", j, l.Chunk), Addr: r.Addr,
-			Err: fmt.Errorf("%w: at version %d, need %d", errStale, p.version, exact)}
-	}
 	return p, nil
 }
 
 // ecReadStripes reads whole stripes [s0, s1) of group l into out (file
-// order), decoding from any K units that agree on a version: exactly
-// version exact if it is set, else the newest version at least K units
-// hold (and at least the one meta knows). Every byte used passed its
-// checksum; a unit that fails one counts as lost.
-func (c *Client) ecReadStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, out []byte, exact uint64) error {
+// order), decoding from any K units that agree on a version: the newest
+// at least K units hold among those at floor or later (0: the version
+// meta knows). Every byte used passed its checksum; a unit that fails one
+// counts as lost. The code works bytewise, so the units are read and
+// decoded in runs of at most one read request each.
+func (c *Client) ecReadStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, out []byte, floor uint64) error {
 	code, err := c.codes.Get(g.k, g.m)
 	if err != nil {
 		return err
 	}
-	n := g.k + g.m
-	off, ln := s0*g.cell, (s1-s0)*g.cell
-	pcs := make([]piece, n)
-	errs := make([]error, n)
+	step := int64(c.maxReadLen())
+	if step >= g.cell {
+		step = step / g.cell * g.cell
+	}
+	for off, end := s0*g.cell, s1*g.cell; off < end; off += step {
+		n := min(step, end-off)
+		shards, release, err := c.ecDecodeRun(ctx, code, l, off, n, floor)
+		if err != nil {
+			return err
+		}
+		// Scatter the units' run [off, off+n) back to file order.
+		for u := off; u < off+n; {
+			s := u / g.cell
+			k := min(off+n, (s+1)*g.cell) - u
+			for j := range g.k {
+				copy(out[(s-s0)*g.width+int64(j)*g.cell+u%g.cell:][:k], shards[j][u-off:][:k])
+			}
+			u += k
+		}
+		release()
+	}
+	return nil
+}
+
+// ecDecodeRun reads bytes [off, off+n) of every unit of l and returns the
+// K data units' bytes, decoded where missing.
+func (c *Client) ecDecodeRun(ctx context.Context, code *erasure.Code, l *metaapi.ChunkLayout, off, n int64, floor uint64) ([][]byte, func(), error) {
+	units := code.Units()
+	pcs := make([]piece, units)
+	errs := make([]error, units)
 	var wg sync.WaitGroup
-	for u := range n {
+	for u := range units {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pcs[u], errs[u] = c.readUnit(ctx, l, u, off, ln, exact)
+			pcs[u], errs[u] = c.readUnit(ctx, l, u, off, n, floor)
 		}()
 	}
 	wg.Wait()
-	defer func() {
+	release := func() {
 		for _, p := range pcs {
 			if p.region != nil {
 				c.bufs.put(p.region)
 			}
 		}
-	}()
+	}
 	// The newest version enough units agree on.
 	count := map[uint64]int{}
-	for u := range n {
+	for u := range units {
 		if errs[u] == nil {
 			count[pcs[u].version]++
 		}
 	}
 	var ver uint64
 	for v, k := range count {
-		if k >= g.k && v > ver {
+		if k >= code.K && v > ver {
 			ver = v
 		}
 	}
 	if ver == 0 {
+		release()
 		var failed []error
 		for _, e := range errs {
 			if e != nil {
 				failed = append(failed, e)
 			}
 		}
-		return fmt.Errorf("stripe group %v: fewer than %d of its %d units readable at one version (%v): %w", l.Chunk, g.k, n, count, oneLine(failed))
+		return nil, nil, fmt.Errorf("stripe group %v: fewer than %d of its %d units readable at one version (%v): %w", l.Chunk, code.K, units, count, oneLine(failed))
 	}
-	shards := make([][]byte, n)
-	for u := range n {
+	shards := make([][]byte, units)
+	for u := range units {
 		if errs[u] == nil && pcs[u].version == ver {
 			shards[u] = pcs[u].data
 		}
 	}
 	if err := code.ReconstructData(shards); err != nil {
-		return fmt.Errorf("decoding stripe group %v: %w", l.Chunk, err)
+		release()
+		return nil, nil, fmt.Errorf("decoding stripe group %v: %w", l.Chunk, err)
 	}
-	for s := range s1 - s0 {
-		for j := range g.k {
-			copy(out[s*g.width+int64(j)*g.cell:][:g.cell], shards[j][s*g.cell:][:g.cell])
-		}
-	}
-	return nil
+	return shards, release, nil
 }

@@ -29,6 +29,10 @@ type doubtNode struct {
 }
 
 func startDoubtNode(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*policy.Deps)) *doubtNode {
+	return startDoubtNodeWith(t, id, sec, tweak, engine.Options{})
+}
+
+func startDoubtNodeWith(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*policy.Deps), eopts engine.Options) *doubtNode {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(store.Options{Dir: dir})
@@ -46,7 +50,7 @@ func startDoubtNode(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*
 		tweak(&d)
 	}
 	pol := policy.New(d)
-	eng, err := engine.New(engine.Options{}, pol.Contexts()...)
+	eng, err := engine.New(eopts, pol.Contexts()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,10 +83,14 @@ type doubtEnv struct {
 }
 
 func newDoubtEnv(t *testing.T, n int, tweak func(*policy.Deps)) *doubtEnv {
+	return newDoubtEnvWith(t, n, tweak, engine.Options{})
+}
+
+func newDoubtEnvWith(t *testing.T, n int, tweak func(*policy.Deps), eopts engine.Options) *doubtEnv {
 	sec, _ := secret.Generate()
 	e := &doubtEnv{keys: capability.NewKeyring(sec)}
 	for i := 0; i < n; i++ {
-		e.nodes = append(e.nodes, startDoubtNode(t, ids.NodeID(i+1), sec, tweak))
+		e.nodes = append(e.nodes, startDoubtNodeWith(t, ids.NodeID(i+1), sec, tweak, eopts))
 	}
 	ep, _ := fabric.NewEndpoint(fabric.Options{})
 	t.Cleanup(func() { ep.Close() })

@@ -37,15 +37,23 @@ import (
 // all K+M units of the stripe are durable.
 
 // outBuf is a computed buffer a forward sends (a partial parity packet).
+// It holds a reference to the packet it was computed from, so the inbound
+// connection's quota still bounds what the forwards hold, and a forward's
+// queue (sized to that quota) never fills: the worker never blocks.
 type outBuf struct {
 	data []byte
 	last bool
+	src  *fabric.Packet
 	pool *outBufs
 }
 
 func (b *outBuf) release() {
 	b.pool.bufs.put(b.data)
 	b.data = nil
+	if b.src != nil {
+		b.src.Release()
+		b.src = nil
+	}
 	b.pool.structs.Put(b)
 }
 
@@ -117,6 +125,8 @@ func (x *writer) encodePacket(st *writeState, p *fabric.Packet) error {
 	bufs := [erasure.MaxUnits]*outBuf{}
 	for i := range st.fwds {
 		bufs[i] = x.outBufs.get(len(p.Data), p.Last())
+		p.Retain()
+		bufs[i].src = p
 		e.shards[1+i] = bufs[i].data
 	}
 	err := e.code.Partial(e.src, e.shards)
@@ -139,8 +149,14 @@ func (x *writer) encodePacket(st *writeState, p *fabric.Packet) error {
 // accSlot is the size of one accumulator slot.
 const accSlot = 64 << 10
 
-// maxAggregations bounds the writes a node aggregates parity for at once.
-const maxAggregations = 1024
+// Bounds on parity aggregation: writes aggregated at once, in all and per
+// client (each holds an open store write), and the slots one write may
+// hold (the window between its fastest and slowest data unit).
+const (
+	maxAggregations          = 1024
+	maxAggregationsPerClient = 64
+	maxSlotsPerAggregation   = 256
+)
 
 type aggKey struct {
 	chunk   ids.ChunkID
@@ -150,8 +166,9 @@ type aggKey struct {
 // aggregations is a parity node's set of writes being aggregated and its
 // accumulator pool.
 type aggregations struct {
-	mu sync.Mutex
-	m  map[aggKey]*aggregation
+	mu       sync.Mutex
+	m        map[aggKey]*aggregation
+	byClient map[ids.ClientID]int
 	// slots is the accumulator pool: fixed buffers, taken without waiting.
 	slots chan []byte
 	// Fallbacks counts slots taken from host memory because the pool was
@@ -161,7 +178,7 @@ type aggregations struct {
 }
 
 func newAggregations(n int) *aggregations {
-	a := &aggregations{m: map[aggKey]*aggregation{}, slots: make(chan []byte, n)}
+	a := &aggregations{m: map[aggKey]*aggregation{}, byClient: map[ids.ClientID]int{}, slots: make(chan []byte, n)}
 	for range n {
 		a.slots <- make([]byte, accSlot)
 	}
@@ -170,9 +187,10 @@ func newAggregations(n int) *aggregations {
 
 // aggregation is one write's parity being assembled from K partials.
 type aggregation struct {
-	x   *writer
-	key aggKey
-	k   int
+	x      *writer
+	key    aggKey
+	k      int
+	client ids.ClientID
 
 	mu      sync.Mutex
 	w       *store.Write
@@ -198,7 +216,7 @@ type slot struct {
 
 // join admits data unit h.Src's partial parity: into the aggregation of
 // its write if one is open, else a new one (opening the store write).
-func (x *writer) join(h *wire.WriteHeader, k int) (*aggregation, error) {
+func (x *writer) join(h *wire.WriteHeader, k int, client ids.ClientID) (*aggregation, error) {
 	a := x.aggs
 	key := aggKey{h.Chunk, h.Version}
 	a.mu.Lock()
@@ -219,8 +237,11 @@ func (x *writer) join(h *wire.WriteHeader, k int) (*aggregation, error) {
 		}
 		return g, nil
 	}
-	if len(a.m) >= maxAggregations {
+	switch {
+	case len(a.m) >= maxAggregations:
 		return nil, wire.Errorf(wire.StatusBusy, "too many parity aggregations in progress")
+	case a.byClient[client] >= maxAggregationsPerClient:
+		return nil, wire.Errorf(wire.StatusBusy, "client %v has %d parity aggregations in progress already", client, maxAggregationsPerClient)
 	}
 	if info, err := x.d.Store.Stat(h.Chunk); err == nil && info.Version < h.Base {
 		return nil, wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, h.Base)
@@ -230,19 +251,27 @@ func (x *writer) join(h *wire.WriteHeader, k int) (*aggregation, error) {
 		return nil, storeError(err)
 	}
 	w.SetTag(h.WriteID)
-	g := &aggregation{x: x, key: key, k: k, w: w, off: int64(h.Off), length: int64(h.Len), base: h.Base, writeID: h.WriteID,
+	g := &aggregation{x: x, key: key, k: k, client: client, w: w, off: int64(h.Off), length: int64(h.Len), base: h.Base, writeID: h.WriteID,
 		joined: 1 << h.Src, slots: map[int64]*slot{}}
 	// Every data unit sends its header at once; one that has not within
-	// the reservation timeout is not coming.
+	// the reservation timeout is not coming. Once all have, the write has
+	// the reply timeout to finish.
 	g.timer = time.AfterFunc(x.d.ReserveTimeout, func() {
 		g.mu.Lock()
 		missing := g.joined != 1<<g.k-1
 		g.mu.Unlock()
 		if missing {
 			g.fail(wire.Errorf(wire.StatusReplica, "only some of the %d data units' partial parities arrived within %s", g.k, x.d.ReserveTimeout))
+			return
 		}
+		g.mu.Lock()
+		if !g.ended {
+			g.timer.Reset(x.d.ReplyTimeout)
+		}
+		g.mu.Unlock()
 	})
 	a.m[key] = g
+	a.byClient[client]++
 	return g, nil
 }
 
@@ -259,6 +288,11 @@ func (g *aggregation) add(off int64, data []byte) error {
 		so := off % accSlot
 		n := min(int64(len(data)), accSlot-so)
 		s := g.slots[idx]
+		if s == nil && len(g.slots) >= maxSlotsPerAggregation {
+			err := wire.Errorf(wire.StatusBusy, "parity of chunk %v: data units more than %d slots apart", g.key.chunk, maxSlotsPerAggregation)
+			g.failLocked(err)
+			return err
+		}
 		if s == nil {
 			var err error
 			if s, err = g.newSlot(idx); err != nil {
@@ -347,6 +381,12 @@ func (g *aggregation) finish() {
 	var reply []byte
 	switch {
 	case g.placed != g.length:
+		g.mu.Lock()
+		for _, s := range g.slots {
+			g.freeSlot(s)
+		}
+		clear(g.slots)
+		g.mu.Unlock()
 		g.w.Abort()
 		reply = wire.AppendError(nil, wire.Errorf(wire.StatusBadRequest, "parity of chunk %v: %d of %d bytes aggregated", g.key.chunk, g.placed, g.length))
 	default:
@@ -406,6 +446,9 @@ func (a *aggregations) remove(g *aggregation) {
 	a.mu.Lock()
 	if a.m[g.key] == g {
 		delete(a.m, g.key)
+		if a.byClient[g.client]--; a.byClient[g.client] <= 0 {
+			delete(a.byClient, g.client)
+		}
 	}
 	a.mu.Unlock()
 }

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/erasure"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/policy"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -62,7 +64,11 @@ func (e *doubtEnv) sendAsync(t *testing.T, to int, hdr, data []byte) <-chan asyn
 	}
 	id := pc.NewID()
 	ch := pc.Replies.Expect(id)
-	if err := pc.Send(id, hdr, data); err != nil {
+	var parts [][]byte
+	if data != nil {
+		parts = [][]byte{data}
+	}
+	if err := pc.Send(id, hdr, parts...); err != nil {
 		t.Fatal(err)
 	}
 	out := make(chan asyncReply, 1)
@@ -200,4 +206,141 @@ func TestECAccumulatorFallback(t *testing.T) {
 		t.Fatalf("stats %+v: want fallbacks and %d bytes", st, 3*n)
 	}
 	t.Logf("%+v", st)
+}
+
+// TestECShortPartialFreesSlots: a partial parity shorter than its header
+// (sent straight to the parity unit, or made so by a client sending a
+// data unit too few bytes) fails the aggregation and gives its
+// accumulator slots back: the next aggregation needs no fallback.
+func TestECShortPartialFreesSlots(t *testing.T) {
+	// A data unit that fails before its partial reaches the parity unit
+	// leaves the aggregation waiting for it until the join timeout.
+	e := newDoubtEnv(t, 3, func(d *policy.Deps) { d.Accumulators, d.ReserveTimeout = 1, 500*time.Millisecond })
+	const chunk ids.ChunkID = 900
+	cp := e.ecCap(chunk, 2)
+	p0, p1 := bytes.Repeat([]byte{1}, 5000), bytes.Repeat([]byte{2}, 5000)
+	a := e.sendAsync(t, 2, e.partialHdr(t, chunk, cp, 2, 0, 1, 5000, true), p0)
+	b := e.sendAsync(t, 2, e.partialHdr(t, chunk, cp, 2, 1, 1, 5000, true), p1[:4000])
+	if ra, rb := wait(t, a), wait(t, b); ra.status == wire.StatusOK || rb.status == wire.StatusOK {
+		t.Fatalf("short partial parity accepted: %v %q / %v %q", ra.status, ra.msg, rb.status, rb.msg)
+	}
+	// Through the data units: unit 1 gets fewer bytes than declared.
+	const chunk2 ids.ChunkID = 901
+	cp2 := e.ecCap(chunk2, 2)
+	write := func(short bool, id uint64) []asyncReply {
+		res := wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagReserve, Chunk: chunk2, Len: 5000, WriteID: id, Cap: cp2}
+		st, msg, ver := e.send(t, 0, res, nil)
+		if st != wire.StatusOK {
+			t.Fatalf("reserve: %v %q", st, msg)
+		}
+		var chs []<-chan asyncReply
+		for r := 0; r < 2; r++ {
+			h := wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: uint8(r), Chunk: chunk2, Len: 5000, Version: ver, WriteID: id, Cap: cp2}
+			if ver > 1 {
+				h.Flags |= wire.FlagBase
+				h.Base = 0
+			}
+			hdr, _ := wire.AppendWrite(nil, &h, e.addrs())
+			data := bytes.Repeat([]byte{byte(r + 1)}, 5000)
+			if short && r == 1 {
+				data = data[:4000]
+			}
+			chs = append(chs, e.sendAsync(t, r, hdr, data))
+		}
+		return []asyncReply{wait(t, chs[0]), wait(t, chs[1])}
+	}
+	if rs := write(true, 5); rs[0].status == wire.StatusOK || rs[1].status == wire.StatusOK {
+		t.Fatalf("short data unit write accepted: %+v", rs)
+	}
+	before := e.nodes[2].pol.Stats().ParityFallbacks
+	for try := 0; ; try++ { // the failed write's abort may still be settling: busy
+		rs := write(false, 6)
+		if rs[0].status == wire.StatusOK && rs[1].status == wire.StatusOK {
+			break
+		}
+		if try == 40 || rs[0].status != wire.StatusBusy && rs[1].status != wire.StatusBusy {
+			t.Fatalf("good write after a short one: %+v", rs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if after := e.nodes[2].pol.Stats().ParityFallbacks; after != before {
+		t.Fatalf("a failed aggregation kept its slot: %d fallbacks after, %d before", after, before)
+	}
+}
+
+// TestHeaderOnlyWriteFails: a write whose header declares data but whose
+// message ends with the header is refused promptly, for an EC data unit
+// and for a ring head, and leaves the chunk writable.
+func TestHeaderOnlyWriteFails(t *testing.T) {
+	e := newDoubtEnv(t, 3, func(d *policy.Deps) { d.ReplyTimeout = 3 * time.Second })
+	const ecChunk, ringChunk ids.ChunkID = 920, 921
+	cases := []struct {
+		to int
+		h  wire.WriteHeader
+	}{
+		{1, wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: 1, Chunk: ecChunk, Len: 5000, Version: 1, WriteID: 5, Cap: e.ecCap(ecChunk, 2)}},
+		{0, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: ringChunk, Len: 5000, WriteID: 5, Cap: e.capFor(ringChunk)}},
+	}
+	for _, c := range cases {
+		hdr, _ := wire.AppendWrite(nil, &c.h, e.addrs())
+		start := time.Now()
+		r := wait(t, e.sendAsync(t, c.to, hdr, nil))
+		if r.status == wire.StatusOK || time.Since(start) > 10*time.Second {
+			t.Fatalf("%v header-only write with Len 5000: %v %q after %s", c.h.Strategy, r.status, r.msg, time.Since(start))
+		}
+		h := c.h
+		h.Flags, h.WriteID = 0, 6
+		hdr, _ = wire.AppendWrite(nil, &h, e.addrs())
+		if c.h.Strategy == wire.StrategyEC {
+			continue // its parity aggregation is gone; the unit itself is free (checked below)
+		}
+		if r := wait(t, e.sendAsync(t, c.to, hdr, make([]byte, 5000))); r.status != wire.StatusOK {
+			t.Fatalf("%v write after a header-only one: %v %q", c.h.Strategy, r.status, r.msg)
+		}
+	}
+	if err := e.nodes[1].st.Delete(ecChunk); err != nil {
+		t.Fatalf("EC data unit still locked by the header-only write: %v", err)
+	}
+}
+
+// stuckHandler never releases a packet: its connection's quota runs out
+// and the sender is back-pressured, as by a slow replica.
+type stuckHandler struct{}
+
+func (stuckHandler) HandlePacket(p *fabric.Packet)    {}
+func (stuckHandler) Closed(c *fabric.Conn, err error) {}
+
+// TestEncodeDoesNotBlockWorker: a data unit whose parity unit stops
+// reading does not block its node's (only) handler worker: other requests
+// are still served at once.
+func TestEncodeDoesNotBlockWorker(t *testing.T) {
+	e := newDoubtEnvWith(t, 3, nil, engine.Options{Workers: 1})
+	slow, _ := fabric.NewEndpoint(fabric.Options{})
+	t.Cleanup(func() { slow.Close() })
+	sa, err := slow.Listen("127.0.0.1:0", stuckHandler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const chunk ids.ChunkID = 910
+	addrs := e.addrs()
+	addrs[2] = sa.String() // the parity unit: stuck
+	h := wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: 1, Chunk: chunk, Len: 32 << 20, Version: 1, WriteID: 5, Cap: e.ecCap(chunk, 2)}
+	hdr, _ := wire.AppendWrite(nil, &h, addrs)
+	go func() {
+		pc, err := e.pool.Get(context.Background(), e.nodes[1].addr)
+		if err != nil {
+			return
+		}
+		id := pc.NewID()
+		pc.Replies.Expect(id)
+		pc.Send(id, hdr, bytes.Repeat([]byte{3}, 32<<20))
+	}()
+	time.Sleep(time.Second)
+	start := time.Now()
+	other := wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 911, Len: 10, WriteID: 6, Cap: e.capFor(911)}
+	ohdr, _ := wire.AppendWrite(nil, &other, e.addrs())
+	r := wait(t, e.sendAsync(t, 1, ohdr, []byte("0123456789")))
+	if time.Since(start) > 2*time.Second {
+		t.Fatalf("an unrelated request waited %s (%v %q): the worker was blocked", time.Since(start), r.status, r.msg)
+	}
 }

@@ -108,6 +108,25 @@ func (rs *reservations) drop(chunk ids.ChunkID, r *reservation) {
 	}
 }
 
+// release drops the reservation of chunk for version of write writeID, if
+// it still stands: its client gave up before sending any data with it
+// (a failed read-modify-write read, say), so no replica can have the
+// version and no doubt is recorded. A client that releases a version it
+// did write harms only its own file (its replicas then refuse the next
+// write with that version until repaired).
+func (rs *reservations) release(chunk ids.ChunkID, version, writeID uint64, client ids.ClientID) {
+	rs.mu.Lock()
+	r := rs.m[chunk]
+	if r == nil || r.w.Version() != version || r.writeID != writeID || r.client != client {
+		rs.mu.Unlock()
+		return
+	}
+	r.timer.Stop()
+	rs.drop(chunk, r)
+	rs.mu.Unlock()
+	r.w.Abort()
+}
+
 // cancel drops the reservation holding w, if it still does.
 func (rs *reservations) cancel(chunk ids.ChunkID, w *store.Write) {
 	rs.mu.Lock()

@@ -74,6 +74,7 @@ type writeState struct {
 	chunk    ids.ChunkID
 	chunkOff int64 // where the write starts in the chunk
 	length   int64
+	got      int64 // stream mode: data bytes received
 	w        *store.Write
 	fwds     []*forward // stream mode: one per child (none at a leaf)
 	reserve  bool       // a flat write's version reservation
@@ -131,6 +132,9 @@ func (x *writer) header(r *engine.Request, hdr []byte) error {
 	}
 	var err error
 	switch {
+	case h.Flags&wire.FlagReserve != 0 && h.Version != 0:
+		x.reserved.release(h.Chunk, h.Version, h.WriteID, c.Client)
+		return &engine.Answered{Reply: wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: h.Version}, nil, "released")}
 	case h.Flags&wire.FlagReserve != 0:
 		err = x.reserveHeader(st, &h, c.Client)
 	case h.Mode == wire.ModePull:
@@ -201,7 +205,8 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 	case wire.StrategyFlat, wire.StrategyEC:
 		// The client reserves the version at rank 0, then writes every
 		// replica (unit) with it.
-		if reserve && (rank != 0 || h.Version != 0 || h.Mode != wire.ModeStream) || !reserve && h.Version == 0 {
+		// (A reservation with a version releases it: see reserve.go.)
+		if reserve && (rank != 0 || h.Mode != wire.ModeStream) || !reserve && h.Version == 0 {
 			return wire.Errorf(wire.StatusBadRequest, "%v write: version %d at rank %d (reserve %v)", h.Strategy, h.Version, rank, reserve)
 		}
 		if h.Mode != wire.ModeStream && !(h.Mode == wire.ModeHost && h.Flags&wire.FlagEncode != 0) {
@@ -324,7 +329,7 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 	}
 	if h.Flags&wire.FlagPartial != 0 {
 		// A partial parity: joins its write's aggregation.
-		if st.agg, err = x.join(h, int(c.Data)); err != nil {
+		if st.agg, err = x.join(h, int(c.Data), c.Client); err != nil {
 			return err
 		}
 		st.src = h.Src
@@ -448,6 +453,7 @@ func (x *writer) payload(r *engine.Request, p *fabric.Packet) error {
 	if err := st.w.Place(st.chunkOff+p.Off, p.Data); err != nil {
 		return storeError(err)
 	}
+	st.got += int64(len(p.Data))
 	if st.enc != nil {
 		return x.encodePacket(st, p)
 	}
@@ -480,6 +486,20 @@ func (x *writer) completion(r *engine.Request) {
 // children work, then publish only after every child has (so a child's
 // refusal aborts this replica too), then acknowledge.
 func (x *writer) finish(r *engine.Request, st *writeState) {
+	if st.got != st.length {
+		// The message ended short of what its header declared (its last
+		// packet came early): nothing may be published, and the replicas
+		// below, which never get their last packet either, are stopped.
+		err := wire.Errorf(wire.StatusBadRequest, "write of %d bytes ended after %d", st.length, st.got)
+		for _, f := range st.fwds {
+			f.abort(err)
+		}
+		for _, f := range st.fwds {
+			f.wait()
+		}
+		r.Finish(x.publish(st, err, st.flat))
+		return
+	}
 	err := st.w.Sync()
 	if err != nil {
 		err = storeError(err)
