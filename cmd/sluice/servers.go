@@ -20,6 +20,7 @@ import (
 // engineFlags are the data-plane settings shared by `up` and `node`.
 type engineFlags struct {
 	mtu, quota, workers, table int
+	accumulators               int
 	idle                       time.Duration
 	linkRate                   string
 	linkDelay                  time.Duration
@@ -30,6 +31,7 @@ func (f *engineFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.quota, "recv-quota", 16, "receive buffers per connection")
 	cmd.Flags().IntVar(&f.workers, "workers", 0, "handler workers (default: number of CPUs)")
 	cmd.Flags().IntVar(&f.table, "request-table", 1024, "in-flight requests before new ones are refused busy")
+	cmd.Flags().IntVar(&f.accumulators, "accumulators", 256, "64 KiB parity accumulator slots for erasure-coded writes (past them, host memory)")
 	cmd.Flags().DurationVar(&f.idle, "idle-timeout", 10*time.Second, "clean up a request (or close a connection) whose sender is silent this long mid-message")
 	cmd.Flags().StringVar(&f.linkRate, "link-rate", "", "emulate a network link of this bandwidth per node, e.g. 10Gbit (benchmarks)")
 	cmd.Flags().DurationVar(&f.linkDelay, "link-delay", 0, "emulate this one-way link delay, e.g. 5us (benchmarks)")
@@ -72,7 +74,7 @@ func (a *app) upCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, Fabric: fo, Engine: eo, Logger: a.logger()})
+			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, Logger: a.logger()})
 			if err != nil {
 				return err
 			}
@@ -181,7 +183,7 @@ func (a *app) nodeCmd() *cobra.Command {
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
 				DataDir: dir, MetaAddr: metaAddr, Secret: sec, Listen: listen, Advertise: advertise,
-				Domain: domain, Fabric: fo, Engine: eo, AllowRaw: allowRaw, Logger: a.logger(),
+				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
 			})
 			if err != nil {
 				return err

@@ -198,6 +198,9 @@ func FuzzDecode(f *testing.F) {
 	k := NewKeyring(secret.Secret{})
 	c := sample()
 	f.Add(k.Mint(&c))
+	ec := sample()
+	ec.Fanout, ec.Data = FanoutEC, 1
+	f.Add(k.Mint(&ec))
 	f.Add([]byte{})
 	f.Add(make([]byte, fixedSize+MACSize))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -41,6 +41,9 @@ type Options struct {
 	Domain string
 	Fabric fabric.Options
 	Engine engine.Options
+	// Accumulators is the number of parity accumulator slots (see
+	// policy.Deps); 0 for the default.
+	Accumulators int
 	// BlockSize is the checksum block size of a new store.
 	BlockSize int
 	// AllowRaw accepts unauthenticated "raw" writes: only for benchmarks
@@ -147,6 +150,7 @@ func (n *Node) serve() error {
 		ReplicaAddr:  n.PeerAddr,
 		RefreshMap:   n.refreshMap,
 		AllowRaw:     n.opts.AllowRaw,
+		Accumulators: n.opts.Accumulators,
 		Logger:       n.log,
 	})
 	if n.eng, err = engine.New(eopts, n.pol.Contexts()...); err != nil {

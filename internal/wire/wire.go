@@ -300,7 +300,7 @@ func appendTail(b []byte, h *WriteHeader, mode Mode, flags uint8, base uint64, s
 // version and base (FlagBase set only if base is not version-1), and the
 // same raw address list.
 func AppendForward(b []byte, h *WriteHeader, rank uint8, version, base uint64) []byte {
-	return appendHop(b, h, h.Mode, h.Flags&^(FlagBase|FlagSealed), rank, version, base, 0)
+	return appendHop(b, h, h.Mode, h.Flags&^(FlagBase|FlagSealed), rank, version, base, h.Src)
 }
 
 // AppendPartial encodes, from data unit src's header h, the header of its

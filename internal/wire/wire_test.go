@@ -205,6 +205,13 @@ func FuzzParse(f *testing.F) {
 	f.Add(AppendForward(w[:0:0], mustParse(f, w), 1, 9, 5))
 	f.Add(SealForward(AppendForward(nil, mustParse(f, w), 1, 9, 8), func([]byte) [SealSize]byte { return [SealSize]byte{1, 2} }))
 	f.Add(AppendReply(nil, &Reply{Status: StatusReplica, Partial: true, Version: 9, Skipped: 3}, []uint32{1}, "x"))
+	ec, _ := AppendWrite(nil, &WriteHeader{Strategy: StrategyEC, Flags: FlagEncode, Rank: 1, Version: 4, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
+	f.Add(ec)
+	f.Add(SealForward(AppendPartial(nil, mustParse(f, ec), 2, 1, 4, 3), func([]byte) [SealSize]byte { return [SealSize]byte{7} }))
+	sr, _ := AppendRead(nil, &ReadHeader{Scaled: true, Coef: 0x8e, Len: 4096, RegionKey: 3, Cap: []byte("c")})
+	f.Add(sr)
+	rep, _ := AppendRepair(nil, &RepairHeader{Mode: RepairGather, Unit: 2, Version: 3, Len: 1 << 20, Survivors: []byte{0, 1}, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
+	f.Add(rep)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var wh WriteHeader
 		if ParseWrite(b, &wh) == nil {
@@ -229,6 +236,20 @@ func FuzzParse(f *testing.F) {
 			re, _ := AppendRead(nil, &rh)
 			if !bytes.Equal(re, b) {
 				t.Fatal("read header does not re-encode identically")
+			}
+		}
+		var rr RepairHeader
+		if ParseRepair(b, &rr) == nil {
+			addrs := make([]string, rr.Addrs.Len())
+			for i := range addrs {
+				addrs[i] = string(rr.Addrs.At(i))
+			}
+			re, err := AppendRepair(nil, &rr, addrs)
+			if err != nil || !bytes.Equal(re, b) {
+				t.Fatalf("repair header does not re-encode identically: %v", err)
+			}
+			if len(rr.Survivors) >= rr.Addrs.Len() || int(rr.Unit) >= rr.Addrs.Len() {
+				t.Fatal("repair header with impossible units accepted")
 			}
 		}
 		var rp Reply
