@@ -113,6 +113,14 @@ func (f *File) ecWriteMsg(ctx context.Context, g ecGeom, p []byte, off int64, ze
 			c.layouts.dropChunk(a.Ino, idx)
 			continue
 		}
+		if wire.IsPartial(err) {
+			// Some units may be ahead of the others: record the group as
+			// degraded so a repair finds it even if this error is ignored.
+			req := metaapi.MarkDegradedReq{Ino: a.Ino, Index: idx, Chunk: l.Chunk, Degraded: true, Who: c.who}
+			if merr := c.meta.Call(context.WithoutCancel(ctx), metaapi.OpDegraded, req, nil); merr != nil {
+				c.log.Warn("recording a degraded stripe group", "group", l.Chunk, "err", merr)
+			}
+		}
 		if err != nil {
 			return 0, metaapi.ChunkVersion{}, err
 		}

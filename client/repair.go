@@ -33,6 +33,7 @@ type RebuiltUnit struct {
 type RepairReport struct {
 	Groups  int           // stripe groups checked
 	Rebuilt []RebuiltUnit // units rebuilt
+	Cleared int           // groups no longer recorded as degraded
 }
 
 // Repair checks every stripe group of the erasure-coded file at p and
@@ -41,7 +42,6 @@ type RepairReport struct {
 // old one is down — from K surviving units, as mode says. The lost units
 // of one group are rebuilt in parallel.
 func (c *Client) Repair(ctx context.Context, p string, mode string) (RepairReport, error) {
-	var rep RepairReport
 	var wmode wire.RepairMode
 	switch mode {
 	case "", RepairDistributed:
@@ -49,16 +49,59 @@ func (c *Client) Repair(ctx context.Context, p string, mode string) (RepairRepor
 	case RepairGather:
 		wmode = wire.RepairGather
 	default:
-		return rep, fmt.Errorf("unknown repair mode %q (known: distributed, gather)", mode)
+		return RepairReport{}, fmt.Errorf("unknown repair mode %q (known: distributed, gather)", mode)
 	}
 	f, err := c.Open(ctx, p)
 	if err != nil {
-		return rep, err
+		return RepairReport{}, err
 	}
-	a := f.Attr()
+	return c.repairFile(ctx, f.Attr(), p, wmode)
+}
+
+// RepairDegraded repairs every file with a stripe group recorded as
+// degraded (by a write that failed part-way), and reports the files.
+func (c *Client) RepairDegraded(ctx context.Context, mode string) (map[ids.Ino]RepairReport, error) {
+	var resp metaapi.ListDegradedResp
+	if err := c.meta.Call(ctx, metaapi.OpListDeg, struct{}{}, &resp); err != nil {
+		return nil, err
+	}
+	out := map[ids.Ino]RepairReport{}
+	var errs []error
+	for _, g := range resp.Groups {
+		if _, done := out[g.Ino]; done {
+			continue
+		}
+		a, err := c.GetAttr(ctx, g.Ino)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var wmode wire.RepairMode
+		if mode == RepairGather {
+			wmode = wire.RepairGather
+		}
+		rep, err := c.repairFile(ctx, a, fmt.Sprintf("inode %d", g.Ino), wmode)
+		out[g.Ino] = rep
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return out, oneLine(errs)
+	}
+	return out, nil
+}
+
+// repairFile is Repair of the file with attributes a (named p in errors).
+func (c *Client) repairFile(ctx context.Context, a metaapi.Attr, p string, wmode wire.RepairMode) (RepairReport, error) {
+	var rep RepairReport
 	g, ok := ecGeomOf(&a)
 	if !ok {
 		return rep, pathErr("repair", p, metaapi.Errorf(metaapi.EINVAL, "not an erasure-coded file"))
+	}
+	var degraded metaapi.ListDegradedResp
+	if err := c.meta.Call(ctx, metaapi.OpListDeg, struct{}{}, &degraded); err != nil {
+		return rep, err
 	}
 	st, err := c.Status(ctx)
 	if err != nil {
@@ -94,6 +137,13 @@ func (c *Client) Repair(ctx context.Context, p string, mode string) (RepairRepor
 		c.layouts.dropChunk(a.Ino, idx)
 		if err != nil {
 			return rep, pathErr("repair", p, err)
+		}
+		if slices.Contains(degraded.Groups, metaapi.DegradedGroup{Ino: a.Ino, Index: idx, Chunk: l.Chunk}) {
+			req := metaapi.MarkDegradedReq{Ino: a.Ino, Index: idx, Chunk: l.Chunk, Who: c.who}
+			if err := c.meta.Call(ctx, metaapi.OpDegraded, req, nil); err != nil {
+				return rep, pathErr("repair", p, fmt.Errorf("clearing the degraded mark of group %v: %w", l.Chunk, err))
+			}
+			rep.Cleared++
 		}
 	}
 	return rep, nil

@@ -125,6 +125,9 @@ func (a *app) statusCmd() *cobra.Command {
 					return enc.Encode(st)
 				}
 				fmt.Fprintf(a.stdout, "meta: %s  epoch: %d  files: %d  dirs: %d  chunks: %d\n", st.MetaAddr, st.Epoch, st.Files, st.Dirs, st.Chunks)
+				if st.Degraded > 0 {
+					fmt.Fprintf(a.stdout, "degraded stripe groups: %d (sluice repair --degraded)\n", st.Degraded)
+				}
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tCAPACITY\tCHUNKS\tLAST HEARTBEAT")
 				for _, n := range st.Nodes {
@@ -156,9 +159,12 @@ func human(b int64) string {
 }
 
 func (a *app) repairCmd() *cobra.Command {
-	var mode string
+	var (
+		mode     string
+		degraded bool
+	)
 	cmd := &cobra.Command{
-		Use:   "repair PATH",
+		Use:   "repair (PATH | --degraded)",
 		Short: "Rebuild the lost, stale or unreadable units of an erasure-coded file",
 		Long: `Check every stripe group of the erasure-coded file PATH and rebuild the
 units that are lost (node down, chunk missing), stale or unreadable, each at
@@ -166,9 +172,27 @@ the node that will hold it: in place when its node is up, on another live
 node (chosen by meta) when it is down. --mode distributed (the default) has
 each of K survivors send its unit times its decoding coefficient, which the
 rebuilding node XORs; --mode gather has them send their units whole for the
-rebuilding node to decode alone.`,
-		Args: cobra.ExactArgs(1),
+rebuilding node to decode alone. --degraded repairs every file with a stripe
+group a failed write recorded as degraded (sluice status counts them).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if degraded != (len(args) == 0) || len(args) > 1 {
+				return fmt.Errorf("give one PATH, or --degraded")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if degraded {
+				return a.withClient(func(c *client.Client) error {
+					reps, err := c.RepairDegraded(cmd.Context(), mode)
+					for ino, rep := range reps {
+						fmt.Fprintf(a.stdout, "inode %d: %d stripe groups checked, %d units rebuilt, %d groups whole again\n", ino, rep.Groups, len(rep.Rebuilt), rep.Cleared)
+					}
+					if err == nil && len(reps) == 0 {
+						fmt.Fprintln(a.stdout, "no stripe group is recorded as degraded")
+					}
+					return err
+				})
+			}
 			return a.withClient(func(c *client.Client) error {
 				rep, err := c.Repair(cmd.Context(), args[0], mode)
 				for _, u := range rep.Rebuilt {
@@ -187,5 +211,6 @@ rebuilding node to decode alone.`,
 		},
 	}
 	cmd.Flags().StringVar(&mode, "mode", client.RepairDistributed, "distributed or gather")
+	cmd.Flags().BoolVar(&degraded, "degraded", false, "repair every stripe group recorded as degraded")
 	return cmd
 }

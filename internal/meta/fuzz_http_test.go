@@ -17,7 +17,7 @@ import (
 func FuzzHTTP(f *testing.F) {
 	ops := []string{metaapi.OpResolve, metaapi.OpLookup, metaapi.OpGetAttr, metaapi.OpCreate, metaapi.OpLink,
 		metaapi.OpRemove, metaapi.OpRename, metaapi.OpReaddir, metaapi.OpSetAttr, metaapi.OpSetPolicy,
-		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpReplace, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat}
+		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpReplace, metaapi.OpDegraded, metaapi.OpListDeg, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat}
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"a","type":"file","mode":420}`))
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"d","type":"dir","mode":493}`))
 	f.Add(uint8(11), []byte(`{"ino":2,"off":0,"len":9223372036854775807,"write":true}`))

@@ -125,6 +125,12 @@ var ops = map[string]op{
 	metaapi.OpReplace: endpoint(true, false, func(s *Service, c caller, r metaapi.ReplaceUnitReq) (metaapi.LayoutResp, error) {
 		return s.ReplaceUnit(c.client, r)
 	}),
+	metaapi.OpDegraded: endpoint(true, false, func(s *Service, _ caller, r metaapi.MarkDegradedReq) (empty, error) {
+		return empty{}, s.MarkDegraded(r)
+	}),
+	metaapi.OpListDeg: endpoint(true, false, func(s *Service, _ caller, _ empty) (metaapi.ListDegradedResp, error) {
+		return s.ListDegraded()
+	}),
 	metaapi.OpStatus: endpoint(true, true, func(s *Service, _ caller, _ empty) (metaapi.StatusResp, error) {
 		return s.Status()
 	}),

@@ -29,6 +29,9 @@ const (
 	pChunk  = 'k'
 	pGC     = 'g'
 	pNode   = 'n'
+	// pDegraded indexes erasure-coded stripe groups a write left degraded
+	// (some units ahead of the others) until a repair makes them whole.
+	pDegraded = 'x'
 )
 
 var (
@@ -66,6 +69,13 @@ func chunkPrefix(ino ids.Ino) []byte {
 
 func chunkKey(ino ids.Ino, index int64) []byte {
 	return binary.BigEndian.AppendUint64(chunkPrefix(ino), uint64(index))
+}
+
+func degradedKey(ino ids.Ino, index int64) []byte {
+	b := make([]byte, 1, 17)
+	b[0] = pDegraded
+	b = binary.BigEndian.AppendUint64(b, uint64(ino))
+	return binary.BigEndian.AppendUint64(b, uint64(index))
 }
 
 func gcPrefix(node ids.NodeID) []byte {

@@ -398,3 +398,55 @@ func (s *Service) ReplaceUnit(client ids.ClientID, req metaapi.ReplaceUnitReq) (
 	}
 	return s.mintLayout(client, true, &p), nil
 }
+
+// MarkDegraded records or clears that a stripe group is degraded.
+func (s *Service) MarkDegraded(req metaapi.MarkDegradedReq) error {
+	return s.update(func(tx *txn) error {
+		in, err := fileForData(tx, req.Ino, req.Who, mayWrite)
+		if err != nil {
+			return err
+		}
+		if in.Policy == nil || in.Policy.EC == nil {
+			return metaapi.Errorf(metaapi.EINVAL, "file %d is not erasure-coded", in.Ino)
+		}
+		var rec chunkRec
+		found, err := getJSON(tx.b, chunkKey(in.Ino, req.Index), &rec)
+		if err != nil {
+			return err
+		}
+		if !found || rec.ID != req.Chunk {
+			return metaapi.Errorf(metaapi.EINVAL, "chunk %v is not chunk %d of file %d", req.Chunk, req.Index, in.Ino)
+		}
+		key := degradedKey(in.Ino, req.Index)
+		if req.Degraded {
+			return tx.b.Set(key, nil, nil)
+		}
+		return tx.b.Delete(key, nil)
+	})
+}
+
+// ListDegraded returns the stripe groups recorded as degraded.
+func (s *Service) ListDegraded() (metaapi.ListDegradedResp, error) {
+	var out metaapi.ListDegradedResp
+	err := s.read(func(v view) error {
+		out = metaapi.ListDegradedResp{}
+		return scan(v.reader(), []byte{pDegraded}, []byte{pDegraded + 1}, func(k, _ []byte) (bool, error) {
+			if len(out.Groups) == metaapi.MaxDegradedList {
+				out.More = true
+				return false, nil
+			}
+			if len(k) != 17 {
+				return true, nil
+			}
+			g := metaapi.DegradedGroup{Ino: ids.Ino(beUint64(k[1:])), Index: int64(beUint64(k[9:]))}
+			var rec chunkRec
+			if found, err := getJSON(v.reader(), chunkKey(g.Ino, g.Index), &rec); err != nil || !found {
+				return err == nil, err
+			}
+			g.Chunk = rec.ID
+			out.Groups = append(out.Groups, g)
+			return true, nil
+		})
+	})
+	return out, err
+}

@@ -279,7 +279,10 @@ func (s *Service) Status() (metaapi.StatusResp, error) {
 			Dirs:     s.ctr.Dirs,
 			Chunks:   s.ctr.Chunks,
 		}
-		return nil
+		return scan(v.reader(), []byte{pDegraded}, []byte{pDegraded + 1}, func(_, _ []byte) (bool, error) {
+			out.Degraded++
+			return out.Degraded < metaapi.MaxDegradedList, nil
+		})
 	})
 	return out, err
 }

@@ -167,6 +167,9 @@ func (tx *txn) dropChunks(ino ids.Ino, from int64) error {
 		if err := tx.b.Delete(keys[i], nil); err != nil {
 			return err
 		}
+		if err := tx.b.Delete(degradedKey(ino, int64(beUint64(keys[i][9:]))), nil); err != nil {
+			return err
+		}
 	}
 	tx.ctr.Chunks -= int64(len(recs))
 	return nil

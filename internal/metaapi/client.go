@@ -30,6 +30,8 @@ const (
 	OpLayout    = "Layout"
 	OpCommit    = "Commit"
 	OpReplace   = "ReplaceUnit"
+	OpDegraded  = "MarkDegraded"
+	OpListDeg   = "ListDegraded"
 	OpStatus    = "Status"
 	OpRegister  = "Register"
 	OpHeartbeat = "Heartbeat"

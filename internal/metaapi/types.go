@@ -396,6 +396,34 @@ type ReplaceUnitReq struct {
 	Who   Who         `json:"who"`
 }
 
+// MarkDegradedReq records (Degraded) or clears that an erasure-coded
+// file's stripe group Index (chunk Chunk) is degraded: a write left some
+// of its units ahead of the others (a unit's node died mid-write, say),
+// so it has fewer than M units of redundancy until repaired.
+type MarkDegradedReq struct {
+	Ino      ids.Ino     `json:"ino"`
+	Index    int64       `json:"index"`
+	Chunk    ids.ChunkID `json:"chunk"`
+	Degraded bool        `json:"degraded"`
+	Who      Who         `json:"who"`
+}
+
+// DegradedGroup is a stripe group recorded as degraded.
+type DegradedGroup struct {
+	Ino   ids.Ino     `json:"ino"`
+	Index int64       `json:"index"`
+	Chunk ids.ChunkID `json:"chunk"`
+}
+
+// ListDegradedResp lists degraded stripe groups (at most MaxDegradedList).
+type ListDegradedResp struct {
+	Groups []DegradedGroup `json:"groups"`
+	More   bool            `json:"more,omitempty"`
+}
+
+// MaxDegradedList bounds one ListDegraded reply.
+const MaxDegradedList = 1024
+
 // ---- cluster ----
 
 type NodeState string
@@ -423,6 +451,9 @@ type StatusResp struct {
 	Files    int64      `json:"files"`
 	Dirs     int64      `json:"dirs"`
 	Chunks   int64      `json:"chunks"`
+	// Degraded counts erasure-coded stripe groups recorded as degraded
+	// (at most MaxDegradedList is counted).
+	Degraded int64 `json:"degraded"`
 }
 
 // RegisterReq is sent by a storage node at start. ID is 0 on its first
