@@ -50,7 +50,7 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 	const nodes = 9
 	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
 	var out []Point
-	for _, l := range r.links(false) {
+	for _, l := range r.links(true) {
 		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
 		if err != nil {
 			return nil, err
@@ -89,7 +89,7 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 					}
 					for _, ln := range lanes {
 						p := Point{Mode: ln.mode, K: k, M: m, Size: actual, Link: l.String(),
-							Group: fmt.Sprintf("RS(%d,%d), link %s", k, m, l), WireBytes: wireBytes(ln.mode, k, m)}
+							Group: "link " + l.String(), WireBytes: wireBytes(ln.mode, k, m)}
 						summarize(&p, ln.lat)
 						out = append(out, p)
 					}

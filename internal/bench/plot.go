@@ -89,20 +89,26 @@ func plotExperiment(out, name string, points []Point) error {
 				pl.add(p.Mode, float64(p.Size), p.Throughput/1e6)
 			}
 			row = append(row, pl)
-		case "ec-latency":
-			pl := newPanel("full-stripe writes, "+g, "write size", "p50 latency (µs)")
-			pl.sizeX = true
-			for _, p := range pts {
-				pl.add(p.Mode, float64(p.Size), us(p.P50))
+		case "ec-latency", "ec-bandwidth":
+			for _, km := range ecCodes {
+				title, ylabel := fmt.Sprintf("full-stripe writes, RS(%d,%d), %s", km[0], km[1], g), "p50 latency (µs)"
+				if name == "ec-bandwidth" {
+					title, ylabel = fmt.Sprintf("encoding bandwidth, RS(%d,%d), %s", km[0], km[1], g), "parity generated (MB/s)"
+				}
+				pl := newPanel(title, "write size", ylabel)
+				pl.sizeX = true
+				for _, p := range pts {
+					if p.K != km[0] || p.M != km[1] {
+						continue
+					}
+					if name == "ec-latency" {
+						pl.add(p.Mode, float64(p.Size), us(p.P50))
+					} else {
+						pl.add(p.Mode, float64(p.Size), p.Throughput/1e6)
+					}
+				}
+				row = append(row, pl)
 			}
-			row = append(row, pl)
-		case "ec-bandwidth":
-			pl := newPanel("encoding bandwidth, "+g, "write size", "parity generated (MB/s)")
-			pl.sizeX = true
-			for _, p := range pts {
-				pl.add(p.Mode, float64(p.Size), p.Throughput/1e6)
-			}
-			row = append(row, pl)
 		case "ec-recovery":
 			pl := newPanel("rebuild 3 lost units, "+g, "unit size", "p50 time (µs)")
 			pl.sizeX = true

@@ -135,6 +135,13 @@ var opts = []reedsolomon.Option{reedsolomon.WithMaxGoroutines(1), reedsolomon.Wi
 // present ones (data and parity).
 func (c *Code) Reconstruct(shards [][]byte) error { return c.enc.Reconstruct(shards) }
 
+// ReconstructOne fills only shard u (nil or empty) from any K present.
+func (c *Code) ReconstructOne(shards [][]byte, u int) error {
+	var required [MaxUnits]bool
+	required[u] = true
+	return c.enc.ReconstructSome(shards, required[:len(shards)])
+}
+
 // ReconstructData fills only the missing data shards.
 func (c *Code) ReconstructData(shards [][]byte) error { return c.enc.ReconstructData(shards) }
 

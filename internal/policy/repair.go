@@ -134,60 +134,90 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	if err != nil {
 		return store.Info{}, storeError(err)
 	}
-	ep := x.d.Forward.Endpoint()
-	bufs := make([][]byte, k)
-	regions := make([]*fabric.Region, k)
-	for i := range bufs {
-		bufs[i] = make([]byte, repairPiece)
-		regions[i] = ep.Register(bufs[i], fabric.RemoteWrite)
-		defer ep.Deregister(regions[i])
+	// Two rounds in flight: the next piece is fetched from the survivors
+	// while this one is combined and stored.
+	type round struct {
+		off, n  int64
+		bufs    [][]byte
+		regions []*fabric.Region
+		err     error
 	}
+	ep := x.d.Forward.Endpoint()
+	free := make(chan *round, 2)
+	for range 2 {
+		rd := &round{bufs: make([][]byte, k), regions: make([]*fabric.Region, k)}
+		for i := range k {
+			rd.bufs[i] = make([]byte, repairPiece)
+			rd.regions[i] = ep.Register(rd.bufs[i], fabric.RemoteWrite)
+			defer ep.Deregister(rd.regions[i])
+		}
+		free <- rd
+	}
+	fetched := make(chan *round, 2)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		defer close(fetched)
+		for off := int64(0); off < int64(h.Len); off += repairPiece {
+			var rd *round
+			select {
+			case rd = <-free:
+			case <-stop:
+				return
+			}
+			rd.off, rd.n = off, min(repairPiece, int64(h.Len)-off)
+			errs := make([]error, k)
+			var wg sync.WaitGroup
+			for i := range k {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rh := wire.ReadHeader{Chunk: h.Chunk, Off: uint64(rd.off), Len: uint64(rd.n), RegionKey: rd.regions[i].Key(), Cap: h.Cap}
+					if coef != nil {
+						rh.Scaled, rh.Coef = true, coef[i]
+					}
+					if err := x.fetch(addrs[i], &rh, h.Version, rd.bufs[i][:rd.n]); err != nil {
+						errs[i] = fmt.Errorf("survivor unit %d (%s): %w", st.survivors[i], addrs[i], err)
+					}
+				}()
+			}
+			wg.Wait()
+			rd.err = errors.Join(errs...)
+			fetched <- rd
+			if rd.err != nil {
+				return
+			}
+		}
+	}()
 	out := make([]byte, repairPiece)
 	shards := make([][]byte, code.Units())
-	for off := int64(0); off < int64(h.Len); off += repairPiece {
-		n := min(repairPiece, int64(h.Len)-off)
-		errs := make([]error, k)
-		var wg sync.WaitGroup
-		for i := range k {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rh := wire.ReadHeader{Chunk: h.Chunk, Off: uint64(off), Len: uint64(n), RegionKey: regions[i].Key(), Cap: h.Cap}
-				if coef != nil {
-					rh.Scaled, rh.Coef = true, coef[i]
-				}
-				errs[i] = x.fetch(addrs[i], &rh, h.Version, bufs[i][:n])
-				if errs[i] != nil {
-					errs[i] = fmt.Errorf("survivor unit %d (%s): %w", st.survivors[i], addrs[i], errs[i])
-				}
-			}()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
+	for rd := range fetched {
+		if rd.err != nil {
 			w.Abort()
-			return store.Info{}, wire.Errorf(wire.StatusReplica, "rebuilding unit %d of chunk %v: %v", h.Unit, h.Chunk, err)
+			return store.Info{}, wire.Errorf(wire.StatusReplica, "rebuilding unit %d of chunk %v: %v", h.Unit, h.Chunk, rd.err)
 		}
-		res := out[:n]
+		res := out[:rd.n]
 		if coef != nil {
-			copy(res, bufs[0][:n])
+			copy(res, rd.bufs[0][:rd.n])
 			for i := 1; i < k; i++ {
-				erasure.XOR(res, bufs[i][:n])
+				erasure.XOR(res, rd.bufs[i][:rd.n])
 			}
 		} else {
 			clear(shards)
 			for i, u := range st.survivors {
-				shards[u] = bufs[i][:n]
+				shards[u] = rd.bufs[i][:rd.n]
 			}
-			if err := code.Reconstruct(shards); err != nil {
+			if err := code.ReconstructOne(shards, int(h.Unit)); err != nil {
 				w.Abort()
 				return store.Info{}, wire.Errorf(wire.StatusIO, "decoding unit %d of chunk %v: %v", h.Unit, h.Chunk, err)
 			}
 			copy(res, shards[h.Unit])
 		}
-		if err := w.Place(off, res); err != nil {
+		if err := w.Place(rd.off, res); err != nil {
 			w.Abort()
 			return store.Info{}, storeError(err)
 		}
+		free <- rd
 	}
 	if err := w.Sync(); err != nil {
 		w.Abort()
