@@ -407,3 +407,39 @@ func nodeStates(st metaapi.StatusResp) map[ids.NodeID]metaapi.NodeState {
 	}
 	return out
 }
+
+// TestECManyShapes: the streaming write path (data nodes' partial
+// parities, parity nodes' aggregation) stores the library's parity for
+// edge shapes and a random sample of the others up to 16 units, with
+// random sizes. (internal/erasure checks the arithmetic for every shape
+// up to 32 units.)
+func TestECManyShapes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("16 nodes")
+	}
+	c := startCluster(t, 16)
+	cl := newClient(t, c, client.Options{WriteMsg: 256 << 10})
+	ctx := context.Background()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	shapes := [][2]int{{1, 1}, {1, 15}, {15, 1}, {8, 8}, {10, 4}}
+	for len(shapes) < 12 {
+		k := 1 + rng.IntN(15)
+		shapes = append(shapes, [2]int{k, 1 + rng.IntN(16-k)})
+	}
+	for i, km := range shapes {
+		k, m := km[0], km[1]
+		cell := int64(512 * (1 + rng.IntN(16)))
+		dir := fmt.Sprintf("/shape-%d", i)
+		ecDir(t, cl, dir, k, m, cell)
+		data := randBytes(rng, 1+rng.IntN(300<<10))
+		if _, err := cl.Put(ctx, dir+"/f", bytes.NewReader(data), 0o644); err != nil {
+			t.Fatalf("RS(%d,%d) cell %d, %d bytes: %v", k, m, cell, len(data), err)
+		}
+		if got := getAll(t, cl, dir+"/f"); !bytes.Equal(got, data) {
+			t.Fatalf("RS(%d,%d) cell %d: read back differs", k, m, cell)
+		}
+		assertParityIsLibrarys(t, c, cl, dir+"/f", k, m)
+	}
+}
