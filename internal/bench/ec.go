@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicefs/sluice/client"
@@ -28,7 +31,7 @@ func ecSize(size int64, k int) (actual, cell int64) {
 }
 
 // wireBytes is the bytes sent on the network per byte written, from the
-// protocol: the client sends the data once; streaming and per-chunk data
+// protocol (the fallback where loopback traffic cannot be counted): the client sends the data once; streaming and per-chunk data
 // units each send every parity unit its partial parity (K·M partials of a
 // unit each, M times the data), central encoding sends the M parity units
 // from the client (M/K of the data).
@@ -37,6 +40,50 @@ func wireBytes(mode string, k, m int) float64 {
 		return 1 + float64(m)/float64(k)
 	}
 	return 1 + float64(m)
+}
+
+// loopbackBytes is the bytes the loopback interface has carried
+// (/proc/net/dev), or an error where there is no such count.
+func loopbackBytes() (int64, error) {
+	b, err := os.ReadFile("/proc/net/dev")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(name) != "lo" {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) < 9 {
+			break
+		}
+		return strconv.ParseInt(f[8], 10, 64) // transmitted bytes
+	}
+	return 0, fmt.Errorf("bench: no loopback interface in /proc/net/dev")
+}
+
+// measureWire writes n full stripes with one lane alone and returns the
+// loopback bytes per byte written (TCP/IP headers included; the cluster's
+// heartbeats add a little), or the protocol's figure when the machine has
+// no loopback count.
+func (r *runner) measureWire(ctx context.Context, ln *lane, size int64, n int, k, m int) (float64, bool, error) {
+	buf := randomData(size)
+	before, err := loopbackBytes()
+	if err != nil {
+		return wireBytes(ln.mode, k, m), false, nil
+	}
+	for range n {
+		if _, err := ln.f.WriteData(ctx, buf, ln.off); err != nil {
+			return 0, false, err
+		}
+		ln.off += size
+	}
+	after, err := loopbackBytes()
+	if err != nil {
+		return wireBytes(ln.mode, k, m), false, nil
+	}
+	return float64(after-before) / float64(int64(n)*size), true, nil
 }
 
 // measureEC writes full stripes with every mode, interleaved, for both
@@ -83,13 +130,21 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 						lanes = append(lanes, ln)
 					}
 					err := r.interleaved(ctx, lanes, actual)
+					// Bytes on the wire, each mode alone (a few MiB's worth).
+					wire := map[string]float64{}
+					for _, ln := range lanes {
+						if err != nil {
+							break
+						}
+						wire[ln.mode], _, err = r.measureWire(ctx, ln, actual, int(min(20, max(3, (4<<20)/actual))), k, m)
+					}
 					closeLanes(ctx, lanes)
 					if err != nil {
 						return fmt.Errorf("RS(%d,%d): %w", k, m, err)
 					}
 					for _, ln := range lanes {
 						p := Point{Mode: ln.mode, K: k, M: m, Size: actual, Link: l.String(),
-							Group: "link " + l.String(), WireBytes: wireBytes(ln.mode, k, m)}
+							Group: "link " + l.String(), WireBytes: wire[ln.mode]}
 						summarize(&p, ln.lat)
 						out = append(out, p)
 					}
