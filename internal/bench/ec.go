@@ -115,8 +115,13 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 			}
 			for _, km := range ecCodes {
 				k, m := km[0], km[1]
+				last := int64(0)
 				for _, size := range sizes {
 					actual, cell := ecSize(size, k)
+					if actual == last {
+						continue // two sizes round up to the same stripe
+					}
+					last = actual
 					dir := fmt.Sprintf("/ec-%d-%d-%d", k, m, cell)
 					if err := prepare(ctx, clients[client.ECStream], dir, metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
 						return err
