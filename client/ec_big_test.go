@@ -3,6 +3,7 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -88,4 +89,27 @@ func TestECLargeUnalignedWrites(t *testing.T) {
 		t.Fatal("read back differs")
 	}
 	assertParityIsLibrarys(t, c, cl, "/ec/f", 2, 1)
+}
+
+// BenchmarkECGet: Get of a 64 MiB RS(4,2) file (healthy: direct reads
+// of the data units), for profiles.
+func BenchmarkECGet(b *testing.B) {
+	c := startCluster(b, 6)
+	cl := newClient(b, c, client.Options{})
+	ctx := context.Background()
+	cl.MkdirAll(ctx, "/ec", 0o755)
+	if err := cl.SetPolicy(ctx, "/ec", metaapi.Policy{EC: &metaapi.ErasureCode{Data: 4, Parity: 2, Cell: metaapi.DefaultECCell}}); err != nil {
+		b.Fatal(err)
+	}
+	data := randBytes(rand.New(rand.NewPCG(1, 1)), 64<<20)
+	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := cl.Get(ctx, "/ec/f", io.Discard); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
