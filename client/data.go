@@ -109,7 +109,12 @@ func (c *Client) modeFor(pol *metaapi.Policy) (writeMode, error) {
 // retryBusy runs op until it succeeds, fails for good, or has been busy
 // (request table full, chunk locked) for longer than BusyRetry.
 func (c *Client) retryBusy(ctx context.Context, op func() (uint64, error)) (uint64, error) {
-	deadline := time.Now().Add(c.opts.BusyRetry)
+	return c.retryBusyFor(ctx, c.opts.BusyRetry, op)
+}
+
+// retryBusyFor is retryBusy for at most d.
+func (c *Client) retryBusyFor(ctx context.Context, d time.Duration, op func() (uint64, error)) (uint64, error) {
+	deadline := time.Now().Add(d)
 	backoff := time.Millisecond
 	for {
 		v, err := op()

@@ -284,23 +284,26 @@ func (c *Client) ecWriteAttempt(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 	// All units at once, their packets interleaved; a unit refused busy
 	// is retried on its own at once (the others' parity waits for it).
 	errs := c.sendInterleaved(ctx, addrs[:send], hdrs, units[:send])
+	// Start over only if every failure may pass (busy, or a reservation
+	// lost to one): a unit that is down fails the write now.
 	var failed []error
+	again = true
 	for i, err := range errs {
 		if err == nil {
 			continue
 		}
-		if s, ok := statusOf(err); ok && s.Retryable() || strings.Contains(err.Error(), errNoReservation) {
-			again = true
+		if s, ok := statusOf(err); !(ok && s.Retryable() || strings.Contains(err.Error(), errNoReservation)) {
+			again = false
 		}
 		failed = append(failed, &NodeError{Op: fmt.Sprintf("write unit %d of stripe group %v", i, l.Chunk), Addr: addrs[i], Err: err})
 	}
-	if len(failed) > 0 {
-		// Units that did commit are ahead of the others: the stripe is
-		// degraded until the write is retried or repaired.
-		return 0, &wire.PartialError{Err: fmt.Errorf("stripe group %v version %d is degraded: %d of %d unit writes failed: %w",
-			l.Chunk, ver, len(failed), send, oneLine(failed))}, again
+	if len(failed) == 0 {
+		return ver, nil, false
 	}
-	return ver, nil, false
+	// Units that did commit are ahead of the others: the stripe is
+	// degraded until the write is retried or repaired.
+	return 0, &wire.PartialError{Err: fmt.Errorf("stripe group %v version %d is degraded: %d of %d unit writes failed: %w",
+		l.Chunk, ver, len(failed), send, oneLine(failed))}, again
 }
 
 // interleave is the piece of each unit sent in turn: the client
@@ -309,10 +312,16 @@ func (c *Client) ecWriteAttempt(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 // instead of one after the other.
 const interleave = 64 << 10
 
+// unitRetry bounds retrying one unit of a stripe write on its own: the
+// parity units wait about 2 s (policy.Deps.JoinTimeout) for all data
+// units to begin.
+const unitRetry = 1500 * time.Millisecond
+
 // sendInterleaved sends write i (header hdrs[i], data parts[i]) to
 // addrs[i] for every i at once, a piece of each in turn, and returns each
-// one's outcome. A write refused busy is retried on its own right away:
-// the other units' parity cannot complete without it.
+// one's outcome. A write refused busy is retried on its own right away
+// (for up to unitRetry): the other units' parity cannot complete without
+// it.
 func (c *Client) sendInterleaved(ctx context.Context, addrs []string, hdrs [][]byte, parts [][][]byte) []error {
 	n := len(addrs)
 	errs := make([]error, n)
@@ -321,7 +330,9 @@ func (c *Client) sendInterleaved(ctx context.Context, addrs []string, hdrs [][]b
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = c.retryBusy(ctx, func() (uint64, error) {
+			// Only while the others' parity may still wait for this unit;
+			// past that, the whole stripe starts over.
+			_, errs[i] = c.retryBusyFor(ctx, min(c.opts.BusyRetry, unitRetry), func() (uint64, error) {
 				rep, err := c.sendWriteParts(ctx, addrs[i], hdrs[i], parts[i])
 				return rep.Version, err
 			})
@@ -416,9 +427,14 @@ func (c *Client) sendInterleaved(ctx context.Context, addrs []string, hdrs [][]b
 				errs[i] = err
 				return
 			}
+			// A busy verdict after the whole unit was sent may be a refusal
+			// at admission (a small unit is all sent before its header is
+			// answered): retried alone, briefly, like an early one. If the
+			// parity has given up on the write instead, the retry fails too
+			// and the whole stripe starts over (the caller's decision).
 			_, err := c.awaitReply(ctx, m.pc, m.replies)
 			if retryable(err) {
-				_, err = c.retryBusy(ctx, func() (uint64, error) {
+				_, err = c.retryBusyFor(ctx, min(c.opts.BusyRetry, unitRetry), func() (uint64, error) {
 					rep, err := c.sendWriteParts(ctx, addrs[i], hdrs[i], parts[i])
 					return rep.Version, err
 				})

@@ -443,3 +443,41 @@ func TestECManyShapes(t *testing.T) {
 		assertParityIsLibrarys(t, c, cl, dir+"/f", k, m)
 	}
 }
+
+// TestECWriteWithDataNodeDown: a streaming write while a data unit's node
+// is down fails within seconds, naming the group degraded (the parity
+// units give up waiting for its partial), rather than hanging; reads
+// still decode.
+func TestECWriteWithDataNodeDown(t *testing.T) {
+	c := startCluster(t, 5)
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	ecDir(t, cl, "/ec", 3, 2, 4096)
+	data := randBytes(rand.New(rand.NewPCG(6, 7)), 200<<10)
+	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := cl.Stat(ctx, "/ec/f")
+	var resp metaapi.LayoutResp
+	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		if n.ID() == resp.Chunks[0].Replicas[1].Node {
+			n.Close()
+		}
+	}
+	f, err := cl.Open(ctx, "/ec/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = f.WriteAt(randBytes(rand.New(rand.NewPCG(1, 1)), 30<<10), 5000)
+	if err == nil || !bytesContain(err, "degraded") || time.Since(start) > 15*time.Second {
+		t.Fatalf("write with a data node down: %v after %s", err, time.Since(start))
+	}
+	t.Logf("failed after %s: %v", time.Since(start).Round(time.Millisecond), err)
+	if got := getAll(t, cl, "/ec/f"); !bytes.Equal(got, data) {
+		t.Fatal("degraded read after the failed write differs")
+	}
+}

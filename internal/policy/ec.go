@@ -254,14 +254,15 @@ func (x *writer) join(h *wire.WriteHeader, k int, client ids.ClientID) (*aggrega
 	g := &aggregation{x: x, key: key, k: k, client: client, w: w, off: int64(h.Off), length: int64(h.Len), base: h.Base, writeID: h.WriteID,
 		joined: 1 << h.Src, slots: map[int64]*slot{}}
 	// Every data unit sends its header at once; one that has not within
-	// the reservation timeout is not coming. Once all have, the write has
-	// the reply timeout to finish.
-	g.timer = time.AfterFunc(x.d.ReserveTimeout, func() {
+	// the join timeout is not coming (its node died, or it was refused):
+	// busy, so the client starts the whole write over. Once all have, the
+	// write has the reply timeout to finish.
+	g.timer = time.AfterFunc(x.d.JoinTimeout, func() {
 		g.mu.Lock()
 		missing := g.joined != 1<<g.k-1
 		g.mu.Unlock()
 		if missing {
-			g.fail(wire.Errorf(wire.StatusReplica, "only some of the %d data units' partial parities arrived within %s", g.k, x.d.ReserveTimeout))
+			g.fail(wire.Errorf(wire.StatusBusy, "only some of the %d data units' partial parities arrived within %s", g.k, x.d.JoinTimeout))
 			return
 		}
 		g.mu.Lock()

@@ -101,7 +101,7 @@ func wait(t *testing.T, ch <-chan asyncReply) asyncReply {
 // TestECBadInput: the node refuses what an erasure-coded write must not
 // do, with a clear error and nothing committed.
 func TestECBadInput(t *testing.T) {
-	e := newDoubtEnv(t, 3, func(d *policy.Deps) { d.ReserveTimeout = 500 * time.Millisecond })
+	e := newDoubtEnv(t, 3, func(d *policy.Deps) { d.ReserveTimeout, d.JoinTimeout = 500*time.Millisecond, 500*time.Millisecond })
 	const chunk ids.ChunkID = 300
 	cp := e.ecCap(chunk, 2) // RS(2,1): units 0, 1 data, 2 parity
 	data := bytes.Repeat([]byte{7}, 5000)
@@ -215,7 +215,9 @@ func TestECAccumulatorFallback(t *testing.T) {
 func TestECShortPartialFreesSlots(t *testing.T) {
 	// A data unit that fails before its partial reaches the parity unit
 	// leaves the aggregation waiting for it until the join timeout.
-	e := newDoubtEnv(t, 3, func(d *policy.Deps) { d.Accumulators, d.ReserveTimeout = 1, 500*time.Millisecond })
+	e := newDoubtEnv(t, 3, func(d *policy.Deps) {
+		d.Accumulators, d.ReserveTimeout, d.JoinTimeout = 1, 500*time.Millisecond, 500*time.Millisecond
+	})
 	const chunk ids.ChunkID = 900
 	cp := e.ecCap(chunk, 2)
 	p0, p1 := bytes.Repeat([]byte{1}, 5000), bytes.Repeat([]byte{2}, 5000)

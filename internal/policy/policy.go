@@ -73,6 +73,11 @@ type Deps struct {
 	// HostBuffer bounds the bytes all store-and-forward (host mode) writes
 	// may hold in memory at once. Default 256 MiB.
 	HostBuffer int64
+	// JoinTimeout is how long a parity unit waits, from the first data
+	// unit's partial parity of a write, for the others to begin (they all
+	// begin at once); then it refuses the write busy and the client starts
+	// it over. Default 2s.
+	JoinTimeout time.Duration
 	// ReserveTimeout is how long a flat write's version reservation waits
 	// for its data. Default 10s.
 	ReserveTimeout time.Duration
@@ -103,6 +108,9 @@ func (d *Deps) fill() {
 	}
 	if d.Accumulators == 0 {
 		d.Accumulators = 256
+	}
+	if d.JoinTimeout == 0 {
+		d.JoinTimeout = 2 * time.Second
 	}
 	if d.ReserveTimeout == 0 {
 		d.ReserveTimeout = 10 * time.Second
