@@ -597,11 +597,16 @@ func (f *File) readPieceKeep(ctx context.Context, s span, i int, data *[]byte, r
 	c := f.c
 	a := f.Attr()
 	if g, ok := ecGeomOf(&a); ok {
-		buf := make([]byte, s.n)
+		// The piece is assembled in a pooled buffer (pieces are at most a
+		// read request, which the pool's buffers hold).
+		region := c.bufs.get()
+		buf := region.Bytes()[:s.n]
 		if err := f.ecRead(ctx, g, buf, s.off); err != nil {
+			c.bufs.put(region)
 			return err
 		}
 		*data = buf
+		*release = func() { c.bufs.put(region) }
 		return nil
 	}
 	cs := a.ChunkSize
