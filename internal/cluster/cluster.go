@@ -41,8 +41,10 @@ type Options struct {
 	// NodeTimeout and HeartbeatInterval tune failure detection (meta's
 	// defaults if zero); tests of node loss shorten them.
 	NodeTimeout, HeartbeatInterval time.Duration
-	// Accumulators of each node (policy.Deps); 0 for the default.
-	Accumulators int
+	// Accumulators and ReserveTimeout of each node (policy.Deps); 0 for
+	// the defaults.
+	Accumulators   int
+	ReserveTimeout time.Duration
 	// AllowRaw lets nodes accept unauthenticated writes (benchmarks only).
 	AllowRaw bool
 	Fabric   fabric.Options
@@ -112,15 +114,16 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			fo.Link, _ = fabric.NewLink(l.Rate(), l.Delay())
 		}
 		n, err := node.Start(ctx, node.Options{
-			DataDir:      filepath.Join(opts.Dir, "node"+strconv.Itoa(i)),
-			MetaAddr:     c.MetaAddr,
-			Secret:       ms.Secret(),
-			Domain:       domain,
-			Fabric:       fo,
-			Engine:       opts.Engine,
-			AllowRaw:     opts.AllowRaw,
-			Accumulators: opts.Accumulators,
-			Logger:       opts.Logger.With("svc", "node"+strconv.Itoa(i)),
+			DataDir:        filepath.Join(opts.Dir, "node"+strconv.Itoa(i)),
+			MetaAddr:       c.MetaAddr,
+			Secret:         ms.Secret(),
+			Domain:         domain,
+			Fabric:         fo,
+			Engine:         opts.Engine,
+			AllowRaw:       opts.AllowRaw,
+			Accumulators:   opts.Accumulators,
+			ReserveTimeout: opts.ReserveTimeout,
+			Logger:         opts.Logger.With("svc", "node"+strconv.Itoa(i)),
 		})
 		if err != nil {
 			c.Close()

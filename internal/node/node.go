@@ -44,6 +44,9 @@ type Options struct {
 	// Accumulators is the number of parity accumulator slots (see
 	// policy.Deps); 0 for the default.
 	Accumulators int
+	// ReserveTimeout bounds a flat or erasure-coded write's version
+	// reservation (policy.Deps); 0 for the default. Tests shorten it.
+	ReserveTimeout time.Duration
 	// BlockSize is the checksum block size of a new store.
 	BlockSize int
 	// AllowRaw accepts unauthenticated "raw" writes: only for benchmarks
@@ -142,16 +145,17 @@ func (n *Node) serve() error {
 	eopts.Logger = n.log
 	eopts.OnEvent = n.onEvent
 	n.pol = policy.New(policy.Deps{
-		Self:         n.ID,
-		Keys:         capability.NewKeyring(n.opts.Secret),
-		Store:        n.store,
-		Forward:      n.pool,
-		ForwardQuota: n.ep.Options().Quota,
-		ReplicaAddr:  n.PeerAddr,
-		RefreshMap:   n.refreshMap,
-		AllowRaw:     n.opts.AllowRaw,
-		Accumulators: n.opts.Accumulators,
-		Logger:       n.log,
+		Self:           n.ID,
+		Keys:           capability.NewKeyring(n.opts.Secret),
+		Store:          n.store,
+		Forward:        n.pool,
+		ForwardQuota:   n.ep.Options().Quota,
+		ReplicaAddr:    n.PeerAddr,
+		RefreshMap:     n.refreshMap,
+		AllowRaw:       n.opts.AllowRaw,
+		Accumulators:   n.opts.Accumulators,
+		ReserveTimeout: n.opts.ReserveTimeout,
+		Logger:         n.log,
 	})
 	if n.eng, err = engine.New(eopts, n.pol.Contexts()...); err != nil {
 		return fmt.Errorf("node: %w", err)

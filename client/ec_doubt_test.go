@@ -1,0 +1,121 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// TestECWriteAfterDoubtedWrite: a central-mode writer reserves stripe 0,
+// writes data unit 1 and the parity unit, and dies before unit 0: its
+// reservation expires into a doubt at unit 0, two of three units hold the
+// new version. A later small write to the stripe reads it at the version
+// K units agree on (adopting the dead writer's bytes, which are
+// decodable), and leaves all three units at one version with the
+// library's parity.
+func TestECWriteAfterDoubtedWrite(t *testing.T) {
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 3, MetaListen: "127.0.0.1:0",
+		ChunkSize: testChunk, ReserveTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	cl := newClient(t, c, client.Options{ECMode: client.ECCentral})
+	ctx := context.Background()
+	const cell = 4096
+	ecDir(t, cl, "/ec", 2, 1, cell)
+	data := bytes.Repeat([]byte("abcdefgh"), 3*2*cell/8) // three stripes
+	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := cl.Stat(ctx, "/ec/f")
+	var resp metaapi.LayoutResp
+	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size, Write: true}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	l := resp.Chunks[0]
+	addrs := make([]string, len(l.Replicas))
+	for i, r := range l.Replicas {
+		addrs[i] = r.Addr
+	}
+	ep, err := fabric.NewEndpoint(fabric.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ep.Close() })
+	pool := fabric.NewPool(ep, 4)
+	send := func(to int, h wire.WriteHeader, payload []byte) wire.Reply {
+		t.Helper()
+		hdr, err := wire.AppendWrite(nil, &h, addrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pc, err := pool.Get(ctx, addrs[to])
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := pc.NewID()
+		ch := pc.Replies.Expect(id)
+		var parts [][]byte
+		if len(payload) > 0 {
+			parts = [][]byte{payload}
+		}
+		if err := pc.Send(id, hdr, parts...); err != nil {
+			t.Fatal(err)
+		}
+		p := <-ch
+		var r wire.Reply
+		if err := wire.ParseReply(p.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Err(); err != nil {
+			t.Fatalf("unit %d: %v", to, err)
+		}
+		p.Release()
+		pool.Put(pc)
+		return r
+	}
+	// The dead writer: a new stripe 0, encoded by the library.
+	d0, d1 := bytes.Repeat([]byte{0x11}, cell), bytes.Repeat([]byte{0x22}, cell)
+	shards := [][]byte{d0, d1, make([]byte, cell)}
+	enc, _ := reedsolomon.New(2, 1)
+	if err := enc.Encode(shards); err != nil {
+		t.Fatal(err)
+	}
+	h := wire.WriteHeader{Strategy: wire.StrategyEC, Chunk: l.Chunk, Len: cell, Cap: l.Cap, WriteID: 0xdead}
+	res := h
+	res.Flags = wire.FlagReserve
+	v := send(0, res, nil).Version
+	for _, u := range []int{1, 2} {
+		hu := h
+		hu.Rank, hu.Version = uint8(u), v
+		send(u, hu, shards[u])
+	}
+	time.Sleep(time.Second) // the reservation expires: a doubt at unit 0
+	// A small write into stripe 0 by a live client.
+	f, err := cl.Open(ctx, "/ec/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := []byte("PATCH")
+	if _, err := f.WriteAt(patch, 10); err != nil {
+		t.Fatalf("write into the doubted stripe: %v", err)
+	}
+	want := append([]byte(nil), data...)
+	copy(want, d0)
+	copy(want[cell:], d1)
+	copy(want[10:], patch)
+	if got := getAll(t, cl, "/ec/f"); !bytes.Equal(got, want) {
+		t.Fatal("read back differs: the doubted write's decodable bytes should have been kept")
+	}
+	assertParityIsLibrarys(t, c, cl, "/ec/f", 2, 1)
+}
