@@ -206,6 +206,10 @@ type aggregation struct {
 	err     error // set once failed
 	ended   bool  // finished or failed
 	timer   *time.Timer
+	// ready is closed once the store write is open (w set) or failed to
+	// open (openErr set).
+	ready   chan struct{}
+	openErr error
 }
 
 type slot struct {
@@ -220,39 +224,56 @@ func (x *writer) join(h *wire.WriteHeader, k int, client ids.ClientID) (*aggrega
 	a := x.aggs
 	key := aggKey{h.Chunk, h.Version}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if g := a.m[key]; g != nil {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		switch bit := uint64(1) << h.Src; {
-		case g.ended:
-			return nil, wire.Errorf(wire.StatusBusy, "parity of chunk %v version %d is ending", h.Chunk, h.Version)
-		case g.off != int64(h.Off) || g.length != int64(h.Len) || g.base != h.Base || g.writeID != h.WriteID:
-			return nil, wire.Errorf(wire.StatusBadRequest, "partial parity [%d,+%d) of write %x does not match the one being aggregated for chunk %v version %d ([%d,+%d) of %x)",
-				h.Off, h.Len, h.WriteID, h.Chunk, h.Version, g.off, g.length, g.writeID)
-		case g.joined&bit != 0:
-			return nil, wire.Errorf(wire.StatusBadRequest, "partial parity from data unit %d of chunk %v version %d arrived twice (counted once)", h.Src, h.Chunk, h.Version)
-		default:
-			g.joined |= bit
-		}
-		return g, nil
+		a.mu.Unlock()
+		return g.admit(h)
 	}
 	switch {
 	case len(a.m) >= maxAggregations:
+		a.mu.Unlock()
 		return nil, wire.Errorf(wire.StatusBusy, "too many parity aggregations in progress")
 	case a.byClient[client] >= maxAggregationsPerClient:
+		a.mu.Unlock()
 		return nil, wire.Errorf(wire.StatusBusy, "client %v has %d parity aggregations in progress already", client, maxAggregationsPerClient)
 	}
-	if info, err := x.d.Store.Stat(h.Chunk); err == nil && info.Version < h.Base {
-		return nil, wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, h.Base)
+	g := &aggregation{x: x, key: key, k: k, client: client, off: int64(h.Off), length: int64(h.Len), base: h.Base, writeID: h.WriteID,
+		joined: 1 << h.Src, slots: map[int64]*slot{}, ready: make(chan struct{})}
+	a.m[key] = g
+	a.byClient[client]++
+	a.mu.Unlock()
+	// Opening the store write (which may zero a gap first) holds no lock
+	// another write needs; the other data units' partials wait for it.
+	if err := g.open(h); err != nil {
+		return nil, err
 	}
-	w, err := x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base)
+	return g, nil
+}
+
+// open opens the parity's store write and starts the aggregation's timer;
+// on failure the aggregation is dropped and its waiters told why.
+func (g *aggregation) open(h *wire.WriteHeader) error {
+	x := g.x
+	var err error
+	if info, serr := x.d.Store.Stat(h.Chunk); serr == nil && info.Version < h.Base {
+		err = wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, h.Base)
+	}
+	var w *store.Write
+	if err == nil {
+		if w, err = x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base); err != nil {
+			err = storeError(err)
+		} else {
+			w.SetTag(h.WriteID)
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	defer close(g.ready)
 	if err != nil {
-		return nil, storeError(err)
+		g.openErr, g.ended = err, true
+		x.aggs.remove(g)
+		return err
 	}
-	w.SetTag(h.WriteID)
-	g := &aggregation{x: x, key: key, k: k, client: client, w: w, off: int64(h.Off), length: int64(h.Len), base: h.Base, writeID: h.WriteID,
-		joined: 1 << h.Src, slots: map[int64]*slot{}}
+	g.w = w
 	// Every data unit sends its header at once; one that has not within
 	// the join timeout is not coming (its node died, or it was refused):
 	// busy, so the client starts the whole write over. Once all have, the
@@ -271,8 +292,32 @@ func (x *writer) join(h *wire.WriteHeader, k int, client ids.ClientID) (*aggrega
 		}
 		g.mu.Unlock()
 	})
-	a.m[key] = g
-	a.byClient[client]++
+	return nil
+}
+
+// admit joins data unit h.Src's partial parity to an aggregation another
+// data unit's partial opened, once its store write is open.
+func (g *aggregation) admit(h *wire.WriteHeader) (*aggregation, error) {
+	select {
+	case <-g.ready:
+	case <-time.After(g.x.d.JoinTimeout):
+		return nil, wire.Errorf(wire.StatusBusy, "parity of chunk %v version %d is still opening", h.Chunk, h.Version)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch bit := uint64(1) << h.Src; {
+	case g.openErr != nil:
+		return nil, g.openErr
+	case g.ended:
+		return nil, wire.Errorf(wire.StatusBusy, "parity of chunk %v version %d is ending", h.Chunk, h.Version)
+	case g.off != int64(h.Off) || g.length != int64(h.Len) || g.base != h.Base || g.writeID != h.WriteID:
+		return nil, wire.Errorf(wire.StatusBadRequest, "partial parity [%d,+%d) of write %x does not match the one being aggregated for chunk %v version %d ([%d,+%d) of %x)",
+			h.Off, h.Len, h.WriteID, h.Chunk, h.Version, g.off, g.length, g.writeID)
+	case g.joined&bit != 0:
+		return nil, wire.Errorf(wire.StatusBadRequest, "partial parity from data unit %d of chunk %v version %d arrived twice (counted once)", h.Src, h.Chunk, h.Version)
+	default:
+		g.joined |= bit
+	}
 	return g, nil
 }
 
@@ -422,7 +467,7 @@ func (g *aggregation) fail(err error) {
 }
 
 func (g *aggregation) failLocked(err error) {
-	if g.ended {
+	if g.ended || g.w == nil { // ended, or not open yet (open settles it)
 		return
 	}
 	g.ended, g.err = true, err
