@@ -152,6 +152,14 @@ func TestUpCommandsAndRestart(t *testing.T) {
 		t.Errorf("put with SLUICE_CONF: %v: %s", err, out)
 	}
 
+	// An erasure-coded directory (2+1 fits the three nodes).
+	mustRun(t, conf, nil, "mkdir", "/ec")
+	mustRun(t, conf, nil, "policy", "set", "/ec", "--ec", "2+1", "--cell", "4096")
+	mustRun(t, conf, nil, "put", local, "/ec/blob.bin")
+	if st := string(mustRun(t, conf, nil, "stat", "/ec/blob.bin").stdout); !strings.Contains(st, "ec=2+1 cell=4096") {
+		t.Errorf("stat of an erasure-coded file:\n%s", st)
+	}
+
 	// A file crossing the 64 MiB chunk boundary (two chunks), unless -short.
 	var huge []byte
 	if !testing.Short() {
@@ -218,8 +226,17 @@ func TestUpCommandsAndRestart(t *testing.T) {
 			t.Errorf("two-chunk file after restart: %d bytes %s", len(out), sum(out))
 		}
 	}
-	if st, want := status(t, conf), int64(strings.Count(wantKeep, "\n")+2); st.Files != want {
-		t.Errorf("status after restart: %d files, want %d (/keep, after, greeting)", st.Files, want)
+	// The erasure-coded file survives the restart and its directory takes
+	// new files.
+	if out := mustRun(t, conf, nil, "cat", "/ec/blob.bin").stdout; !bytes.Equal(out, blob) {
+		t.Errorf("erasure-coded blob after restart: %d bytes %s, want %s", len(out), sum(out), sum(blob))
+	}
+	mustRun(t, conf, bytes.NewReader(hello2), "put", "-", "/ec/after.txt")
+	if out := mustRun(t, conf, nil, "cat", "/ec/after.txt").stdout; !bytes.Equal(out, hello2) {
+		t.Errorf("cat of an erasure-coded file written after restart = %q", out)
+	}
+	if st, want := status(t, conf), int64(strings.Count(wantKeep, "\n")+4); st.Files != want {
+		t.Errorf("status after restart: %d files, want %d (/keep, after, greeting, two in /ec)", st.Files, want)
 	}
 	if code := c2.proc.stop(t, 15*time.Second); code != 0 {
 		t.Errorf("second sluice up exited %d after SIGTERM", code)
