@@ -464,6 +464,64 @@ func TestHostileDataPlane(t *testing.T) {
 		}
 	})
 
+	// Erasure-coded traffic: a genuine EC capability naming this node as
+	// the parity unit (unit 2 of RS(2,1)) and two other (absent) nodes.
+	const ecChunk = ids.ChunkID(0xec000000)
+	ecCap := func(rights capability.Rights) []byte {
+		c := capability.Capability{Rights: rights, Fanout: capability.FanoutEC, Data: 2, KeyID: 1, Client: 1, Ino: 2, Chunk: ecChunk,
+			Len: 64 << 20, Expiry: far.UnixNano(), Epoch: 1}
+		if err := c.SetReplicas([]ids.NodeID{head + 100, head + 101, head}); err != nil {
+			t.Fatal(err)
+		}
+		return keys.Mint(&c)
+	}
+	t.Run("erasure-coded headers", func(t *testing.T) {
+		r := dialRaw(t, addr)
+		addrs := []string{"127.0.0.1:1", "127.0.0.1:2", addr}
+		// A partial parity from a client (no node seal).
+		ph, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyEC, Rank: 2, Chunk: ecChunk, Len: 16, Version: 1, WriteID: 1,
+			Cap: ecCap(capability.Write)}, addrs)
+		var p wire.WriteHeader
+		if err := wire.ParseWrite(ph, &p); err != nil {
+			t.Fatal(err)
+		}
+		r.sendWrite(30, wire.AppendPartial(nil, &p, 2, 0, 1, 0), evil[:16])
+		r.expectStatus(30, wire.StatusAuth, "only from a data unit's node")
+		// ... with a made-up seal.
+		r.sendWrite(31, wire.SealForward(wire.AppendPartial(nil, &p, 2, 0, 1, 0), func([]byte) (s [wire.SealSize]byte) { return }), evil[:16])
+		r.expectStatus(31, wire.StatusAuth)
+		// A parity unit asked to encode.
+		eh, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: 2, Chunk: ecChunk, Len: 16, Version: 1,
+			WriteID: 1, Cap: ecCap(capability.Write)}, addrs)
+		r.sendWrite(32, eh, evil[:16])
+		r.expectStatus(32, wire.StatusBadRequest, "not a data unit")
+		// A scaled read without a region, and one too long.
+		sr, _ := wire.AppendRead(nil, &wire.ReadHeader{Scaled: true, Coef: 3, Chunk: ecChunk, Len: 16, Cap: ecCap(capability.Read)})
+		r.packet(pkSend, flFirst|flLast, 33, sr)
+		r.expectStatus(33, wire.StatusBadRequest, "scaled")
+		sr, _ = wire.AppendRead(nil, &wire.ReadHeader{Scaled: true, Coef: 3, Chunk: ecChunk, Len: 8 << 20, RegionKey: 9, Cap: ecCap(capability.Read)})
+		r.packet(pkSend, flFirst|flLast, 34, sr)
+		r.expectStatus(34, wire.StatusBadRequest)
+		// A repair with a read-only capability, one naming a survivor twice,
+		// and one asking this node to rebuild a unit it does not hold.
+		rep := wire.RepairHeader{Unit: 2, Chunk: ecChunk, Version: 1, Len: 4096, Survivors: []byte{0, 1}, Cap: ecCap(capability.Read)}
+		rh, _ := wire.AppendRepair(nil, &rep, addrs)
+		r.packet(pkSend, flFirst|flLast, 35, rh)
+		r.expectStatus(35, wire.StatusAuth, "scope")
+		rep.Cap, rep.Survivors = ecCap(capability.Read|capability.Write), []byte{0, 0}
+		rh, _ = wire.AppendRepair(nil, &rep, addrs)
+		r.packet(pkSend, flFirst|flLast, 36, rh)
+		r.expectStatus(36, wire.StatusBadRequest, "twice")
+		rep.Unit, rep.Survivors = 0, []byte{1, 2}
+		rh, _ = wire.AppendRepair(nil, &rep, addrs)
+		r.packet(pkSend, flFirst|flLast, 37, rh)
+		r.expectStatus(37, wire.StatusAuth, "not unit 0")
+		// Nothing of this chunk was stored.
+		if v, _ := committed(t, addr, head, ecChunk, keys); v != 0 {
+			t.Errorf("hostile EC traffic left chunk %v at version %d", ecChunk, v)
+		}
+	})
+
 	const idleChunk = ids.ChunkID(0x1d1e0000)
 	t.Run("idle request is cleaned up", func(t *testing.T) {
 		// A genuine write that stops sending halfway: after the idle
