@@ -139,6 +139,7 @@ const (
 	MinECCell     = 512
 	MaxECCell     = 4 << 20
 	DefaultECCell = 64 << 10
+	MaxECStripe   = 32 << 20 // data bytes of one stripe (K·cell)
 	// ECUnitTarget is about how many bytes of each unit one stripe group
 	// (one chunk of an erasure-coded file) holds.
 	ECUnitTarget = 16 << 20
@@ -169,6 +170,9 @@ func (e ErasureCode) Validate() error {
 		return Errorf(EINVAL, "erasure code %d+%d: at most %d units (K+M) per stripe", e.Data, e.Parity, MaxECUnits)
 	case e.Cell < MinECCell || e.Cell > MaxECCell || e.Cell%MinECCell != 0:
 		return Errorf(EINVAL, "erasure code cell of %d bytes: must be a multiple of %d between %d and %d", e.Cell, MinECCell, MinECCell, MaxECCell)
+	case int64(e.Data)*e.Cell > MaxECStripe:
+		// A client buffers whole stripes (writes from a stream, updates).
+		return Errorf(EINVAL, "erasure code %d+%d with %d-byte cells: a stripe of %d bytes, at most %d", e.Data, e.Parity, e.Cell, int64(e.Data)*e.Cell, MaxECStripe)
 	}
 	return nil
 }
