@@ -230,7 +230,7 @@ func TestECPolicyErrors(t *testing.T) {
 	if err == nil || !bytesContain(err, "ENOSPC") {
 		t.Fatalf("RS(4,2) on 4 nodes: %v", err)
 	}
-	for _, ec := range []metaapi.ErasureCode{{Data: 0, Parity: 2, Cell: 4096}, {Data: 4, Parity: 0, Cell: 4096}, {Data: 30, Parity: 3, Cell: 4096}, {Data: 2, Parity: 1, Cell: 1000}} {
+	for _, ec := range []metaapi.ErasureCode{{Data: 0, Parity: 2, Cell: 4096}, {Data: 4, Parity: 0, Cell: 4096}, {Data: 30, Parity: 3, Cell: 4096}, {Data: 2, Parity: 1, Cell: 1000}, {Data: 16, Parity: 2, Cell: 4 << 20}} {
 		if err := cl.SetPolicy(ctx, "/big", metaapi.Policy{EC: &ec}); err == nil || !bytesContain(err, "EINVAL") {
 			t.Errorf("policy %+v: %v", ec, err)
 		}
