@@ -249,7 +249,7 @@ func TestECPolicyErrors(t *testing.T) {
 // the group's version, parity equal to the library's.
 func TestECRepair(t *testing.T) {
 	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 6, MetaListen: "127.0.0.1:0",
-		ChunkSize: testChunk, NodeTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond})
+		ChunkSize: testChunk, NodeTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,18 @@ func TestECRepair(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	rep, err = cl.Repair(ctx, "/ec/f", client.RepairGather)
-	if err != nil || len(rep.Rebuilt) != 1 || !rep.Rebuilt[0].Moved || rep.Rebuilt[0].Node == l.Replicas[0].Node {
+	// Exactly the dead node's unit moves. (On a loaded machine another
+	// node may look down for a moment; its unit is then rebuilt in place.)
+	moved := 0
+	for _, u := range rep.Rebuilt {
+		if u.Moved {
+			moved++
+			if u.Unit != 0 || u.Node == l.Replicas[0].Node {
+				t.Fatalf("moved unit %d to %v", u.Unit, u.Node)
+			}
+		}
+	}
+	if err != nil || moved != 1 {
 		t.Fatalf("gather repair onto another node: %+v %v", rep, err)
 	}
 	live := c.Nodes[:dead:dead]
@@ -333,7 +344,7 @@ func TestECRepair(t *testing.T) {
 // on a live node, after which the group is whole and writable.
 func TestECDegradedWriteIsRecordedAndRepaired(t *testing.T) {
 	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 6, MetaListen: "127.0.0.1:0",
-		ChunkSize: testChunk, NodeTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond})
+		ChunkSize: testChunk, NodeTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +394,13 @@ func TestECDegradedWriteIsRecordedAndRepaired(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	reps, err := cl.RepairDegraded(ctx, client.RepairDistributed)
-	if err != nil || len(reps[a.Ino].Rebuilt) != 1 || !reps[a.Ino].Rebuilt[0].Moved || reps[a.Ino].Cleared != 1 {
+	moved := 0
+	for _, u := range reps[a.Ino].Rebuilt {
+		if u.Moved {
+			moved++
+		}
+	}
+	if err != nil || moved != 1 || reps[a.Ino].Cleared != 1 {
 		t.Fatalf("repair --degraded: %+v %v", reps, err)
 	}
 	if st, _ := cl.Status(ctx); st.Degraded != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -220,6 +221,9 @@ func (c *Client) repairGroup(ctx context.Context, g ecGeom, ino ids.Ino, l *meta
 		var resp metaapi.LayoutResp
 		req := metaapi.ReplaceUnitReq{Ino: ino, Index: l.Index, Chunk: l.Chunk, Unit: u, Old: l.Replicas[u].Node, Who: c.who}
 		if err := c.meta.Call(ctx, metaapi.OpReplace, req, &resp); err != nil {
+			if metaapi.IsCode(err, metaapi.EINVAL) && strings.Contains(err.Error(), "is up") {
+				continue // it came back since the status was taken: rebuild it in place
+			}
 			return nil, fmt.Errorf("moving unit %d of group %v off node %v: %w", u, l.Chunk, l.Replicas[u].Node, err)
 		}
 		if len(resp.Chunks) != 1 {
