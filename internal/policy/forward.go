@@ -196,8 +196,11 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 		return err
 	}
 	sawLast := headerOnly
-	if !headerOnly {
-		if err := mw.Flush(); err != nil { // the header goes out at once
+	if !headerOnly && len(f.q) == 0 {
+		// The header goes out at once, so the next replica admits the
+		// write while data is on its way; if data is already queued, the
+		// header leaves with it in one writev.
+		if err := mw.Flush(); err != nil {
 			mw.Close()
 			err = f.fail(err)
 			f.drain(false)
