@@ -114,21 +114,30 @@ func (c *Client) retryBusy(ctx context.Context, op func() (uint64, error)) (uint
 
 // retryBusyFor is retryBusy for at most d.
 func (c *Client) retryBusyFor(ctx context.Context, d time.Duration, op func() (uint64, error)) (uint64, error) {
+	return c.retryWhile(ctx, d, func() (uint64, error, bool) {
+		v, err := op()
+		s, ok := statusOf(err)
+		return v, err, ok && s.Retryable()
+	})
+}
+
+// retryWhile runs op again, with jittered exponential backoff, while it
+// says to and for at most d.
+func (c *Client) retryWhile(ctx context.Context, d time.Duration, op func() (v uint64, err error, again bool)) (uint64, error) {
 	deadline := time.Now().Add(d)
 	backoff := time.Millisecond
 	for {
-		v, err := op()
-		if s, ok := statusOf(err); ok && s.Retryable() && time.Now().Before(deadline) {
-			c.busyRetries.Add(1)
-			select {
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			case <-time.After(backoff + rand.N(backoff)):
-			}
-			backoff = min(2*backoff, 100*time.Millisecond)
-			continue
+		v, err, again := op()
+		if !again || !time.Now().Before(deadline) {
+			return v, err
 		}
-		return v, err
+		c.busyRetries.Add(1)
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(backoff + rand.N(backoff)):
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
 	}
 }
 

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -124,11 +122,7 @@ func (f *File) ecWriteMsg(ctx context.Context, g ecGeom, p []byte, off int64, ze
 		if err != nil {
 			return 0, metaapi.ChunkVersion{}, err
 		}
-		if l.ZeroFrom > 0 {
-			c.layouts.dropChunk(a.Ino, idx) // meta moves ZeroFrom on commit
-		} else {
-			c.layouts.setVersion(a.Ino, idx, ver)
-		}
+		c.layouts.written(a.Ino, &l, ver)
 		return int(n), metaapi.ChunkVersion{Index: idx, Chunk: l.Chunk, Version: ver, End: min(g.group, s1*g.width)}, nil
 	}
 }
@@ -155,27 +149,10 @@ func (f *File) ecZero(ctx context.Context, g ecGeom, from, to int64) error {
 // write id, so units that did apply it say so), for up to BusyRetry.
 func (c *Client) ecWriteStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, data []byte, o int64) (uint64, error) {
 	id := newWriteID()
-	deadline := time.Now().Add(c.opts.BusyRetry)
-	backoff := time.Millisecond
-	for {
-		ver, err, again := c.ecWriteAttempt(ctx, g, l, s0, s1, data, o, id)
-		if !again || time.Now().After(deadline) {
-			return ver, err
-		}
-		c.busyRetries.Add(1)
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(backoff + rand.N(backoff)):
-		}
-		backoff = min(2*backoff, 100*time.Millisecond)
-	}
+	return c.retryWhile(ctx, c.opts.BusyRetry, func() (uint64, error, bool) {
+		return c.ecWriteAttempt(ctx, g, l, s0, s1, data, o, id)
+	})
 }
-
-// errNoReservation is the node's answer to a unit-0 write whose
-// reservation it no longer holds (after that unit's first attempt was
-// refused busy, say): the write must start over.
-const errNoReservation = "no reservation for chunk"
 
 // ecWriteAttempt is one try of ecWriteStripes; again says whether trying
 // again from a new reservation may succeed.
@@ -284,15 +261,17 @@ func (c *Client) ecWriteAttempt(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 	// All units at once, their packets interleaved; a unit refused busy
 	// is retried on its own at once (the others' parity waits for it).
 	errs := c.sendInterleaved(ctx, addrs[:send], hdrs, units[:send])
-	// Start over only if every failure may pass (busy, or a reservation
-	// lost to one): a unit that is down fails the write now.
+	// Start over only if every failure may pass: busy, or unit 0 "stale",
+	// which for the reservation holder means its reservation is gone
+	// (taken by a first attempt that was then refused busy). A unit that
+	// is down fails the write now.
 	var failed []error
 	again = true
 	for i, err := range errs {
 		if err == nil {
 			continue
 		}
-		if s, ok := statusOf(err); !(ok && s.Retryable() || strings.Contains(err.Error(), errNoReservation)) {
+		if s, ok := statusOf(err); !ok || !s.Retryable() && !(i == 0 && s == wire.StatusStale) {
 			again = false
 		}
 		failed = append(failed, &NodeError{Op: fmt.Sprintf("write unit %d of stripe group %v", i, l.Chunk), Addr: addrs[i], Err: err})

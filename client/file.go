@@ -229,11 +229,7 @@ func (f *File) writeOne(ctx context.Context, p []byte, off int64) (int, metaapi.
 		if err != nil {
 			return 0, metaapi.ChunkVersion{}, err
 		}
-		if l.ZeroFrom > 0 {
-			c.layouts.dropChunk(a.Ino, idx) // meta moves ZeroFrom on commit
-		} else {
-			c.layouts.setVersion(a.Ino, idx, ver)
-		}
+		c.layouts.written(a.Ino, &l, ver)
 		return int(n), metaapi.ChunkVersion{Index: idx, Chunk: l.Chunk, Version: ver, End: cOff + n}, nil
 	}
 }

@@ -71,6 +71,15 @@ func (lc *layoutCache) setVersion(ino ids.Ino, idx int64, v uint64) {
 	}
 }
 
+// written records a write this client committed as ver to chunk l.
+func (lc *layoutCache) written(ino ids.Ino, l *metaapi.ChunkLayout, ver uint64) {
+	if l.ZeroFrom > 0 {
+		lc.dropChunk(ino, l.Index) // meta moves ZeroFrom on commit
+		return
+	}
+	lc.setVersion(ino, l.Index, ver)
+}
+
 func (lc *layoutCache) drop(ino ids.Ino) {
 	lc.mu.Lock()
 	delete(lc.files, ino)

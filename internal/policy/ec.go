@@ -80,35 +80,13 @@ type encodeState struct {
 	shards [][]byte // scratch: the packet, then one output per parity unit
 }
 
-// ecUnits returns the code of an erasure-coded write's capability.
+// ecCode returns RS(k, n-k), the code of an erasure-coded write's capability.
 func (x *writer) ecCode(k, n int) (*erasure.Code, error) {
 	code, err := x.codes.Get(k, n-k)
 	if err != nil {
 		return nil, wire.Errorf(wire.StatusBadRequest, "%v", err)
 	}
 	return code, nil
-}
-
-// parityUnits resolves the parity units a data unit sends its partial
-// parities to (from the cluster map, as children are).
-func (x *writer) parityUnits(h *wire.WriteHeader, reps []ids.NodeID, k int) ([]child, error) {
-	var out []child
-	for rank := k; rank < h.Addrs.Len(); rank++ {
-		ch := child{rank: rank}
-		if len(reps) > 0 {
-			ch.node = reps[rank]
-		}
-		if x.d.ReplicaAddr == nil {
-			ch.addr = string(h.Addrs.At(rank))
-		} else {
-			var known bool
-			if ch.addr, known = x.d.ReplicaAddr(ch.node); !known {
-				return nil, wire.Errorf(wire.StatusBusy, "parity unit %v is not in this node's cluster map yet", ch.node)
-			}
-		}
-		out = append(out, ch)
-	}
-	return out, nil
 }
 
 // partialHeader is the sealed header of this data unit's partial parity

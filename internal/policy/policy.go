@@ -35,6 +35,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
+	"github.com/sluicefs/sluice/internal/wire"
 )
 
 // Deps are what the policies need from the node.
@@ -88,6 +89,22 @@ type Deps struct {
 	// Now returns unix nanoseconds (for capability expiry).
 	Now    func() int64
 	Logger *slog.Logger
+}
+
+// peerAddr is the fabric address of another replica or unit: the one
+// this node's cluster map has for node (whose id the capability's MAC
+// covers), never the one the client claimed — except without a cluster
+// map (tools and tests). A node the map does not know yet is a retryable
+// busy answer; what says which role it plays in the message.
+func (d *Deps) peerAddr(node ids.NodeID, claimed []byte, what string) (string, error) {
+	if d.ReplicaAddr == nil {
+		return string(claimed), nil
+	}
+	a, ok := d.ReplicaAddr(node)
+	if !ok {
+		return "", wire.Errorf(wire.StatusBusy, "%s %v is not in this node's cluster map yet", what, node)
+	}
+	return a, nil
 }
 
 func (d *Deps) fill() {

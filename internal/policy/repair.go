@@ -116,13 +116,8 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	}
 	addrs := make([]string, k)
 	for i, u := range st.survivors {
-		addrs[i] = st.addrs[u]
-		if x.d.ReplicaAddr != nil {
-			a, ok := x.d.ReplicaAddr(c.Replicas[u])
-			if !ok {
-				return store.Info{}, wire.Errorf(wire.StatusBusy, "unit %d's node %v is not in this node's cluster map yet", u, c.Replicas[u])
-			}
-			addrs[i] = a
+		if addrs[i], err = x.d.peerAddr(c.Replicas[u], []byte(st.addrs[u]), fmt.Sprintf("unit %d's node", u)); err != nil {
+			return store.Info{}, err
 		}
 	}
 	// What this node holds of the unit (stale, corrupt or half-written)

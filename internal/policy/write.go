@@ -270,19 +270,20 @@ func (x *writer) forwardHeader(h *wire.WriteHeader, k child, w *store.Write) []b
 // id and address — from this node's cluster map, never from the header
 // the client wrote (the ids are covered by the capability's MAC).
 func (x *writer) children(h *wire.WriteHeader, c *capability.Capability) ([]child, error) {
+	return x.resolve(h, c, h.Strategy.Children(int(h.Rank), h.Addrs.Len()), "replica")
+}
+
+// resolve turns ranks of h's replica set into children to send to.
+func (x *writer) resolve(h *wire.WriteHeader, c *capability.Capability, ranks []int, what string) ([]child, error) {
 	var out []child
-	for _, rank := range h.Strategy.Children(int(h.Rank), h.Addrs.Len()) {
+	for _, rank := range ranks {
 		ch := child{rank: rank}
 		if c.NReplicas > 0 {
 			ch.node = c.Replicas[rank]
 		}
-		if x.d.ReplicaAddr == nil {
-			ch.addr = string(h.Addrs.At(rank))
-		} else {
-			var known bool
-			if ch.addr, known = x.d.ReplicaAddr(ch.node); !known {
-				return nil, wire.Errorf(wire.StatusBusy, "replica %v is not in this node's cluster map yet", ch.node)
-			}
+		var err error
+		if ch.addr, err = x.d.peerAddr(ch.node, h.Addrs.At(rank), what); err != nil {
+			return nil, err
 		}
 		out = append(out, ch)
 	}
@@ -379,7 +380,11 @@ func (x *writer) encodeTargets(h *wire.WriteHeader, c *capability.Capability) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	units, err := x.parityUnits(h, c.ReplicaList(), k)
+	parity := make([]int, 0, code.M)
+	for rank := k; rank < int(c.NReplicas); rank++ {
+		parity = append(parity, rank)
+	}
+	units, err := x.resolve(h, c, parity, "parity unit")
 	if err != nil {
 		return nil, nil, err
 	}
