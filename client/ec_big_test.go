@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
@@ -34,10 +36,19 @@ func TestECPutFromFile(t *testing.T) {
 // in-process cluster of nine nodes (for profiles; `sluice bench
 // ec-latency` has the separate-process figures).
 func BenchmarkECWrite(b *testing.B) {
-	c := startCluster(b, 9)
+	benchECModes(b, startCluster(b, 9), nil)
+}
+
+// benchECModes runs BenchmarkECWrite's writes on c for every mode, the
+// client linked by what link returns (nil: none).
+func benchECModes(b *testing.B, c *cluster.Cluster, link func() *fabric.Link) {
 	for _, mode := range []string{client.ECStream, client.ECPerChunk, client.ECCentral} {
 		b.Run(mode, func(b *testing.B) {
-			cl := newClient(b, c, client.Options{ECMode: mode})
+			opts := client.Options{ECMode: mode}
+			if link != nil {
+				opts.Link = link()
+			}
+			cl := newClient(b, c, opts)
 			ctx := context.Background()
 			const k, cell = 6, 87552
 			dir := "/b-" + mode

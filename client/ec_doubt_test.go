@@ -11,7 +11,6 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/fabric"
-	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -37,12 +36,7 @@ func TestECWriteAfterDoubtedWrite(t *testing.T) {
 	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := cl.Stat(ctx, "/ec/f")
-	var resp metaapi.LayoutResp
-	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size, Write: true}, &resp); err != nil {
-		t.Fatal(err)
-	}
-	l := resp.Chunks[0]
+	_, l := firstGroup(t, cl, "/ec/f", true)
 	addrs := make([]string, len(l.Replicas))
 	for i, r := range l.Replicas {
 		addrs[i] = r.Addr

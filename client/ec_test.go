@@ -32,6 +32,35 @@ func ecDir(t *testing.T, cl *client.Client, dir string, k, m int, cell int64) {
 	}
 }
 
+// firstGroup returns the layout of the file's first stripe group (with a
+// write capability if write).
+func firstGroup(t *testing.T, cl *client.Client, p string, write bool) (metaapi.Attr, metaapi.ChunkLayout) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := cl.Stat(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp metaapi.LayoutResp
+	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: max(a.Size, 1), Write: write}, &resp); err != nil || len(resp.Chunks) == 0 {
+		t.Fatalf("layout of %s: %v (%d groups)", p, err, len(resp.Chunks))
+	}
+	return a, resp.Chunks[0]
+}
+
+// closeNode shuts down the node with id and returns the others.
+func closeNode(c *cluster.Cluster, id ids.NodeID) []*node.Node {
+	var live []*node.Node
+	for _, n := range c.Nodes {
+		if n.ID() == id {
+			n.Close()
+		} else {
+			live = append(live, n)
+		}
+	}
+	return live
+}
+
 // groupUnits returns, for every stripe group of the file, its K+M units
 // as stored on the nodes (in unit order), padded with zeros to one length.
 func groupUnits(t *testing.T, c *cluster.Cluster, cl *client.Client, p string) [][][]byte {
@@ -261,12 +290,7 @@ func TestECRepair(t *testing.T) {
 	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := cl.Stat(ctx, "/ec/f")
-	var resp metaapi.LayoutResp
-	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &resp); err != nil || len(resp.Chunks) != 1 {
-		t.Fatalf("layout: %v %d chunks", err, len(resp.Chunks))
-	}
-	l := resp.Chunks[0]
+	_, l := firstGroup(t, cl, "/ec/f", false)
 	nodeOf := func(id ids.NodeID) int {
 		for i, n := range c.Nodes {
 			if n.ID() == id {
@@ -357,20 +381,9 @@ func TestECDegradedWriteIsRecordedAndRepaired(t *testing.T) {
 	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := cl.Stat(ctx, "/ec/f")
-	var resp metaapi.LayoutResp
-	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &resp); err != nil {
-		t.Fatal(err)
-	}
-	parity := resp.Chunks[0].Replicas[4].Node
-	var live []*node.Node
-	for _, n := range c.Nodes {
-		if n.ID() == parity {
-			n.Close()
-		} else {
-			live = append(live, n)
-		}
-	}
+	a, l := firstGroup(t, cl, "/ec/f", false)
+	parity := l.Replicas[4].Node
+	live := closeNode(c, parity)
 	f, err := cl.Open(ctx, "/ec/f")
 	if err != nil {
 		t.Fatal(err)
@@ -474,16 +487,8 @@ func TestECWriteWithDataNodeDown(t *testing.T) {
 	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := cl.Stat(ctx, "/ec/f")
-	var resp metaapi.LayoutResp
-	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &resp); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range c.Nodes {
-		if n.ID() == resp.Chunks[0].Replicas[1].Node {
-			n.Close()
-		}
-	}
+	_, l := firstGroup(t, cl, "/ec/f", false)
+	closeNode(c, l.Replicas[1].Node)
 	f, err := cl.Open(ctx, "/ec/f")
 	if err != nil {
 		t.Fatal(err)

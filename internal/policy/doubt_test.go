@@ -145,7 +145,21 @@ func (e *doubtEnv) send(t *testing.T, to int, h wire.WriteHeader, data []byte) (
 // reply's status and text (and records its version in lastVersion).
 func (e *doubtEnv) sendRaw(t *testing.T, to int, hdr, data []byte) (wire.Status, string) {
 	t.Helper()
-	e.lastVersion = 0
+	r := wait(t, e.sendAsync(t, to, hdr, data))
+	e.lastVersion = r.version
+	return r.status, r.msg
+}
+
+type asyncReply struct {
+	status  wire.Status
+	msg     string
+	version uint64
+}
+
+// sendAsync sends a message to node `to` and delivers its reply later
+// (status 255: connection closed, 254: unparsable, 253: no reply).
+func (e *doubtEnv) sendAsync(t *testing.T, to int, hdr, data []byte) <-chan asyncReply {
+	t.Helper()
 	pc, err := e.pool.Get(context.Background(), e.nodes[to].addr)
 	if err != nil {
 		t.Fatal(err)
@@ -159,25 +173,37 @@ func (e *doubtEnv) sendRaw(t *testing.T, to int, hdr, data []byte) (wire.Status,
 	if err := pc.Send(id, hdr, parts...); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case p, ok := <-ch:
-		if !ok {
+	out := make(chan asyncReply, 1)
+	go func() {
+		select {
+		case p, ok := <-ch:
+			if !ok {
+				pc.Close()
+				out <- asyncReply{status: 255, msg: "connection closed"}
+				return
+			}
+			var r wire.Reply
+			if err := wire.ParseReply(p.Data, &r); err != nil {
+				p.Release()
+				pc.Close()
+				out <- asyncReply{status: 254, msg: err.Error()}
+				return
+			}
+			rep := asyncReply{status: r.Status, msg: string(r.Msg), version: r.Version}
+			p.Release()
+			e.pool.Put(pc)
+			out <- rep
+		case <-time.After(20 * time.Second):
 			pc.Close()
-			return 255, "connection closed"
+			out <- asyncReply{status: 253, msg: "no reply"}
 		}
-		var r wire.Reply
-		if err := wire.ParseReply(p.Data, &r); err != nil {
-			t.Fatal(err)
-		}
-		msg := string(r.Msg)
-		p.Release()
-		e.pool.Put(pc)
-		e.lastVersion = r.Version
-		return r.Status, msg
-	case <-time.After(15 * time.Second):
-		t.Fatal("no reply")
-	}
-	return 0, ""
+	}()
+	return out
+}
+
+func wait(t *testing.T, ch <-chan asyncReply) asyncReply {
+	t.Helper()
+	return <-ch
 }
 
 func readChunk(t *testing.T, st *store.Store, id ids.ChunkID) (store.Info, []byte) {

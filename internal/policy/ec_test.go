@@ -50,54 +50,6 @@ func (e *doubtEnv) partialHdr(t *testing.T, chunk ids.ChunkID, cp []byte, rank, 
 	return out
 }
 
-type asyncReply struct {
-	status wire.Status
-	msg    string
-}
-
-// sendAsync sends a message to node `to` and delivers its reply later.
-func (e *doubtEnv) sendAsync(t *testing.T, to int, hdr, data []byte) <-chan asyncReply {
-	t.Helper()
-	pc, err := e.pool.Get(context.Background(), e.nodes[to].addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := pc.NewID()
-	ch := pc.Replies.Expect(id)
-	var parts [][]byte
-	if data != nil {
-		parts = [][]byte{data}
-	}
-	if err := pc.Send(id, hdr, parts...); err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan asyncReply, 1)
-	go func() {
-		select {
-		case p, ok := <-ch:
-			if !ok {
-				out <- asyncReply{255, "connection closed"}
-				return
-			}
-			var r wire.Reply
-			if err := wire.ParseReply(p.Data, &r); err != nil {
-				out <- asyncReply{254, err.Error()}
-				return
-			}
-			out <- asyncReply{r.Status, string(r.Msg)}
-			p.Release()
-		case <-time.After(20 * time.Second):
-			out <- asyncReply{253, "no reply"}
-		}
-	}()
-	return out
-}
-
-func wait(t *testing.T, ch <-chan asyncReply) asyncReply {
-	t.Helper()
-	return <-ch
-}
-
 // TestECBadInput: the node refuses what an erasure-coded write must not
 // do, with a clear error and nothing committed.
 func TestECBadInput(t *testing.T) {
