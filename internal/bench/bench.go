@@ -220,6 +220,23 @@ func (r *runner) add(p Point) {
 		p.P50.Round(time.Microsecond), p.P99.Round(time.Microsecond), p.Throughput/1e6, extra)
 }
 
+// onClusters runs fn on a fresh cluster of n node processes (started
+// with the extra node arguments) for each link, closing each after.
+func (r *runner) onClusters(ctx context.Context, links []LinkSpec, n int, extra []string, fn func(c *procCluster, l LinkSpec) error) error {
+	for _, l := range links {
+		c, err := startCluster(ctx, r.cfg.Exe, n, nodeArgs(l, extra...))
+		if err != nil {
+			return err
+		}
+		err = fn(c, l)
+		c.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // newClient connects to c through a link like the nodes'.
 func (r *runner) newClient(c *procCluster, l LinkSpec, protocol string) (*client.Client, error) {
 	return client.New(client.Options{Conf: c.conf, Link: l.link(), Protocol: protocol, MTU: r.cfg.MTU})
@@ -362,52 +379,41 @@ func summarize(p *Point, lat []time.Duration) {
 func writeLatency(ctx context.Context, r *runner) error {
 	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
 	protos := []string{client.ProtoRaw, client.ProtoStream, client.ProtoRPC, client.ProtoRPCPull}
-	for _, l := range r.links(false) {
-		c, err := startCluster(ctx, r.cfg.Exe, 1, nodeArgs(l, "--bench-allow-raw"))
-		if err != nil {
-			return err
-		}
-		err = func() error {
-			defer c.Close()
-			clients := map[string]*client.Client{}
-			for _, proto := range protos {
-				cl, err := r.newClient(c, l, proto)
-				if err != nil {
-					return err
-				}
-				defer cl.Close()
-				clients[proto] = cl
-			}
-			if err := prepare(ctx, clients[client.ProtoStream], "/wl", metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
+	return r.onClusters(ctx, r.links(false), 1, []string{"--bench-allow-raw"}, func(c *procCluster, l LinkSpec) error {
+		clients := map[string]*client.Client{}
+		for _, proto := range protos {
+			cl, err := r.newClient(c, l, proto)
+			if err != nil {
 				return err
 			}
-			for _, size := range sizes {
-				var lanes []*lane
-				for _, proto := range protos {
-					ln, err := openLane(ctx, proto, clients[proto], "/wl")
-					if err != nil {
-						return err
-					}
-					lanes = append(lanes, ln)
-				}
-				err := r.interleaved(ctx, lanes, size)
-				closeLanes(ctx, lanes)
+			defer cl.Close()
+			clients[proto] = cl
+		}
+		if err := prepare(ctx, clients[client.ProtoStream], "/wl", metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
+			return err
+		}
+		for _, size := range sizes {
+			var lanes []*lane
+			for _, proto := range protos {
+				ln, err := openLane(ctx, proto, clients[proto], "/wl")
 				if err != nil {
 					return err
 				}
-				for _, ln := range lanes {
-					p := Point{Mode: ln.mode, K: 1, Size: size, Link: l.String(), Group: l.String()}
-					summarize(&p, ln.lat)
-					r.add(p)
-				}
+				lanes = append(lanes, ln)
 			}
-			return nil
-		}()
-		if err != nil {
-			return err
+			err := r.interleaved(ctx, lanes, size)
+			closeLanes(ctx, lanes)
+			if err != nil {
+				return err
+			}
+			for _, ln := range lanes {
+				p := Point{Mode: ln.mode, K: 1, Size: size, Link: l.String(), Group: l.String()}
+				summarize(&p, ln.lat)
+				r.add(p)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // replication: seed 000 Fig. 9 (left, centre) and Fig. 10 — write latency
@@ -440,49 +446,38 @@ func replication(ctx context.Context, r *runner) error {
 			}
 		}
 	}
-	for _, l := range r.links(true) {
-		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
+	return r.onClusters(ctx, r.links(true), nodes, nil, func(c *procCluster, l LinkSpec) error {
+		cl, err := r.newClient(c, l, "")
 		if err != nil {
 			return err
 		}
-		err = func() error {
-			defer c.Close()
-			cl, err := r.newClient(c, l, "")
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
-			for _, w := range want {
-				var lanes []*lane
-				for _, s := range metaapi.Strategies {
-					dir := fmt.Sprintf("/rep-%s-%d", s, w.k)
-					if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: w.k, Strategy: s}); err != nil {
-						return err
-					}
-					ln, err := openLane(ctx, string(s), cl, dir)
-					if err != nil {
-						return err
-					}
-					lanes = append(lanes, ln)
+		defer cl.Close()
+		for _, w := range want {
+			var lanes []*lane
+			for _, s := range metaapi.Strategies {
+				dir := fmt.Sprintf("/rep-%s-%d", s, w.k)
+				if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: w.k, Strategy: s}); err != nil {
+					return err
 				}
-				err := r.interleaved(ctx, lanes, w.size)
-				closeLanes(ctx, lanes)
+				ln, err := openLane(ctx, string(s), cl, dir)
 				if err != nil {
-					return fmt.Errorf("k=%d: %w", w.k, err)
+					return err
 				}
-				for _, ln := range lanes {
-					p := Point{Mode: ln.mode, K: w.k, Size: w.size, Link: l.String(), Group: l.String()}
-					summarize(&p, ln.lat)
-					r.add(p)
-				}
+				lanes = append(lanes, ln)
 			}
-			return nil
-		}()
-		if err != nil {
-			return err
+			err := r.interleaved(ctx, lanes, w.size)
+			closeLanes(ctx, lanes)
+			if err != nil {
+				return fmt.Errorf("k=%d: %w", w.k, err)
+			}
+			for _, ln := range lanes {
+				p := Point{Mode: ln.mode, K: w.k, Size: w.size, Link: l.String(), Group: l.String()}
+				summarize(&p, ln.lat)
+				r.add(p)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // goodput: seed 000 Fig. 9 (right) — bytes per second one storage node
@@ -492,29 +487,21 @@ func replication(ctx context.Context, r *runner) error {
 func goodput(ctx context.Context, r *runner) error {
 	const nodes, k, writers = 4, 4, 4
 	sizes := r.sizes(powers(1<<10, 4<<20), []int64{512 << 10})
-	for _, l := range r.links(true) {
-		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
-		if err != nil {
-			return err
-		}
+	return r.onClusters(ctx, r.links(true), nodes, nil, func(c *procCluster, l LinkSpec) error {
 		cl, err := r.newClient(c, l, "")
 		if err != nil {
-			c.Close()
 			return err
 		}
+		defer cl.Close()
 		for _, s := range []metaapi.Strategy{metaapi.StrategyRing, metaapi.StrategyTree} {
 			dir := "/gp-" + string(s)
 			if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: k, Strategy: s}); err != nil {
-				cl.Close()
-				c.Close()
 				return err
 			}
 			for _, size := range sizes {
-				all, elapsed, firstErr := r.concurrent(ctx, cl, dir, size, writers)
-				if firstErr != nil {
-					cl.Close()
-					c.Close()
-					return fmt.Errorf("%s %d bytes: %w", s, size, firstErr)
+				all, elapsed, err := r.concurrent(ctx, cl, dir, size, writers)
+				if err != nil {
+					return fmt.Errorf("%s %d bytes: %w", s, size, err)
 				}
 				// Bytes per second over the whole run, warm-up included
 				// (every write counts as ingest).
@@ -525,10 +512,8 @@ func goodput(ctx context.Context, r *runner) error {
 				r.add(p)
 			}
 		}
-		cl.Close()
-		c.Close()
-	}
-	return nil
+		return nil
+	})
 }
 
 // tableFill shows the engine's request table filling: a node with a tiny

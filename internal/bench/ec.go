@@ -97,69 +97,62 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 	const nodes = 9
 	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
 	var out []Point
-	for _, l := range r.links(true) {
-		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
-		if err != nil {
-			return nil, err
+	err := r.onClusters(ctx, r.links(true), nodes, nil, func(c *procCluster, l LinkSpec) error {
+		clients := map[string]*client.Client{}
+		for _, mode := range ecModes {
+			cl, err := client.New(client.Options{Conf: c.conf, Link: l.link(), MTU: r.cfg.MTU, ECMode: mode})
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			clients[mode] = cl
 		}
-		err = func() error {
-			defer c.Close()
-			clients := map[string]*client.Client{}
-			for _, mode := range ecModes {
-				cl, err := client.New(client.Options{Conf: c.conf, Link: l.link(), MTU: r.cfg.MTU, ECMode: mode})
-				if err != nil {
+		for _, km := range ecCodes {
+			k, m := km[0], km[1]
+			last := int64(0)
+			for _, size := range sizes {
+				actual, cell := ecSize(size, k)
+				if actual == last {
+					continue // two sizes round up to the same stripe
+				}
+				last = actual
+				dir := fmt.Sprintf("/ec-%d-%d-%d", k, m, cell)
+				if err := prepare(ctx, clients[client.ECStream], dir, metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
 					return err
 				}
-				defer cl.Close()
-				clients[mode] = cl
-			}
-			for _, km := range ecCodes {
-				k, m := km[0], km[1]
-				last := int64(0)
-				for _, size := range sizes {
-					actual, cell := ecSize(size, k)
-					if actual == last {
-						continue // two sizes round up to the same stripe
-					}
-					last = actual
-					dir := fmt.Sprintf("/ec-%d-%d-%d", k, m, cell)
-					if err := prepare(ctx, clients[client.ECStream], dir, metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
+				var lanes []*lane
+				for _, mode := range ecModes {
+					ln, err := openLane(ctx, mode, clients[mode], dir)
+					if err != nil {
 						return err
 					}
-					var lanes []*lane
-					for _, mode := range ecModes {
-						ln, err := openLane(ctx, mode, clients[mode], dir)
-						if err != nil {
-							return err
-						}
-						lanes = append(lanes, ln)
-					}
-					err := r.interleaved(ctx, lanes, actual)
-					// Bytes on the wire, each mode alone (a few MiB's worth).
-					wire := map[string]float64{}
-					for _, ln := range lanes {
-						if err != nil {
-							break
-						}
-						wire[ln.mode], _, err = r.measureWire(ctx, ln, actual, int(min(20, max(3, (4<<20)/actual))), k, m)
-					}
-					closeLanes(ctx, lanes)
+					lanes = append(lanes, ln)
+				}
+				err := r.interleaved(ctx, lanes, actual)
+				// Bytes on the wire, each mode alone (a few MiB's worth).
+				wire := map[string]float64{}
+				for _, ln := range lanes {
 					if err != nil {
-						return fmt.Errorf("RS(%d,%d): %w", k, m, err)
+						break
 					}
-					for _, ln := range lanes {
-						p := Point{Mode: ln.mode, K: k, M: m, Size: actual, Link: l.String(),
-							Group: "link " + l.String(), WireBytes: wire[ln.mode]}
-						summarize(&p, ln.lat)
-						out = append(out, p)
-					}
+					wire[ln.mode], _, err = r.measureWire(ctx, ln, actual, int(min(20, max(3, (4<<20)/actual))), k, m)
+				}
+				closeLanes(ctx, lanes)
+				if err != nil {
+					return fmt.Errorf("RS(%d,%d): %w", k, m, err)
+				}
+				for _, ln := range lanes {
+					p := Point{Mode: ln.mode, K: k, M: m, Size: actual, Link: l.String(),
+						Group: "link " + l.String(), WireBytes: wire[ln.mode]}
+					summarize(&p, ln.lat)
+					out = append(out, p)
 				}
 			}
-			return nil
-		}()
-		if err != nil {
-			return nil, err
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	r.shared.ec = out
 	return out, nil
@@ -205,54 +198,43 @@ func ecRecovery(ctx context.Context, r *runner) error {
 	if r.cfg.Quick {
 		reps = 3
 	}
-	for _, l := range r.links(false) {
-		c, err := startCluster(ctx, r.cfg.Exe, nodes, nodeArgs(l))
+	return r.onClusters(ctx, r.links(false), nodes, nil, func(c *procCluster, l LinkSpec) error {
+		cl, err := r.newClient(c, l, "")
 		if err != nil {
 			return err
 		}
-		err = func() error {
-			defer c.Close()
-			cl, err := r.newClient(c, l, "")
-			if err != nil {
+		defer cl.Close()
+		const cell = 64 << 10
+		if err := prepare(ctx, cl, "/rec", metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
+			return err
+		}
+		for _, unit := range sizes {
+			path := fmt.Sprintf("/rec/u%d", unit)
+			if _, err := cl.Put(ctx, path, bytes.NewReader(randomData(k*unit)), 0o644); err != nil {
 				return err
 			}
-			defer cl.Close()
-			const cell = 64 << 10
-			if err := prepare(ctx, cl, "/rec", metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
-				return err
-			}
-			for _, unit := range sizes {
-				path := fmt.Sprintf("/rec/u%d", unit)
-				if _, err := cl.Put(ctx, path, bytes.NewReader(randomData(k*unit)), 0o644); err != nil {
-					return err
-				}
-				lat := map[string][]time.Duration{}
-				modes := []string{client.RepairDistributed, client.RepairGather}
-				for i := 0; i < 1+reps; i++ {
-					for j := range modes {
-						mode := modes[(i+j)%len(modes)]
-						start := time.Now()
-						if _, err := cl.Rebuild(ctx, path, 0, lost, mode); err != nil {
-							return fmt.Errorf("%s rebuild of %d-byte units: %w", mode, unit, err)
-						}
-						if i > 0 {
-							lat[mode] = append(lat[mode], time.Since(start))
-						}
+			lat := map[string][]time.Duration{}
+			modes := []string{client.RepairDistributed, client.RepairGather}
+			for i := 0; i < 1+reps; i++ {
+				for j := range modes {
+					mode := modes[(i+j)%len(modes)]
+					start := time.Now()
+					if _, err := cl.Rebuild(ctx, path, 0, lost, mode); err != nil {
+						return fmt.Errorf("%s rebuild of %d-byte units: %w", mode, unit, err)
+					}
+					if i > 0 {
+						lat[mode] = append(lat[mode], time.Since(start))
 					}
 				}
-				cl.Remove(ctx, path)
-				for _, mode := range modes {
-					p := Point{Mode: mode, K: k, M: m, Size: unit, Link: l.String(), Group: "RS(6,3), link " + l.String()}
-					summarize(&p, lat[mode])
-					p.Throughput = float64(len(lost)) * float64(unit) / p.P50.Seconds()
-					r.add(p)
-				}
 			}
-			return nil
-		}()
-		if err != nil {
-			return err
+			cl.Remove(ctx, path)
+			for _, mode := range modes {
+				p := Point{Mode: mode, K: k, M: m, Size: unit, Link: l.String(), Group: "RS(6,3), link " + l.String()}
+				summarize(&p, lat[mode])
+				p.Throughput = float64(len(lost)) * float64(unit) / p.P50.Seconds()
+				r.add(p)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
