@@ -148,7 +148,7 @@ type aggregations struct {
 	m        map[aggKey]*aggregation
 	byClient map[ids.ClientID]int
 	// slots is the accumulator pool: fixed buffers, taken without waiting.
-	slots chan []byte
+	slots chan *slot
 	// Fallbacks counts slots taken from host memory because the pool was
 	// empty; Accumulated counts partial-parity bytes XORed.
 	Fallbacks   atomic.Int64
@@ -156,9 +156,9 @@ type aggregations struct {
 }
 
 func newAggregations(n int) *aggregations {
-	a := &aggregations{m: map[aggKey]*aggregation{}, byClient: map[ids.ClientID]int{}, slots: make(chan []byte, n)}
+	a := &aggregations{m: map[aggKey]*aggregation{}, byClient: map[ids.ClientID]int{}, slots: make(chan *slot, n)}
 	for range n {
-		a.slots <- make([]byte, accSlot)
+		a.slots <- &slot{buf: make([]byte, accSlot)}
 	}
 	return a
 }
@@ -351,9 +351,10 @@ func (g *aggregation) slotLen(idx int64) int64 { return min(accSlot, g.length-id
 func (g *aggregation) newSlot(idx int64) (*slot, error) {
 	l := g.slotLen(idx)
 	select {
-	case b := <-g.x.aggs.slots:
-		clear(b[:l])
-		return &slot{buf: b}, nil
+	case s := <-g.x.aggs.slots: // pooled: no allocation
+		clear(s.buf[:l])
+		s.got = 0
+		return s, nil
 	default:
 	}
 	charge := int64(1) << sizeClass(int(l))
@@ -373,7 +374,7 @@ func (g *aggregation) freeSlot(s *slot) {
 		g.x.hostBytes.Add(-s.charged)
 		return
 	}
-	g.x.aggs.slots <- s.buf[:accSlot]
+	g.x.aggs.slots <- s
 }
 
 // complete records that data unit src's partial is all in; the request
