@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicefs/sluice/client"
@@ -179,7 +180,13 @@ type runner struct {
 
 // sharedResults are measurements several experiments of one run report.
 type sharedResults struct {
-	ec []Point // ec-latency and ec-bandwidth
+	ec  []Point       // ec-latency and ec-bandwidth
+	seq atomic.Uint64 // unique file names; concurrent writers can read the same clock
+}
+
+// fileName returns a path in dir no other writer of this run uses.
+func (r *runner) fileName(dir, prefix string) string {
+	return fmt.Sprintf("%s/%s-%d", dir, prefix, r.shared.seq.Add(1))
 }
 
 func (r *runner) links(extra bool) []LinkSpec {
@@ -260,7 +267,7 @@ func randomData(n int64) []byte {
 // latencies writes size bytes warmup+reps times, appending to a new file
 // in dir, and returns the measured latencies. The file is removed after.
 func (r *runner) latencies(ctx context.Context, cl *client.Client, dir string, size int64, reps int) ([]time.Duration, error) {
-	path := fmt.Sprintf("%s/lat-%d-%d", dir, size, time.Now().UnixNano())
+	path := r.fileName(dir, fmt.Sprintf("lat-%d", size))
 	f, err := cl.Create(ctx, path, 0o644)
 	if err != nil {
 		return nil, err
@@ -293,8 +300,8 @@ type lane struct {
 	lat  []time.Duration
 }
 
-func openLane(ctx context.Context, mode string, cl *client.Client, dir string) (*lane, error) {
-	path := fmt.Sprintf("%s/lane-%d", dir, time.Now().UnixNano())
+func (r *runner) openLane(ctx context.Context, mode string, cl *client.Client, dir string) (*lane, error) {
+	path := r.fileName(dir, "lane")
 	f, err := cl.Create(ctx, path, 0o644)
 	if err != nil {
 		return nil, err
@@ -395,7 +402,7 @@ func writeLatency(ctx context.Context, r *runner) error {
 		for _, size := range sizes {
 			var lanes []*lane
 			for _, proto := range protos {
-				ln, err := openLane(ctx, proto, clients[proto], "/wl")
+				ln, err := r.openLane(ctx, proto, clients[proto], "/wl")
 				if err != nil {
 					return err
 				}
@@ -459,7 +466,7 @@ func replication(ctx context.Context, r *runner) error {
 				if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: w.k, Strategy: s}); err != nil {
 					return err
 				}
-				ln, err := openLane(ctx, string(s), cl, dir)
+				ln, err := r.openLane(ctx, string(s), cl, dir)
 				if err != nil {
 					return err
 				}

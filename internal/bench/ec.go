@@ -122,7 +122,7 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 				}
 				var lanes []*lane
 				for _, mode := range ecModes {
-					ln, err := openLane(ctx, mode, clients[mode], dir)
+					ln, err := r.openLane(ctx, mode, clients[mode], dir)
 					if err != nil {
 						return err
 					}
