@@ -237,7 +237,15 @@ func (c *Conn) readLoop() {
 		close(c.readerDone)
 		c.ep.readers.Done()
 	}()
-	var hb [HeaderSize]byte
+	var (
+		hb      [HeaderSize]byte
+		inTimer *wireTimer // for emulated ingress, made on first need
+	)
+	defer func() {
+		if inTimer != nil {
+			inTimer.close()
+		}
+	}()
 	for {
 		// Idle between packets is normal (pooled connections wait for
 		// minutes); once a packet has begun, the peer must finish it
@@ -252,6 +260,13 @@ func (c *Conn) readLoop() {
 		var h header
 		if h, err = parseHeader(hb[:], c.recvMTU); err != nil {
 			return
+		}
+		if l := c.ep.opts.Link; l != nil {
+			// The header's arrival stands for the packet's: an emulated
+			// sender writes a packet whole when its transmission ends.
+			if err = c.ingress(l, h, &inTimer); err != nil {
+				return
+			}
 		}
 		switch h.kind {
 		case KindSend:
@@ -270,6 +285,28 @@ func (c *Conn) readLoop() {
 			return
 		}
 	}
+}
+
+// ingress holds a packet until the emulated link's ingress would have
+// delivered it, so that receivers with many senders are bandwidth-bound
+// as on a real NIC. The reader sleeps, and TCP holds the sender back.
+func (c *Conn) ingress(l *Link, h header, t **wireTimer) error {
+	due := l.receive(HeaderSize+int(h.length), time.Now())
+	if time.Until(due) <= wakeLatency {
+		return nil
+	}
+	if *t == nil {
+		nt, err := newWireTimer()
+		if err != nil {
+			return fmt.Errorf("fabric: link emulation: %w", err)
+		}
+		*t = nt
+	}
+	// Our own (emulated) slowness, not a stalled peer.
+	c.busySince.Store(0)
+	(*t).sleepUntil(due)
+	c.busySince.Store(c.ep.clock.Load())
+	return nil
 }
 
 func (c *Conn) recvSend(h header) error {

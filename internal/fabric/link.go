@@ -15,10 +15,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Link emulates a network link for benchmarks: an egress bandwidth shared
-// by every connection that uses it (one Link per node models its NIC, so a
-// tree node's two forwards share it, as on real hardware) and a one-way
-// propagation delay. Loopback TCP is CPU-bound; a Link makes the network
+// Link emulates a network link for benchmarks: a full-duplex NIC whose
+// egress and ingress bandwidths are each shared by every connection that
+// uses it (one Link per node models its NIC, so a tree node's two forwards
+// share its egress, and a parity node's K incoming partial streams share
+// its ingress, as on real hardware) and a one-way propagation delay. Loopback TCP is CPU-bound; a Link makes the network
 // the bottleneck, the regime the seed's experiments measure.
 //
 // Each batch of packets reserves its transmission time on the link when
@@ -32,8 +33,9 @@ type Link struct {
 	rate  float64 // bytes per second; 0 = unlimited
 	delay time.Duration
 
-	mu   sync.Mutex
-	busy time.Time // the link is transmitting until then
+	mu     sync.Mutex
+	busy   time.Time // the link is transmitting until then
+	inBusy time.Time // the link is receiving until then
 }
 
 // Limits on emulated links.
@@ -83,6 +85,27 @@ func (l *Link) reserve(n int) time.Time {
 	l.busy = done
 	l.mu.Unlock()
 	return done.Add(l.delay)
+}
+
+// receive books n bytes of reception for a packet whose last byte reached
+// the socket at arrived, and returns when the NIC would have it all. A
+// packet's reception overlaps its transmission (the bits stream in as they
+// are sent), so one sender at the link's rate is never delayed; only
+// senders that together exceed the rate queue behind each other.
+func (l *Link) receive(n int, arrived time.Time) time.Time {
+	if l.rate <= 0 {
+		return arrived
+	}
+	d := time.Duration(float64(n) / l.rate * 1e9)
+	l.mu.Lock()
+	start := arrived.Add(-d)
+	if start.Before(l.inBusy) {
+		start = l.inBusy
+	}
+	done := start.Add(d)
+	l.inBusy = done
+	l.mu.Unlock()
+	return done
 }
 
 // ParseRate reads a bandwidth: "10Gbit", "10Gbit/s", "10Gbps", "1.25GB/s",

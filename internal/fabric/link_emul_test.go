@@ -120,3 +120,74 @@ func TestEmulatedCloseWakesWire(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestLinkReceive: one sender at the link's rate streams through the
+// ingress without delay; two packets that arrive together share it, the
+// second done one transmission time later; an idle gap is not banked.
+func TestLinkReceive(t *testing.T) {
+	l, _ := NewLink(1e6, 0) // 1 MB/s: 1000 bytes take 1 ms
+	ms := time.Millisecond
+	t0 := time.Unix(1000, 0)
+	for i := range 3 { // back to back, as one sender at this rate delivers
+		at := t0.Add(time.Duration(i) * ms)
+		if got := l.receive(1000, at); !got.Equal(at) {
+			t.Fatalf("packet %d of one sender: done %v after arrival, want at once", i, got.Sub(at))
+		}
+	}
+	at := t0.Add(10 * ms)
+	l.receive(1000, at)
+	if got := l.receive(1000, at); got.Sub(at) != ms {
+		t.Fatalf("second of two simultaneous packets done %v after arrival, want 1ms", got.Sub(at))
+	}
+	late := t0.Add(time.Second)
+	if got := l.receive(1000, late); !got.Equal(late) {
+		t.Fatalf("after an idle second: done %v after arrival, want at once", got.Sub(late))
+	}
+	if got := (&Link{}).receive(1<<20, late); !got.Equal(late) {
+		t.Fatal("an unlimited link delayed a packet")
+	}
+}
+
+// TestEmulatedIngressIsShared: two senders, each at the full rate of its
+// own link, into one receiver with a link of the same rate: the receiver's
+// ingress carries both, so the pair takes at least twice as long as one
+// sender alone would (a lower bound, which a slow machine only raises).
+func TestEmulatedIngressIsShared(t *testing.T) {
+	const rate, size = 50e6, 4 << 20 // 4 MiB alone: 84 ms
+	mk := func() *Link { l, _ := NewLink(rate, 0); return l }
+	srv, _ := NewEndpoint(Options{Link: mk()})
+	col := newCollector()
+	addr, _ := srv.Listen("127.0.0.1:0", col)
+	defer srv.Close()
+	var pcs []*PeerConn
+	for range 2 {
+		cli, _ := NewEndpoint(Options{Link: mk()})
+		defer cli.Close()
+		pc, err := NewPool(cli, 4).Get(context.Background(), addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pcs = append(pcs, pc)
+	}
+	start := time.Now()
+	errs := make(chan error, 2)
+	for i, pc := range pcs {
+		// Distinct ids: the collector keys messages by id alone.
+		go func() { errs <- pc.Send(uint64(i+1), []byte("h"), make([]byte, size)) }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		select {
+		case <-col.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("messages not delivered")
+		}
+	}
+	if el, min := time.Since(start), time.Duration(2*size/rate*1e9*0.9); el < min {
+		t.Fatalf("two 4 MiB messages into one 50 MB/s ingress took %v; the ingress alone needs %v", el, min)
+	}
+}
