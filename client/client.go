@@ -234,7 +234,7 @@ func (c *Client) create(ctx context.Context, p string, typ metaapi.FileType, mod
 	}
 	var resp metaapi.AttrResp
 	err = c.meta.Call(ctx, metaapi.OpCreate, metaapi.CreateReq{
-		Parent: parent.Ino, Name: name, Type: typ, Mode: mode, Target: target, Exclusive: exclusive, Who: c.who,
+		Parent: parent.Ino, Name: name, Type: typ, Mode: mode, Target: target, Exclusive: exclusive, Who: c.whoOf(ctx),
 	}, &resp)
 	return resp.Attr, pathErr("create", p, err)
 }
@@ -293,7 +293,7 @@ func (c *Client) Remove(ctx context.Context, p string) error {
 	if err != nil {
 		return err
 	}
-	err = c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent.Ino, Name: name, Dir: a.Type == metaapi.TypeDir, Who: c.who}, nil)
+	err = c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent.Ino, Name: name, Dir: a.Type == metaapi.TypeDir, Who: c.whoOf(ctx)}, nil)
 	if err == nil {
 		c.layouts.drop(a.Ino)
 	}
@@ -342,7 +342,7 @@ func (c *Client) Rename(ctx context.Context, oldp, newp string) error {
 	if err != nil {
 		return err
 	}
-	err = c.meta.Call(ctx, metaapi.OpRename, metaapi.RenameReq{OldParent: op.Ino, OldName: oname, NewParent: np.Ino, NewName: nname, Who: c.who}, nil)
+	err = c.meta.Call(ctx, metaapi.OpRename, metaapi.RenameReq{OldParent: op.Ino, OldName: oname, NewParent: np.Ino, NewName: nname, Who: c.whoOf(ctx)}, nil)
 	return pathErr("rename", oldp, err)
 }
 
@@ -356,7 +356,7 @@ func (c *Client) ReadDir(ctx context.Context, p string) ([]metaapi.Dirent, error
 	after := ""
 	for {
 		var resp metaapi.ReaddirResp
-		if err := c.meta.Call(ctx, metaapi.OpReaddir, metaapi.ReaddirReq{Ino: a.Ino, After: after, Who: c.who}, &resp); err != nil {
+		if err := c.meta.Call(ctx, metaapi.OpReaddir, metaapi.ReaddirReq{Ino: a.Ino, After: after, Who: c.whoOf(ctx)}, &resp); err != nil {
 			return nil, pathErr("readdir", p, err)
 		}
 		out = append(out, resp.Entries...)
@@ -373,7 +373,7 @@ func (c *Client) SetPolicy(ctx context.Context, p string, pol metaapi.Policy) er
 	if err != nil {
 		return err
 	}
-	err = c.meta.Call(ctx, metaapi.OpSetPolicy, metaapi.SetPolicyReq{Ino: a.Ino, Policy: pol, Who: c.who}, nil)
+	err = c.meta.Call(ctx, metaapi.OpSetPolicy, metaapi.SetPolicyReq{Ino: a.Ino, Policy: pol, Who: c.whoOf(ctx)}, nil)
 	return pathErr("policy set", p, err)
 }
 

@@ -114,7 +114,7 @@ func (f *File) ecWriteMsg(ctx context.Context, g ecGeom, p []byte, off int64, ze
 		if wire.IsPartial(err) {
 			// Some units may be ahead of the others: record the group as
 			// degraded so a repair finds it even if this error is ignored.
-			req := metaapi.MarkDegradedReq{Ino: a.Ino, Index: idx, Chunk: l.Chunk, Degraded: true, Who: c.who}
+			req := metaapi.MarkDegradedReq{Ino: a.Ino, Index: idx, Chunk: l.Chunk, Degraded: true, Who: c.whoOf(ctx)}
 			if merr := c.meta.Call(context.WithoutCancel(ctx), metaapi.OpDegraded, req, nil); merr != nil {
 				c.log.Warn("recording a degraded stripe group", "group", l.Chunk, "err", merr)
 			}

@@ -115,7 +115,7 @@ func (c *Client) repairFile(ctx context.Context, a metaapi.Attr, p string, wmode
 	for idx := int64(0); idx*g.group < max(a.Size, 1); idx++ {
 		c.layouts.dropChunk(a.Ino, idx)
 		var resp metaapi.LayoutResp
-		req := metaapi.LayoutReq{Ino: a.Ino, Off: idx * g.group, Len: g.group, Who: c.who}
+		req := metaapi.LayoutReq{Ino: a.Ino, Off: idx * g.group, Len: g.group, Who: c.whoOf(ctx)}
 		if err := c.meta.Call(ctx, metaapi.OpLayout, req, &resp); err != nil {
 			return rep, pathErr("repair", p, err)
 		}
@@ -140,7 +140,7 @@ func (c *Client) repairFile(ctx context.Context, a metaapi.Attr, p string, wmode
 			return rep, pathErr("repair", p, err)
 		}
 		if slices.Contains(degraded.Groups, metaapi.DegradedGroup{Ino: a.Ino, Index: idx, Chunk: l.Chunk}) {
-			req := metaapi.MarkDegradedReq{Ino: a.Ino, Index: idx, Chunk: l.Chunk, Who: c.who}
+			req := metaapi.MarkDegradedReq{Ino: a.Ino, Index: idx, Chunk: l.Chunk, Who: c.whoOf(ctx)}
 			if err := c.meta.Call(ctx, metaapi.OpDegraded, req, nil); err != nil {
 				return rep, pathErr("repair", p, fmt.Errorf("clearing the degraded mark of group %v: %w", l.Chunk, err))
 			}
@@ -219,7 +219,7 @@ func (c *Client) repairGroup(ctx context.Context, g ecGeom, ino ids.Ino, l *meta
 			continue
 		}
 		var resp metaapi.LayoutResp
-		req := metaapi.ReplaceUnitReq{Ino: ino, Index: l.Index, Chunk: l.Chunk, Unit: u, Old: l.Replicas[u].Node, Who: c.who}
+		req := metaapi.ReplaceUnitReq{Ino: ino, Index: l.Index, Chunk: l.Chunk, Unit: u, Old: l.Replicas[u].Node, Who: c.whoOf(ctx)}
 		if err := c.meta.Call(ctx, metaapi.OpReplace, req, &resp); err != nil {
 			if metaapi.IsCode(err, metaapi.EINVAL) && strings.Contains(err.Error(), "is up") {
 				continue // it came back since the status was taken: rebuild it in place

@@ -40,6 +40,18 @@ func (s *Service) Check() error {
 		if err != nil {
 			return err
 		}
+		orphans := map[ids.Ino]bool{}
+		err = scan(v.r, []byte{pOrphan}, []byte{pOrphan + 1}, func(k, val []byte) (bool, error) {
+			ino := ids.Ino(binary.BigEndian.Uint64(k[1:]))
+			orphans[ino] = true
+			if in, ok := inodes[ino]; !ok || in.Type != metaapi.TypeFile {
+				report("orphan record for missing or non-file inode %d", ino)
+			}
+			return true, nil
+		})
+		if err != nil {
+			return err
+		}
 		refs := map[ids.Ino]int{}
 		subdirs := map[ids.Ino]uint32{}
 		err = scan(v.r, []byte{pDirent}, []byte{pDirent + 1}, func(k, val []byte) (bool, error) {
@@ -97,7 +109,7 @@ func (s *Service) Check() error {
 				}
 			} else {
 				files++
-				if refs[ino] == 0 {
+				if refs[ino] == 0 && !(orphans[ino] && in.Nlink == 0) {
 					report("%s %d is unreachable", in.Type, ino)
 				}
 				if int(in.Nlink) != refs[ino] {

@@ -104,6 +104,9 @@ var ops = map[string]op{
 	metaapi.OpRename: endpoint(true, false, func(s *Service, _ caller, r metaapi.RenameReq) (empty, error) {
 		return empty{}, s.Rename(r)
 	}),
+	metaapi.OpRelease: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReleaseReq) (empty, error) {
+		return empty{}, s.Release(r)
+	}),
 	metaapi.OpReaddir: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReaddirReq) (metaapi.ReaddirResp, error) {
 		return s.Readdir(r)
 	}),

@@ -23,6 +23,7 @@ import (
 //	k <ino:8> <index:8>               chunk of a file (JSON chunkRec)
 //	g <node:4> <chunk:8>              chunk queued for deletion on node (empty value)
 //	n <node:4>                        storage node (JSON nodeRec)
+//	o <ino:8>                         orphan: a file with no name kept while open; <lease expiry:8> (unix ns)
 const (
 	pInode  = 'i'
 	pDirent = 'd'
@@ -32,6 +33,7 @@ const (
 	// pDegraded indexes erasure-coded stripe groups a write left degraded
 	// (some units ahead of the others) until a repair makes them whole.
 	pDegraded = 'x'
+	pOrphan   = 'o'
 )
 
 var (
@@ -69,6 +71,13 @@ func chunkPrefix(ino ids.Ino) []byte {
 
 func chunkKey(ino ids.Ino, index int64) []byte {
 	return binary.BigEndian.AppendUint64(chunkPrefix(ino), uint64(index))
+}
+
+func orphanKey(ino ids.Ino) []byte {
+	b := make([]byte, 9)
+	b[0] = pOrphan
+	binary.BigEndian.PutUint64(b[1:], uint64(ino))
+	return b
 }
 
 func degradedKey(ino ids.Ino, index int64) []byte {

@@ -237,6 +237,7 @@ func (s *Service) sweeper() {
 			return
 		case <-t.C:
 			s.Sweep()
+			s.SweepOrphans()
 		}
 	}
 }

@@ -72,6 +72,9 @@ type Options struct {
 	// down; default HeartbeatInterval. Negative disables the ticker (tests
 	// drive Sweep themselves).
 	SweepInterval time.Duration
+	// OrphanLease is how long a file removed while open (RemoveReq.Keep)
+	// outlives its last renewal; default 10m.
+	OrphanLease time.Duration
 
 	fs vfs.FS // tests: an in-memory file system for meta.db
 }
@@ -100,6 +103,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.SweepInterval == 0 {
 		o.SweepInterval = o.HeartbeatInterval
+	}
+	if o.OrphanLease <= 0 {
+		o.OrphanLease = 10 * time.Minute
 	}
 }
 

@@ -1,6 +1,8 @@
 package meta
 
 import (
+	"time"
+
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
@@ -77,8 +79,10 @@ func touchDir(tx *txn, dirs ...*inode) {
 }
 
 // unlinkInode drops one name of victim, which was in dir, freeing it when
-// no name is left. The caller deletes the entry itself.
-func unlinkInode(tx *txn, dir, victim *inode) error {
+// no name is left — unless keep, for a regular file a caller holds open:
+// then it becomes an orphan until released (see Release). The caller
+// deletes the entry itself.
+func unlinkInode(tx *txn, dir, victim *inode, keep bool, lease time.Duration) error {
 	if victim.isDir() {
 		victim.Nlink = 0
 		dir.Nlink-- // victim's ".." no longer points at dir
@@ -88,6 +92,10 @@ func unlinkInode(tx *txn, dir, victim *inode) error {
 	victim.Nlink--
 	victim.Ctime = tx.now
 	if victim.Nlink == 0 {
+		if keep && victim.Type == metaapi.TypeFile {
+			tx.dirty(victim)
+			return tx.setOrphan(victim.Ino, tx.now+int64(lease))
+		}
 		return tx.free(victim)
 	}
 	tx.dirty(victim)
@@ -243,6 +251,10 @@ func (s *Service) Link(req metaapi.LinkReq) (metaapi.Attr, error) {
 		if src.isDir() {
 			return eperm("hard link to directory %d", src.Ino)
 		}
+		if src.Nlink == 0 {
+			// An orphan (unlinked while open) cannot get a name back.
+			return metaapi.Errorf(metaapi.ENOENT, "inode %d has been removed", src.Ino)
+		}
 		np, err := dirInode(tx, req.NewParent)
 		if err != nil {
 			return err
@@ -318,7 +330,7 @@ func (s *Service) Remove(req metaapi.RemoveReq) error {
 		if err := tx.delEntry(parent.Ino, req.Name); err != nil {
 			return err
 		}
-		if err := unlinkInode(tx, parent, victim); err != nil {
+		if err := unlinkInode(tx, parent, victim, req.Keep, s.opts.OrphanLease); err != nil {
 			return err
 		}
 		touchDir(tx, parent)
@@ -430,7 +442,7 @@ func (s *Service) Rename(req metaapi.RenameReq) error {
 		}
 
 		if tgt != nil {
-			if err := unlinkInode(tx, np, tgt); err != nil {
+			if err := unlinkInode(tx, np, tgt, req.Keep, s.opts.OrphanLease); err != nil {
 				return err
 			}
 		}

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 
@@ -123,6 +124,12 @@ func (tx *txn) delEntry(parent ids.Ino, name string) error {
 
 func (tx *txn) setJSON(key []byte, v any) error { return tx.b.Set(key, mustJSON(v), nil) }
 
+// setOrphan records that file ino, which has no name left, is kept open
+// until the lease expiry (unix ns) unless renewed or released.
+func (tx *txn) setOrphan(ino ids.Ino, expiry int64) error {
+	return tx.b.Set(orphanKey(ino), binary.BigEndian.AppendUint64(nil, uint64(expiry)), nil)
+}
+
 // free deletes an inode whose last name is gone; a file's chunks are
 // queued for deletion on every node holding a replica.
 func (tx *txn) free(in *inode) error {
@@ -138,6 +145,9 @@ func (tx *txn) free(in *inode) error {
 	}
 	tx.freed[in.Ino] = true
 	delete(tx.dirtyI, in.Ino)
+	if err := tx.b.Delete(orphanKey(in.Ino), nil); err != nil {
+		return err
+	}
 	return tx.b.Delete(inodeKey(in.Ino), nil)
 }
 

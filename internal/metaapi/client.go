@@ -23,6 +23,7 @@ const (
 	OpLink      = "Link"
 	OpRemove    = "Remove"
 	OpRename    = "Rename"
+	OpRelease   = "Release"
 	OpReaddir   = "Readdir"
 	OpSetAttr   = "SetAttr"
 	OpSetPolicy = "SetPolicy"

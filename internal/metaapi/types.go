@@ -264,7 +264,21 @@ type RemoveReq struct {
 	Parent ids.Ino `json:"parent"`
 	Name   string  `json:"name"`
 	Dir    bool    `json:"dir"` // rmdir semantics if true, unlink otherwise
-	Who    Who     `json:"who"`
+	// Keep: the caller holds the file open. If this removes its last
+	// name, meta keeps it (nlink 0, readable and writable by inode) as an
+	// orphan until the caller's Release, or until the orphan lease lapses
+	// unrenewed (a crashed caller).
+	Keep bool `json:"keep,omitempty"`
+	Who  Who  `json:"who"`
+}
+
+// ReleaseReq ends (or, with Renew, extends) the orphan lease on a file
+// kept by a Remove or Rename with Keep: released, an orphan is deleted.
+// Releasing a file that is not an orphan does nothing.
+type ReleaseReq struct {
+	Ino   ids.Ino `json:"ino"`
+	Renew bool    `json:"renew,omitempty"`
+	Who   Who     `json:"who"`
 }
 
 type RenameReq struct {
@@ -273,6 +287,7 @@ type RenameReq struct {
 	NewParent ids.Ino `json:"new_parent"`
 	NewName   string  `json:"new_name"`
 	NoReplace bool    `json:"no_replace,omitempty"` // EEXIST instead of replacing
+	Keep      bool    `json:"keep,omitempty"`       // a replaced file is kept as an orphan (see RemoveReq)
 	Who       Who     `json:"who"`
 }
 

@@ -1,0 +1,118 @@
+package client
+
+import (
+	"context"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// This file is the SDK's inode-level interface, for front ends that name
+// things by inode and name as the kernel does (the FUSE mount, the NFS
+// gateway): no path resolution, one meta call each.
+
+type whoKey struct{}
+
+// WithWho returns a context whose calls are made as who (permission checks
+// at meta) instead of the client's default identity: a front end serving
+// many users passes each request's caller.
+func WithWho(ctx context.Context, who metaapi.Who) context.Context {
+	return context.WithValue(ctx, whoKey{}, who)
+}
+
+// whoOf is the identity calls made with ctx act as.
+func (c *Client) whoOf(ctx context.Context) metaapi.Who {
+	if w, ok := ctx.Value(whoKey{}).(metaapi.Who); ok {
+		return w
+	}
+	return c.who
+}
+
+// Lookup returns the attributes of name in directory parent.
+func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (metaapi.Attr, error) {
+	var resp metaapi.AttrResp
+	err := c.meta.Call(ctx, metaapi.OpLookup, metaapi.LookupReq{Parent: parent, Name: name}, &resp)
+	return resp.Attr, err
+}
+
+// CreateIn creates name in directory parent: a file, directory, symlink
+// (to target) or FIFO. For a file without exclusive, an existing file of
+// that name is returned as it is.
+func (c *Client) CreateIn(ctx context.Context, parent ids.Ino, name string, typ metaapi.FileType, mode uint32, target string, exclusive bool) (metaapi.Attr, error) {
+	var resp metaapi.AttrResp
+	err := c.meta.Call(ctx, metaapi.OpCreate, metaapi.CreateReq{
+		Parent: parent, Name: name, Type: typ, Mode: mode, Target: target, Exclusive: exclusive, Who: c.whoOf(ctx),
+	}, &resp)
+	return resp.Attr, err
+}
+
+// LinkIn gives inode ino another name, newName in directory newParent.
+func (c *Client) LinkIn(ctx context.Context, ino, newParent ids.Ino, newName string) (metaapi.Attr, error) {
+	var resp metaapi.AttrResp
+	err := c.meta.Call(ctx, metaapi.OpLink, metaapi.LinkReq{Ino: ino, NewParent: newParent, NewName: newName, Who: c.whoOf(ctx)}, &resp)
+	return resp.Attr, err
+}
+
+// RemoveIn unlinks name from directory parent (dir: rmdir semantics).
+// With keep (the caller holds the file open), a file losing its last name
+// is kept until Release (see metaapi.RemoveReq).
+func (c *Client) RemoveIn(ctx context.Context, parent ids.Ino, name string, dir, keep bool) error {
+	return c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent, Name: name, Dir: dir, Keep: keep, Who: c.whoOf(ctx)}, nil)
+}
+
+// RenameIn moves oldName in oldParent to newName in newParent atomically,
+// replacing what is there if POSIX allows (noReplace: EEXIST instead;
+// keep: a replaced file the caller holds open is kept until Release).
+func (c *Client) RenameIn(ctx context.Context, oldParent ids.Ino, oldName string, newParent ids.Ino, newName string, noReplace, keep bool) error {
+	return c.meta.Call(ctx, metaapi.OpRename, metaapi.RenameReq{
+		OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, NoReplace: noReplace, Keep: keep, Who: c.whoOf(ctx),
+	}, nil)
+}
+
+// Release frees a file kept by RemoveIn or RenameIn with keep once it is
+// closed (renew: extends the lease instead, while it stays open).
+func (c *Client) Release(ctx context.Context, ino ids.Ino, renew bool) error {
+	return c.meta.Call(ctx, metaapi.OpRelease, metaapi.ReleaseReq{Ino: ino, Renew: renew, Who: c.whoOf(ctx)}, nil)
+}
+
+// ReadDirPage returns the entries of directory ino after the name after
+// (in name order), at most metaapi.MaxReaddirLimit, and whether more
+// follow.
+func (c *Client) ReadDirPage(ctx context.Context, ino ids.Ino, after string) ([]metaapi.Dirent, bool, error) {
+	var resp metaapi.ReaddirResp
+	err := c.meta.Call(ctx, metaapi.OpReaddir, metaapi.ReaddirReq{Ino: ino, After: after, Who: c.whoOf(ctx)}, &resp)
+	return resp.Entries, resp.More, err
+}
+
+// SetAttr changes the attributes req names (its Who is filled in) and
+// returns the new ones. A size change drops the cached layouts, whose
+// truncation state it changes.
+func (c *Client) SetAttr(ctx context.Context, req metaapi.SetAttrReq) (metaapi.Attr, error) {
+	req.Who = c.whoOf(ctx)
+	var resp metaapi.AttrResp
+	err := c.meta.Call(ctx, metaapi.OpSetAttr, req, &resp)
+	if err == nil && req.Size != nil {
+		c.layouts.drop(req.Ino)
+	}
+	return resp.Attr, err
+}
+
+// OpenAttr opens the regular file a has the attributes of (from Lookup or
+// GetAttr); name is for error messages.
+func (c *Client) OpenAttr(a metaapi.Attr, name string) (*File, error) {
+	if a.Type != metaapi.TypeFile {
+		if a.Type == metaapi.TypeDir {
+			return nil, pathErr("open", name, metaapi.Errorf(metaapi.EISDIR, "is a directory"))
+		}
+		return nil, pathErr("open", name, metaapi.Errorf(metaapi.EINVAL, "not a regular file (%s)", a.Type))
+	}
+	return &File{c: c, path: name, attr: a}, nil
+}
+
+// SetAttr updates what the handle knows of the file (a front end that
+// learnt of a truncation or another writer, say).
+func (f *File) SetAttr(a metaapi.Attr) {
+	f.mu.Lock()
+	f.attr = a
+	f.mu.Unlock()
+}
