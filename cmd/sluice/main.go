@@ -49,6 +49,7 @@ func (a *app) rootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(a.upCmd(), a.metaCmd(), a.nodeCmd(), a.benchCmd())
 	root.AddCommand(a.putCmd(), a.getCmd(), a.catCmd(), a.lsCmd(), a.statCmd(), a.mkdirCmd(), a.rmCmd(), a.mvCmd(), a.policyCmd(), a.repairCmd(), a.statusCmd())
+	root.AddCommand(a.mountCmd(), a.umountCmd())
 	return root
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,7 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/meta"
@@ -64,6 +67,8 @@ func (a *app) upCmd() *cobra.Command {
 		dir    string
 		listen string
 		ef     engineFlags
+		mount  string
+		mf     mountFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -85,6 +90,9 @@ func (a *app) upCmd() *cobra.Command {
 			abs, _ := filepath.Abs(c.ConfPath)
 			fmt.Fprintf(a.stdout, "sluice: client config written to %s\n", abs)
 			fmt.Fprintf(a.stdout, "sluice: try: SLUICE_CONF=%s sluice status\n", abs)
+			if mount != "" {
+				return a.upMounted(cmd.Context(), c, mount, &mf)
+			}
 			select {
 			case <-cmd.Context().Done():
 			case err := <-c.MetaErr():
@@ -100,8 +108,40 @@ func (a *app) upCmd() *cobra.Command {
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of storage nodes")
 	cmd.Flags().StringVar(&dir, "data", "sluice-data", "data directory (kept across restarts)")
 	cmd.Flags().StringVar(&listen, "listen", cluster.DefaultMetaListen, "meta service address")
+	cmd.Flags().StringVar(&mount, "mount", "", "also mount the cluster here (FUSE); the cluster stops when it is unmounted")
 	ef.add(cmd)
+	mf.add(cmd)
 	return cmd
+}
+
+// upMounted serves the mount of a cluster up started, then stops the
+// cluster: on a signal, on `sluice umount`, or when meta fails.
+func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf *mountFlags) error {
+	conf, err := config.Load(c.ConfPath)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	cl, err := client.New(client.Options{Conf: conf, Logger: a.logger()})
+	if err != nil {
+		c.Close()
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		if err := <-c.MetaErr(); err != nil {
+			a.logger().Error("meta stopped", "err", err)
+			cancel()
+		}
+	}()
+	err = a.serveMount(ctx, cl, dir, mf)
+	cl.Close()
+	fmt.Fprintln(a.stdout, "sluice: shutting down")
+	if cerr := c.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func (a *app) metaCmd() *cobra.Command {

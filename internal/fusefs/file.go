@@ -1,0 +1,335 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// openFile is a regular file open through this mount, shared by all its
+// open handles: one write buffer per file, so that a read through any
+// handle sees every write made through the others.
+type openFile struct {
+	fsys   *FS
+	ino    ids.Ino
+	opens  int  // handles, under fsys.mu
+	pins   int  // removals of one of its names in progress, under fsys.mu
+	orphan bool // its last name was removed while open, under fsys.mu
+
+	mu     sync.Mutex
+	f      *client.File
+	buf    []byte // sequential writes not yet sent, at bufOff
+	bufOff int64
+}
+
+// handle is one open(2) of a regular file.
+type handle struct {
+	of *openFile
+}
+
+var (
+	_ fs.FileReader   = (*handle)(nil)
+	_ fs.FileWriter   = (*handle)(nil)
+	_ fs.FileFlusher  = (*handle)(nil)
+	_ fs.FileFsyncer  = (*handle)(nil)
+	_ fs.FileReleaser = (*handle)(nil)
+)
+
+// file returns the open state of ino, if this mount has it open.
+func (f *FS) file(ino ids.Ino) *openFile {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.files[ino]
+}
+
+// adjustSize reports a file's size including what this mount has
+// buffered for it: the program that wrote it must see it at once.
+func (f *FS) adjustSize(ino ids.Ino, out *fuse.Attr) {
+	of := f.file(ino)
+	if of == nil {
+		return
+	}
+	of.mu.Lock()
+	if end := of.bufOff + int64(len(of.buf)); len(of.buf) > 0 && uint64(end) > out.Size {
+		out.Size = uint64(end)
+		out.Blocks = (out.Size + 511) / 512
+	}
+	of.mu.Unlock()
+}
+
+// open opens regular file ino with the attributes known (from a create)
+// or, if nil, read afresh from meta — after the file is registered as
+// open, so that a rename or unlink racing with the open either fails it
+// or keeps the file (see openChild). It applies O_TRUNC.
+func (f *FS) open(ctx context.Context, ino ids.Ino, name string, flags uint32, known *metaapi.Attr) (*handle, syscall.Errno) {
+	f.mu.Lock()
+	of := f.files[ino]
+	if of == nil {
+		of = &openFile{fsys: f, ino: ino}
+		f.files[ino] = of
+	}
+	of.opens++
+	f.mu.Unlock()
+	h := &handle{of: of}
+
+	of.mu.Lock()
+	errno := f.openLocked(ctx, of, name, flags, known)
+	of.mu.Unlock()
+	if errno != 0 {
+		h.release() // takes of.mu itself if the file was removed meanwhile
+		return nil, errno
+	}
+	return h, 0
+}
+
+// openLocked fills in of's file (or refreshes its attributes) and
+// applies O_TRUNC. Caller holds of.mu.
+func (f *FS) openLocked(ctx context.Context, of *openFile, name string, flags uint32, known *metaapi.Attr) syscall.Errno {
+	var a metaapi.Attr
+	if known != nil {
+		a = *known
+	} else {
+		var err error
+		if a, err = f.cl.GetAttr(ctx, of.ino); err != nil {
+			return f.errno("open", err)
+		}
+	}
+	if of.f == nil {
+		cf, err := f.cl.OpenAttr(a, name)
+		if err != nil {
+			return f.errno("open", err)
+		}
+		of.f = cf
+	} else if cur := of.f.Attr(); len(of.buf) == 0 || a.Size > cur.Size {
+		of.f.SetAttr(a)
+	}
+	if flags&syscall.O_TRUNC != 0 && (of.f.Size() > 0 || len(of.buf) > 0) {
+		of.buf = of.buf[:0]
+		zero := int64(0)
+		na, err := f.cl.SetAttr(ctx, metaapi.SetAttrReq{Ino: of.ino, Size: &zero})
+		if err != nil {
+			return f.errno("open", err)
+		}
+		of.f.SetAttr(na)
+	}
+	return 0
+}
+
+// flushLocked sends the buffered writes: durable on every replica and
+// recorded with meta when it returns. Caller holds of.mu.
+func (of *openFile) flushLocked(ctx context.Context) error {
+	if len(of.buf) == 0 {
+		return nil
+	}
+	_, err := of.f.WriteAtContext(ctx, of.buf, of.bufOff)
+	of.buf = of.buf[:0]
+	return err
+}
+
+func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	of := h.of
+	fsys := of.fsys
+	ctx, cancel := fsys.call(ctx)
+	defer cancel()
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if off < 0 || off+int64(len(data)) > metaapi.MaxFileSize {
+		return 0, syscall.EFBIG
+	}
+	max := fsys.opts.WriteBuffer
+	if len(of.buf) > 0 && off == of.bufOff+int64(len(of.buf)) && len(of.buf)+len(data) <= max {
+		of.buf = append(of.buf, data...)
+		return uint32(len(data)), 0
+	}
+	// Not a continuation, or the buffer is full: send what is buffered.
+	if err := of.flushLocked(ctx); err != nil {
+		return 0, fsys.errno("write", err)
+	}
+	if len(data) >= max {
+		if _, err := of.f.WriteAtContext(ctx, data, off); err != nil {
+			return 0, fsys.errno("write", err)
+		}
+		return uint32(len(data)), 0
+	}
+	of.buf = append(of.buf[:0], data...)
+	of.bufOff = off
+	return uint32(len(data)), 0
+}
+
+func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	of := h.of
+	fsys := of.fsys
+	ctx, cancel := fsys.call(ctx)
+	defer cancel()
+	of.mu.Lock()
+	err := of.flushLocked(ctx)
+	of.mu.Unlock()
+	if err != nil {
+		return nil, fsys.errno("read", err)
+	}
+	n, err := of.f.ReadAtContext(ctx, dest, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fsys.errno("read", err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// sync makes everything written through this mount durable.
+func (h *handle) sync(ctx context.Context, op string) syscall.Errno {
+	of := h.of
+	ctx, cancel := of.fsys.call(ctx)
+	defer cancel()
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	return of.fsys.errno(op, of.flushLocked(ctx))
+}
+
+// Flush is close(2) (once per file descriptor, dup'd ones included):
+// close-to-open consistency needs the data out before it returns.
+func (h *handle) Flush(ctx context.Context) syscall.Errno { return h.sync(ctx, "close") }
+
+// Fsync: data sent is durable on every replica once the write returns,
+// so syncing is sending.
+func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	return h.sync(ctx, "fsync")
+}
+
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	if errno := h.sync(ctx, "release"); errno != 0 {
+		// Nobody is left to tell: the program has closed the file.
+		h.of.fsys.opts.Logger.Error("fuse: writes lost at release", "ino", h.of.ino, "errno", errno)
+	}
+	h.release()
+	return 0
+}
+
+func (h *handle) release() {
+	f, of := h.of.fsys, h.of
+	f.mu.Lock()
+	of.opens--
+	last := of.opens == 0
+	orphan := last && of.orphan
+	if !orphan {
+		f.forgetLocked(of)
+	}
+	f.mu.Unlock()
+	if !orphan {
+		return
+	}
+	// Closed for good: meta may now delete it. It stays registered, and
+	// locked, meanwhile: an open racing with this (the kernel resolved
+	// the name before the removal) waits, then finds it gone, instead of
+	// opening a file about to be deleted.
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.OpTimeout)
+	defer cancel()
+	if err := f.cl.Release(ctx, of.ino, false); err != nil {
+		f.opts.Logger.Warn("fuse: releasing a removed file (meta frees it when its lease lapses)", "ino", of.ino, "err", err)
+	}
+	f.mu.Lock()
+	f.forgetLocked(of)
+	f.mu.Unlock()
+}
+
+// forgetLocked drops of from the open files once nothing uses it.
+// Caller holds f.mu.
+func (f *FS) forgetLocked(of *openFile) {
+	if of.opens == 0 && of.pins == 0 && f.files[of.ino] == of {
+		delete(f.files, of.ino)
+	}
+}
+
+// removal is the removal (unlink, or rename over it) of one name of a
+// file. While it is at meta, opens of the file wait: an open either
+// counts when the removal starts — the file is then kept as an orphan —
+// or begins after it and finds the file gone.
+type removal struct {
+	f    *FS
+	of   *openFile // nil: the kernel knows no file by that name
+	keep bool      // the file is open here
+}
+
+// beginRemoval pins the file name names in dir, if the kernel knows it.
+func (f *FS) beginRemoval(dir *fs.Inode, name string) *removal {
+	r := &removal{f: f}
+	ch := dir.GetChild(name)
+	if ch == nil || ch.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return r
+	}
+	ino := ids.Ino(ch.StableAttr().Ino)
+	f.mu.Lock()
+	of := f.files[ino]
+	if of == nil {
+		of = &openFile{fsys: f, ino: ino}
+		f.files[ino] = of
+	}
+	of.pins++
+	f.mu.Unlock()
+	of.mu.Lock()
+	f.mu.Lock()
+	r.of, r.keep = of, of.opens > 0
+	f.mu.Unlock()
+	return r
+}
+
+// end unpins the file; removed says the removal took place at meta.
+func (r *removal) end(removed bool) {
+	if r.of == nil {
+		return
+	}
+	f := r.f
+	f.mu.Lock()
+	if removed && r.keep {
+		// It may have lost its last name: release it at meta on the
+		// last close, and renew its lease until then.
+		r.of.orphan = true
+	}
+	r.of.pins--
+	f.forgetLocked(r.of)
+	f.mu.Unlock()
+	r.of.mu.Unlock()
+}
+
+// orphanRenewal is how often kept files' leases are renewed; meta's lease
+// (10 minutes by default) must be several times longer.
+const orphanRenewal = time.Minute
+
+// renewOrphans keeps the files this mount holds open after their removal
+// alive at meta until the mount ends.
+func (f *FS) renewOrphans() {
+	t := time.NewTicker(orphanRenewal)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-t.C:
+		}
+		f.mu.Lock()
+		var inos []ids.Ino
+		for ino, of := range f.files {
+			if of.orphan {
+				inos = append(inos, ino)
+			}
+		}
+		f.mu.Unlock()
+		for _, ino := range inos {
+			ctx, cancel := context.WithTimeout(context.Background(), orphanRenewal)
+			if err := f.cl.Release(ctx, ino, true); err != nil {
+				f.opts.Logger.Warn("fuse: renewing a removed, open file's lease", "ino", ino, "err", err)
+			}
+			cancel()
+		}
+	}
+}

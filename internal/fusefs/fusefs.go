@@ -1,0 +1,285 @@
+// Package fusefs serves a Sluice cluster to the kernel over FUSE, so that
+// unmodified programs run on it: it maps each kernel request (by inode
+// and name) onto one SDK call, acting as the calling process's uid and
+// gids, buffers each open file's sequential writes into large streaming
+// writes, and maps Sluice's errors onto errno values.
+//
+// Consistency is close-to-open: a file's data and size are durable and
+// visible to every client when close(2) (or fsync) returns, and an open
+// sees everything closed before it. Attributes and directory entries are
+// cached by the kernel for short, configurable times.
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// Options configure a mount.
+type Options struct {
+	// AttrTimeout and EntryTimeout are how long the kernel may cache
+	// attributes and name lookups (default 1s each); NegativeTimeout
+	// how long it may remember that a name does not exist (default 0:
+	// a file another mount creates is visible at once).
+	AttrTimeout, EntryTimeout, NegativeTimeout time.Duration
+	// WriteBuffer is how many bytes of one open file's sequential writes
+	// are gathered into one streaming write (default 16 MiB).
+	WriteBuffer int
+	// OpTimeout bounds one operation, retries included, before it fails
+	// with ETIMEDOUT (default 60s): a mount never wedges on a dead meta.
+	OpTimeout time.Duration
+	// AllowOther lets users other than the mounting one use the mount
+	// (root mounts allow it by default; others need user_allow_other).
+	AllowOther bool
+	Logger     *slog.Logger
+	Debug      bool // log every FUSE request
+}
+
+func (o *Options) defaults() {
+	if o.AttrTimeout == 0 {
+		o.AttrTimeout = time.Second
+	}
+	if o.EntryTimeout == 0 {
+		o.EntryTimeout = time.Second
+	}
+	if o.NegativeTimeout < 0 {
+		o.NegativeTimeout = 0
+	}
+	if o.WriteBuffer <= 0 {
+		o.WriteBuffer = 16 << 20
+	}
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = 60 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// FS is one mount's state.
+type FS struct {
+	cl   *client.Client
+	opts Options
+
+	mu    sync.Mutex
+	files map[ids.Ino]*openFile // regular files open through this mount
+	stop  chan struct{}         // closed when the mount ends
+
+	statMu   sync.Mutex
+	statAt   time.Time
+	statResp metaapi.StatusResp
+}
+
+// Mount mounts the cluster cl reaches at dir and serves it until Unmount
+// (or `sluice umount`). The root's attributes are read first, so that an
+// unreachable cluster fails here rather than in the first program.
+func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*fuse.Server, error) {
+	opts.defaults()
+	root, err := cl.Stat(ctx, "/")
+	if err != nil {
+		return nil, fmt.Errorf("mount: reading the cluster's root: %w", err)
+	}
+	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{})}
+	at, et, nt := opts.AttrTimeout, opts.EntryTimeout, opts.NegativeTimeout
+	mo := fuse.MountOptions{
+		FsName:        "sluice",
+		Name:          "sluice",
+		AllowOther:    opts.AllowOther || os.Geteuid() == 0,
+		Options:       []string{"default_permissions"},
+		MaxWrite:      1 << 20,
+		MaxReadAhead:  1 << 20,
+		MaxBackground: 64,
+		DirectMount:   true, // as root, mount(2) itself; otherwise fusermount
+		Debug:         opts.Debug,
+	}
+	server, err := fs.Mount(dir, &node{fsys: f}, &fs.Options{
+		MountOptions:    mo,
+		AttrTimeout:     &at,
+		EntryTimeout:    &et,
+		NegativeTimeout: &nt,
+		RootStableAttr:  &fs.StableAttr{Ino: uint64(root.Ino), Mode: syscall.S_IFDIR},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	go f.renewOrphans()
+	go func() { server.Wait(); close(f.stop) }()
+	return server, nil
+}
+
+// ---- identity ----
+
+// call returns the context an operation runs with: the caller's identity
+// and the operation timeout.
+func (f *FS) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c, ok := fuse.FromContext(ctx); ok {
+		ctx = client.WithWho(ctx, metaapi.Who{UID: c.Uid, GID: c.Gid, GIDs: groupsOf(c.Pid)})
+	}
+	// The kernel interrupts a request when its process gets a signal —
+	// for Go programs, constantly (preemption). An operation half done
+	// is worse than one finished late: finish it, within OpTimeout.
+	return context.WithTimeout(context.WithoutCancel(ctx), f.opts.OpTimeout)
+}
+
+// groupsOf reads a process's supplementary groups (FUSE passes only its
+// uid and gid; the kernel's own permission checks use them all, and meta
+// must agree). A process that has exited has none.
+func groupsOf(pid uint32) []uint32 {
+	if pid == 0 {
+		return nil
+	}
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/status")
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Groups:")
+		if !ok {
+			continue
+		}
+		var out []uint32
+		for _, g := range strings.Fields(rest) {
+			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+				out = append(out, uint32(n))
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// ---- errors ----
+
+var codeErrno = map[metaapi.Code]syscall.Errno{
+	metaapi.ENOENT:       syscall.ENOENT,
+	metaapi.EEXIST:       syscall.EEXIST,
+	metaapi.ENOTDIR:      syscall.ENOTDIR,
+	metaapi.EISDIR:       syscall.EISDIR,
+	metaapi.ENOTEMPTY:    syscall.ENOTEMPTY,
+	metaapi.EINVAL:       syscall.EINVAL,
+	metaapi.ENAMETOOLONG: syscall.ENAMETOOLONG,
+	metaapi.EACCES:       syscall.EACCES,
+	metaapi.EPERM:        syscall.EPERM,
+	metaapi.ENOSPC:       syscall.ENOSPC,
+	metaapi.EXDEV:        syscall.EXDEV,
+	metaapi.ELOOP:        syscall.ELOOP,
+	metaapi.EMLINK:       syscall.EMLINK,
+	metaapi.EFBIG:        syscall.EFBIG,
+	metaapi.EAUTH:        syscall.EACCES,
+	metaapi.EAGAIN:       syscall.EAGAIN,
+	metaapi.EIO:          syscall.EIO,
+}
+
+// errno maps an SDK error to what the kernel returns to the program,
+// logging what is not a plain answer (an I/O failure, a timeout) with its
+// full text, which errno cannot carry.
+func (f *FS) errno(op string, err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var me *metaapi.Error
+	if errors.As(err, &me) {
+		if e, ok := codeErrno[me.Code]; ok {
+			if e == syscall.EIO || e == syscall.EAGAIN {
+				f.opts.Logger.Warn("fuse: operation failed", "op", op, "err", err)
+			}
+			return e
+		}
+	}
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return en
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		f.opts.Logger.Warn("fuse: operation timed out", "op", op, "err", err)
+		return syscall.ETIMEDOUT
+	}
+	if errors.Is(err, context.Canceled) {
+		return syscall.EINTR
+	}
+	f.opts.Logger.Warn("fuse: operation failed", "op", op, "err", err)
+	return syscall.EIO
+}
+
+// ---- attributes ----
+
+func typeMode(t metaapi.FileType) uint32 {
+	switch t {
+	case metaapi.TypeDir:
+		return syscall.S_IFDIR
+	case metaapi.TypeSymlink:
+		return syscall.S_IFLNK
+	case metaapi.TypeFIFO:
+		return syscall.S_IFIFO
+	}
+	return syscall.S_IFREG
+}
+
+// blockSize is the I/O size st_blksize advertises: programs that size
+// their buffers by it (cp, many libraries) then write in large requests.
+const blockSize = 1 << 20
+
+func fillAttr(a *metaapi.Attr, out *fuse.Attr) {
+	out.Ino = uint64(a.Ino)
+	out.Mode = typeMode(a.Type) | a.Mode&07777
+	out.Size = uint64(a.Size)
+	if a.Type == metaapi.TypeSymlink {
+		out.Size = uint64(len(a.Target))
+	}
+	out.Blocks = (out.Size + 511) / 512
+	out.Nlink = a.Nlink
+	out.Owner = fuse.Owner{Uid: a.UID, Gid: a.GID}
+	out.Blksize = blockSize
+	setTime := func(ns int64, sec *uint64, nsec *uint32) {
+		*sec, *nsec = uint64(ns/1e9), uint32(ns%1e9)
+	}
+	setTime(a.Atime, &out.Atime, &out.Atimensec)
+	setTime(a.Mtime, &out.Mtime, &out.Mtimensec)
+	setTime(a.Ctime, &out.Ctime, &out.Ctimensec)
+}
+
+// statfs answers from the cluster's status, cached for a second (df and
+// some libraries ask often).
+func (f *FS) statfs(ctx context.Context, out *fuse.StatfsOut) error {
+	f.statMu.Lock()
+	defer f.statMu.Unlock()
+	if time.Since(f.statAt) > time.Second {
+		st, err := f.cl.Status(ctx)
+		if err != nil {
+			return err
+		}
+		f.statResp, f.statAt = st, time.Now()
+	}
+	var capacity, used int64
+	for _, n := range f.statResp.Nodes {
+		if n.State == metaapi.NodeUp {
+			capacity += n.Capacity
+			used += n.Used
+		}
+	}
+	const bs = 4096
+	out.Bsize, out.Frsize = bs, bs
+	out.Blocks = uint64(capacity / bs)
+	out.Bfree = uint64(max(0, capacity-used) / bs)
+	out.Bavail = out.Bfree
+	inodes := uint64(f.statResp.Files + f.statResp.Dirs)
+	out.Files = inodes + 1<<32
+	out.Ffree = 1 << 32
+	out.NameLen = metaapi.MaxNameLen
+	return nil
+}

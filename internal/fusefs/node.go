@@ -1,0 +1,323 @@
+package fusefs
+
+import (
+	"context"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// node is one inode the kernel knows of. It holds no attributes: the
+// kernel caches them for AttrTimeout and asks again.
+type node struct {
+	fs.Inode
+	fsys *FS
+}
+
+var (
+	_ fs.NodeLookuper   = (*node)(nil)
+	_ fs.NodeGetattrer  = (*node)(nil)
+	_ fs.NodeSetattrer  = (*node)(nil)
+	_ fs.NodeCreater    = (*node)(nil)
+	_ fs.NodeOpener     = (*node)(nil)
+	_ fs.NodeMkdirer    = (*node)(nil)
+	_ fs.NodeMknoder    = (*node)(nil)
+	_ fs.NodeSymlinker  = (*node)(nil)
+	_ fs.NodeReadlinker = (*node)(nil)
+	_ fs.NodeLinker     = (*node)(nil)
+	_ fs.NodeUnlinker   = (*node)(nil)
+	_ fs.NodeRmdirer    = (*node)(nil)
+	_ fs.NodeRenamer    = (*node)(nil)
+	_ fs.NodeReaddirer  = (*node)(nil)
+	_ fs.NodeStatfser   = (*node)(nil)
+	_ fs.NodeAllocater  = (*node)(nil)
+)
+
+func (n *node) ino() ids.Ino { return ids.Ino(n.StableAttr().Ino) }
+
+// child returns the kernel inode for a, reusing the one it already knows
+// for that inode number (hard links).
+func (n *node) child(ctx context.Context, a *metaapi.Attr, out *fuse.EntryOut) *fs.Inode {
+	fillAttr(a, &out.Attr)
+	n.fsys.adjustSize(a.Ino, &out.Attr)
+	return n.NewInode(ctx, &node{fsys: n.fsys}, fs.StableAttr{Mode: typeMode(a.Type), Ino: uint64(a.Ino)})
+}
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	a, err := n.fsys.cl.Lookup(ctx, n.ino(), name)
+	if err != nil {
+		return nil, n.fsys.errno("lookup", err)
+	}
+	return n.child(ctx, &a, out), 0
+}
+
+func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	a, err := n.fsys.cl.GetAttr(ctx, n.ino())
+	if err != nil {
+		return n.fsys.errno("getattr", err)
+	}
+	fillAttr(&a, &out.Attr)
+	n.fsys.adjustSize(a.Ino, &out.Attr)
+	return 0
+}
+
+func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	req := metaapi.SetAttrReq{Ino: n.ino()}
+	if m, ok := in.GetMode(); ok {
+		m &= 07777
+		req.Mode = &m
+	}
+	if u, ok := in.GetUID(); ok {
+		req.UID = &u
+	}
+	if g, ok := in.GetGID(); ok {
+		req.GID = &g
+	}
+	now := time.Now().UnixNano()
+	if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
+		req.Atime = &now
+	} else if t, ok := in.GetATime(); ok {
+		ns := t.UnixNano()
+		req.Atime = &ns
+	}
+	if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
+		req.Mtime = &now
+	} else if t, ok := in.GetMTime(); ok {
+		ns := t.UnixNano()
+		req.Mtime = &ns
+	}
+	sz, truncating := in.GetSize()
+	var of *openFile
+	if truncating {
+		s := int64(sz)
+		req.Size = &s
+		// What this mount has buffered goes first: a truncation after
+		// a write must cut it, not be undone by it.
+		if of = n.fsys.file(n.ino()); of != nil {
+			of.mu.Lock()
+			defer of.mu.Unlock()
+			if err := of.flushLocked(ctx); err != nil {
+				return n.fsys.errno("truncate", err)
+			}
+		}
+	}
+	a, err := n.fsys.cl.SetAttr(ctx, req)
+	if err != nil {
+		return n.fsys.errno("setattr", err)
+	}
+	if of != nil && of.f != nil {
+		of.f.SetAttr(a)
+	}
+	fillAttr(&a, &out.Attr)
+	return 0
+}
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	a, err := n.fsys.cl.CreateIn(ctx, n.ino(), name, metaapi.TypeFile, mode&07777, "", flags&syscall.O_EXCL != 0)
+	if err != nil {
+		return nil, nil, 0, n.fsys.errno("create", err)
+	}
+	if a.Type != metaapi.TypeFile {
+		return nil, nil, 0, syscall.EISDIR
+	}
+	h, errno := n.fsys.open(ctx, a.Ino, name, flags, &a)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	a = h.of.f.Attr()
+	return n.child(ctx, &a, out), h, 0, 0
+}
+
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	if n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, 0, syscall.EINVAL
+	}
+	// Close-to-open: every open reads the attributes afresh.
+	h, errno := n.fsys.open(ctx, n.ino(), "", flags, nil)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	// No FOPEN_KEEP_CACHE: the kernel drops this file's cached pages,
+	// so the open sees what other mounts closed before it.
+	return h, 0, 0
+}
+
+func (n *node) mknode(ctx context.Context, name string, typ metaapi.FileType, mode uint32, target string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	a, err := n.fsys.cl.CreateIn(ctx, n.ino(), name, typ, mode&07777, target, true)
+	if err != nil {
+		return nil, n.fsys.errno("create", err)
+	}
+	return n.child(ctx, &a, out), 0
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return n.mknode(ctx, name, metaapi.TypeDir, mode, "", out)
+}
+
+// Mknod makes regular files and FIFOs. Device nodes and sockets are not
+// stored by Sluice: EPERM, as for an unprivileged caller.
+func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFREG, 0:
+		return n.mknode(ctx, name, metaapi.TypeFile, mode, "", out)
+	case syscall.S_IFIFO:
+		return n.mknode(ctx, name, metaapi.TypeFIFO, mode, "", out)
+	}
+	return nil, syscall.EPERM
+}
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return n.mknode(ctx, name, metaapi.TypeSymlink, 0o777, target, out)
+}
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	a, err := n.fsys.cl.GetAttr(ctx, n.ino())
+	if err != nil {
+		return nil, n.fsys.errno("readlink", err)
+	}
+	if a.Type != metaapi.TypeSymlink {
+		return nil, syscall.EINVAL
+	}
+	return []byte(a.Target), 0
+}
+
+func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	a, err := n.fsys.cl.LinkIn(ctx, ids.Ino(target.EmbeddedInode().StableAttr().Ino), n.ino(), name)
+	if err != nil {
+		return nil, n.fsys.errno("link", err)
+	}
+	return n.child(ctx, &a, out), 0
+}
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	r := n.fsys.beginRemoval(&n.Inode, name)
+	err := n.fsys.cl.RemoveIn(ctx, n.ino(), name, false, r.keep)
+	r.end(err == nil)
+	return n.fsys.errno("unlink", err)
+}
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	return n.fsys.errno("rmdir", n.fsys.cl.RemoveIn(ctx, n.ino(), name, true, false))
+}
+
+// Rename supports RENAME_NOREPLACE; RENAME_EXCHANGE and RENAME_WHITEOUT
+// are refused with EINVAL, as by file systems without them.
+func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	const noReplace = 1 // RENAME_NOREPLACE
+	if flags&^noReplace != 0 {
+		return syscall.EINVAL
+	}
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	npn := newParent.EmbeddedInode()
+	r := n.fsys.beginRemoval(npn, newName) // the file it replaces, if any
+	err := n.fsys.cl.RenameIn(ctx, n.ino(), name, ids.Ino(npn.StableAttr().Ino), newName, flags&noReplace != 0, r.keep)
+	r.end(err == nil)
+	return n.fsys.errno("rename", err)
+}
+
+func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	// "." and ".." are the file system's to list; the parent is the one
+	// the kernel reached this directory by (the root is its own).
+	parent := n.ino()
+	if _, p := n.Parent(); p != nil {
+		parent = ids.Ino(p.StableAttr().Ino)
+	}
+	out := []fuse.DirEntry{
+		{Name: ".", Ino: uint64(n.ino()), Mode: syscall.S_IFDIR},
+		{Name: "..", Ino: uint64(parent), Mode: syscall.S_IFDIR},
+	}
+	after := ""
+	for {
+		ents, more, err := n.fsys.cl.ReadDirPage(ctx, n.ino(), after)
+		if err != nil {
+			return nil, n.fsys.errno("readdir", err)
+		}
+		for _, e := range ents {
+			out = append(out, fuse.DirEntry{Name: e.Name, Ino: uint64(e.Ino), Mode: typeMode(e.Type)})
+		}
+		if !more || len(ents) == 0 {
+			return fs.NewListDirStream(out), 0
+		}
+		after = ents[len(ents)-1].Name
+	}
+}
+
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	return n.fsys.errno("statfs", n.fsys.statfs(ctx, out))
+}
+
+// Allocate supports plain fallocate (the file grows to cover the range;
+// Sluice stores no blocks ahead of data, so nothing is reserved) and
+// FALLOC_FL_KEEP_SIZE (nothing to do). Punching and collapsing holes are
+// refused with EOPNOTSUPP.
+func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	const keepSize = 1 // FALLOC_FL_KEEP_SIZE
+	switch mode {
+	case keepSize:
+		return 0
+	case 0:
+	default:
+		return syscall.EOPNOTSUPP
+	}
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	end := int64(off + size)
+	if end < 0 || end > metaapi.MaxFileSize {
+		return syscall.EFBIG
+	}
+	// Buffered writes go first, and the file stays locked until its
+	// new size is known here.
+	of := n.fsys.file(n.ino())
+	if of != nil {
+		of.mu.Lock()
+		defer of.mu.Unlock()
+		if err := of.flushLocked(ctx); err != nil {
+			return n.fsys.errno("fallocate", err)
+		}
+	}
+	a, err := n.fsys.cl.GetAttr(ctx, n.ino())
+	if err != nil {
+		return n.fsys.errno("fallocate", err)
+	}
+	if end <= a.Size {
+		return 0
+	}
+	na, err := n.fsys.cl.SetAttr(ctx, metaapi.SetAttrReq{Ino: n.ino(), Size: &end})
+	if err != nil {
+		return n.fsys.errno("fallocate", err)
+	}
+	if of != nil && of.f != nil {
+		of.f.SetAttr(na)
+	}
+	return 0
+}
