@@ -32,6 +32,10 @@ Experiments:
   ec-bandwidth   parity bytes generated per second vs write size, same runs (Fig. 15 right)
   ec-recovery    time to rebuild 3 lost units of RS(6,3) vs unit size: distributed vs gather (TriEC Fig. 10)
 
+Run by name only (not by "all"):
+  fuse           fio and a metadata test through a FUSE mount vs the SDK vs a local tmpfs directory,
+                 replicas 1 and 3 (needs /dev/fuse and fio); writes OUT/fuse.csv
+
 Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			exe, err := os.Executable()

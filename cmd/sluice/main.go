@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -21,8 +22,9 @@ import (
 
 // app holds the global flags shared by subcommands.
 type app struct {
-	confPath string
-	logLevel string
+	confPath   string
+	logLevel   string
+	cpuProfile string
 	stdout   *os.File
 	stderr   *os.File
 }
@@ -32,7 +34,11 @@ func main() {
 	root := a.rootCmd()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := root.ExecuteContext(ctx); err != nil {
+	err := root.ExecuteContext(ctx)
+	if a.cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "sluice:", explain(err))
 		os.Exit(1)
 	}
@@ -47,6 +53,17 @@ func (a *app) rootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&a.confPath, "conf", "", "client config file (default $"+config.EnvConf+", else ./"+config.DefaultPath+")")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	root.PersistentFlags().StringVar(&a.cpuProfile, "cpuprofile", "", "write a CPU profile of this command to FILE (for performance work)")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if a.cpuProfile == "" {
+			return nil
+		}
+		f, err := os.Create(a.cpuProfile)
+		if err != nil {
+			return err
+		}
+		return pprof.StartCPUProfile(f)
+	}
 	root.AddCommand(a.upCmd(), a.metaCmd(), a.nodeCmd(), a.benchCmd())
 	root.AddCommand(a.putCmd(), a.getCmd(), a.catCmd(), a.lsCmd(), a.statCmd(), a.mkdirCmd(), a.rmCmd(), a.mvCmd(), a.policyCmd(), a.repairCmd(), a.statusCmd())
 	root.AddCommand(a.mountCmd(), a.umountCmd())

@@ -115,8 +115,11 @@ type Point struct {
 	Group       string  // which panel of the plot
 }
 
-// Experiments lists the experiment names in run order.
+// Experiments lists the experiment names in run order: those "all" runs.
 var Experiments = []string{"write-latency", "replication", "goodput", "table-fill", "ec-latency", "ec-bandwidth", "ec-recovery"}
+
+// Extra lists experiments run only by name: fuse needs FUSE and fio.
+var Extra = []string{"fuse"}
 
 // Run runs the named experiments ("all" for every one).
 func Run(ctx context.Context, cfg Config, names []string) error {
@@ -151,9 +154,10 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 			"ec-latency":    ecLatency,
 			"ec-bandwidth":  ecBandwidth,
 			"ec-recovery":   ecRecovery,
+			"fuse":          fuseBench,
 		}[name]
 		if !ok {
-			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(Experiments, ", "))
+			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(append(Experiments, Extra...), ", "))
 		}
 		r := &runner{cfg: cfg, name: name, shared: shared}
 		start := time.Now()
@@ -161,8 +165,10 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 		if err := run(ctx, r); err != nil {
 			return fmt.Errorf("bench %s: %w", name, err)
 		}
-		if err := r.write(); err != nil {
-			return err
+		if !r.wrote {
+			if err := r.write(); err != nil {
+				return err
+			}
 		}
 		fmt.Fprintf(cfg.Log, "   %s: %d points in %s -> %s\n", name, len(r.points), time.Since(start).Round(time.Second),
 			filepath.Join(cfg.Out, name+".{csv,svg,png}"))
@@ -176,6 +182,7 @@ type runner struct {
 	name   string
 	points []Point
 	shared *sharedResults
+	wrote  bool // the experiment wrote its own results (fuse)
 }
 
 // sharedResults are measurements several experiments of one run report.

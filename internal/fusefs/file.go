@@ -30,6 +30,11 @@ type openFile struct {
 	f      *client.File
 	buf    []byte // sequential writes not yet sent, at bufOff
 	bufOff int64
+	// One full buffer may be on its way while the next fills: the
+	// program's copying overlaps the network.
+	pending *pendingFlush
+	spare   []byte // a sent buffer, for reuse
+	err     error  // a background send failed: reported by the next call
 }
 
 // handle is one open(2) of a regular file.
@@ -60,7 +65,14 @@ func (f *FS) adjustSize(ino ids.Ino, out *fuse.Attr) {
 		return
 	}
 	of.mu.Lock()
-	if end := of.bufOff + int64(len(of.buf)); len(of.buf) > 0 && uint64(end) > out.Size {
+	end := int64(-1)
+	if len(of.buf) > 0 {
+		end = of.bufOff + int64(len(of.buf))
+	}
+	if of.pending != nil {
+		end = max(end, of.pending.end)
+	}
+	if end >= 0 && uint64(end) > out.Size {
 		out.Size = uint64(end)
 		out.Blocks = (out.Size + 511) / 512
 	}
@@ -113,7 +125,8 @@ func (f *FS) openLocked(ctx context.Context, of *openFile, name string, flags ui
 	} else if cur := of.f.Attr(); len(of.buf) == 0 || a.Size > cur.Size {
 		of.f.SetAttr(a)
 	}
-	if flags&syscall.O_TRUNC != 0 && (of.f.Size() > 0 || len(of.buf) > 0) {
+	if flags&syscall.O_TRUNC != 0 && (of.f.Size() > 0 || len(of.buf) > 0 || of.pending != nil) {
+		of.waitLocked() // a send in flight must not land after the truncation
 		of.buf = of.buf[:0]
 		zero := int64(0)
 		na, err := f.cl.SetAttr(ctx, metaapi.SetAttrReq{Ino: of.ino, Size: &zero})
@@ -125,15 +138,61 @@ func (f *FS) openLocked(ctx context.Context, of *openFile, name string, flags ui
 	return 0
 }
 
+// pendingFlush is a buffer being sent in the background.
+type pendingFlush struct {
+	done chan struct{}
+	buf  []byte
+	end  int64
+	err  error // set before done is closed
+}
+
 // flushLocked sends the buffered writes: durable on every replica and
-// recorded with meta when it returns. Caller holds of.mu.
+// recorded with meta when it returns. It reports a background send's
+// failure not yet reported. Caller holds of.mu.
 func (of *openFile) flushLocked(ctx context.Context) error {
-	if len(of.buf) == 0 {
-		return nil
+	of.waitLocked()
+	var err error
+	if len(of.buf) > 0 {
+		_, err = of.f.WriteAtContext(ctx, of.buf, of.bufOff)
+		of.buf = of.buf[:0]
 	}
-	_, err := of.f.WriteAtContext(ctx, of.buf, of.bufOff)
-	of.buf = of.buf[:0]
+	if of.err != nil {
+		err, of.err = of.err, nil
+	}
 	return err
+}
+
+// waitLocked waits for the background send, keeping its error for the
+// next report. Caller holds of.mu.
+func (of *openFile) waitLocked() {
+	p := of.pending
+	if p == nil {
+		return
+	}
+	<-p.done
+	of.pending = nil
+	of.spare = p.buf[:0]
+	if p.err != nil && of.err == nil {
+		of.err = p.err
+	}
+}
+
+// sendLocked starts sending the full buffer in the background (after the
+// previous one: writes to one chunk go in order) and starts a new one.
+// Caller holds of.mu.
+func (of *openFile) sendLocked() {
+	of.waitLocked()
+	p := &pendingFlush{done: make(chan struct{}), buf: of.buf, end: of.bufOff + int64(len(of.buf))}
+	off := of.bufOff
+	of.pending = p
+	of.buf = of.spare
+	of.spare = nil
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), of.fsys.opts.OpTimeout)
+		defer cancel()
+		_, p.err = of.f.WriteAtContext(ctx, p.buf, off)
+		close(p.done)
+	}()
 }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
@@ -146,8 +205,20 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if off < 0 || off+int64(len(data)) > metaapi.MaxFileSize {
 		return 0, syscall.EFBIG
 	}
+	if of.err != nil {
+		err := of.err
+		of.err = nil
+		return 0, fsys.errno("write", err)
+	}
 	max := fsys.opts.WriteBuffer
-	if len(of.buf) > 0 && off == of.bufOff+int64(len(of.buf)) && len(of.buf)+len(data) <= max {
+	if len(of.buf) > 0 && off == of.bufOff+int64(len(of.buf)) {
+		if len(of.buf)+len(data) > max {
+			// Full: send it on its way and continue in a new buffer.
+			of.sendLocked()
+			of.buf = append(of.buf[:0], data...)
+			of.bufOff = off
+			return uint32(len(data)), 0
+		}
 		of.buf = append(of.buf, data...)
 		return uint32(len(data)), 0
 	}

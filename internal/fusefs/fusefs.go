@@ -24,6 +24,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
@@ -80,6 +81,8 @@ type FS struct {
 	files map[ids.Ino]*openFile // regular files open through this mount
 	stop  chan struct{}         // closed when the mount ends
 
+	groups groupCache
+
 	statMu   sync.Mutex
 	statAt   time.Time
 	statResp metaapi.StatusResp
@@ -117,6 +120,7 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*f
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
+	f.widenReadahead(dir)
 	go f.renewOrphans()
 	go func() { server.Wait(); close(f.stop) }()
 	return server, nil
@@ -128,12 +132,57 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*f
 // and the operation timeout.
 func (f *FS) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	if c, ok := fuse.FromContext(ctx); ok {
-		ctx = client.WithWho(ctx, metaapi.Who{UID: c.Uid, GID: c.Gid, GIDs: groupsOf(c.Pid)})
+		ctx = client.WithWho(ctx, metaapi.Who{UID: c.Uid, GID: c.Gid, GIDs: f.groups.of(c.Pid)})
 	}
 	// The kernel interrupts a request when its process gets a signal —
 	// for Go programs, constantly (preemption). An operation half done
 	// is worse than one finished late: finish it, within OpTimeout.
 	return context.WithTimeout(context.WithoutCancel(ctx), f.opts.OpTimeout)
+}
+
+// groupCache remembers processes' supplementary groups for a second:
+// reading /proc on every request would cost more than the request.
+type groupCache struct {
+	mu sync.Mutex
+	m  map[uint32]groupsEntry
+}
+
+type groupsEntry struct {
+	gids []uint32
+	at   time.Time
+}
+
+func (g *groupCache) of(pid uint32) []uint32 {
+	now := time.Now()
+	g.mu.Lock()
+	e, ok := g.m[pid]
+	g.mu.Unlock()
+	if ok && now.Sub(e.at) < time.Second {
+		return e.gids
+	}
+	gids := groupsOf(pid)
+	g.mu.Lock()
+	if g.m == nil || len(g.m) >= 4096 {
+		g.m = map[uint32]groupsEntry{} // bounded: start over
+	}
+	g.m[pid] = groupsEntry{gids, now}
+	g.mu.Unlock()
+	return gids
+}
+
+// widenReadahead raises the kernel's read-ahead for the mount (its bdi's
+// read_ahead_kb; FUSE's default is 128 KiB) so that a sequential reader
+// keeps several large reads in flight. It needs root; without it the
+// default stays, which is slower but correct.
+func (f *FS) widenReadahead(dir string) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	if err := os.WriteFile(p, []byte("16384"), 0o644); err != nil {
+		f.opts.Logger.Debug("fuse: kernel read-ahead left at its default", "err", err)
+	}
 }
 
 // groupsOf reads a process's supplementary groups (FUSE passes only its
