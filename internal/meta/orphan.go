@@ -57,7 +57,9 @@ func (s *Service) SweepOrphans() {
 	if err != nil || len(due) == 0 {
 		return
 	}
+	freed := 0
 	err = s.update(func(tx *txn) error {
+		freed = 0
 		for _, ino := range due {
 			raw, found, err := getRaw(tx.b, orphanKey(ino))
 			if err != nil {
@@ -69,6 +71,7 @@ func (s *Service) SweepOrphans() {
 			in, err := tx.inode(ino)
 			if err == nil && in.Nlink == 0 {
 				err = tx.free(in)
+				freed++
 			} else if metaapi.IsCode(err, metaapi.ENOENT) || err == nil {
 				err = tx.b.Delete(orphanKey(ino), nil)
 			}
@@ -80,7 +83,7 @@ func (s *Service) SweepOrphans() {
 	})
 	if err != nil && err != errClosed {
 		s.log.Error("freeing orphans whose lease lapsed", "err", err)
-	} else if err == nil {
-		s.log.Info("freed orphans whose lease lapsed", "count", len(due))
+	} else if err == nil && freed > 0 {
+		s.log.Info("freed orphans whose lease lapsed", "count", freed)
 	}
 }
