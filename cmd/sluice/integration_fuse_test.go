@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -86,5 +87,39 @@ func TestFUSEPosixSuite(t *testing.T) {
 			}
 			posixtest.All[name](t, dir)
 		})
+	}
+}
+
+// TestFUSEUpMount: `sluice up --mount` starts a cluster and mounts it in
+// one step; a file written through the mount is what the CLI reads, and
+// `sluice umount` ends the mount and the cluster with it.
+func TestFUSEUpMount(t *testing.T) {
+	requireFUSE(t)
+	base := baseDir(t)
+	mnt := filepath.Join(base, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := startUp(t, filepath.Join(base, "data"), 3, "--mount", mnt)
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	c.proc.waitLine(t, reMounted, 20*time.Second)
+	want := randomBytes(t, 3<<20+17)
+	if err := os.WriteFile(filepath.Join(mnt, "f"), want, 0o644); err != nil {
+		t.Fatalf("writing through the mount: %v", err)
+	}
+	if got := mustRun(t, c.conf, nil, "cat", "/f").stdout; !bytes.Equal(got, want) {
+		t.Fatalf("the CLI reads %d bytes, the mount wrote %d (or different bytes)", len(got), len(want))
+	}
+	mustRun(t, c.conf, nil, "umount", mnt)
+	select {
+	case <-c.proc.done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("sluice up --mount still running 15s after its mount was unmounted")
+	}
+	if code := c.proc.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("sluice up exited %d after the unmount", code)
+	}
+	if b, _ := os.ReadFile("/proc/self/mounts"); strings.Contains(string(b), mnt) {
+		t.Fatalf("%s is still mounted", mnt)
 	}
 }
