@@ -109,6 +109,11 @@ func (c *Client) OpenAttr(a metaapi.Attr, name string) (*File, error) {
 	return &File{c: c, path: name, attr: a}, nil
 }
 
+// ForgetLayouts drops what the client has cached of ino's chunk layouts:
+// a front end opening a file afresh (close-to-open) must not read through
+// chunks another client has since replaced (a truncation, an overwrite).
+func (c *Client) ForgetLayouts(ino ids.Ino) { c.layouts.drop(ino) }
+
 // SetAttr updates what the handle knows of the file (a front end that
 // learnt of a truncation or another writer, say).
 func (f *File) SetAttr(a metaapi.Attr) {

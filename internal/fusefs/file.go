@@ -115,6 +115,9 @@ func (f *FS) openLocked(ctx context.Context, of *openFile, name string, flags ui
 		if a, err = f.cl.GetAttr(ctx, of.ino); err != nil {
 			return f.errno("open", err)
 		}
+		// Close-to-open: chunks another mount replaced since the last
+		// open must not be read through cached layouts.
+		f.cl.ForgetLayouts(of.ino)
 	}
 	if of.f == nil {
 		cf, err := f.cl.OpenAttr(a, name)

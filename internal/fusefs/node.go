@@ -36,7 +36,18 @@ var (
 	_ fs.NodeReaddirer  = (*node)(nil)
 	_ fs.NodeStatfser   = (*node)(nil)
 	_ fs.NodeAllocater  = (*node)(nil)
+	_ fs.NodeFsyncer    = (*node)(nil)
 )
+
+// Fsync of a file syncs its handle; of a directory it succeeds at once:
+// namespace changes are durable at meta when they return. (go-fuse asks
+// the node before the handle, so the node must pass it on.)
+func (n *node) Fsync(ctx context.Context, fh fs.FileHandle, flags uint32) syscall.Errno {
+	if h, ok := fh.(*handle); ok {
+		return h.Fsync(ctx, flags)
+	}
+	return 0
+}
 
 func (n *node) ino() ids.Ino { return ids.Ino(n.StableAttr().Ino) }
 
@@ -97,19 +108,19 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		ns := t.UnixNano()
 		req.Mtime = &ns
 	}
-	sz, truncating := in.GetSize()
-	var of *openFile
-	if truncating {
+	if sz, ok := in.GetSize(); ok {
 		s := int64(sz)
 		req.Size = &s
-		// What this mount has buffered goes first: a truncation after
-		// a write must cut it, not be undone by it.
-		if of = n.fsys.file(n.ino()); of != nil {
-			of.mu.Lock()
-			defer of.mu.Unlock()
-			if err := of.flushLocked(ctx); err != nil {
-				return n.fsys.errno("truncate", err)
-			}
+	}
+	// What this mount has buffered goes first: a truncation after a
+	// write must cut it, and times set after a write (tar, cp -p) must
+	// not be overwritten by that write's commit.
+	of := n.fsys.file(n.ino())
+	if of != nil {
+		of.mu.Lock()
+		defer of.mu.Unlock()
+		if err := of.flushLocked(ctx); err != nil {
+			return n.fsys.errno("setattr", err)
 		}
 	}
 	a, err := n.fsys.cl.SetAttr(ctx, req)
@@ -153,7 +164,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return nil, 0, errno
 	}
 	// No FOPEN_KEEP_CACHE: the kernel drops this file's cached pages,
-	// so the open sees what other mounts closed before it.
+	// so the open sees what other mounts closed before it; and its cached
+	// attributes go too (offset -1: attributes only), or it would read
+	// up to the size it knew rather than the file's.
+	n.NotifyContent(-1, 0)
 	return h, 0, 0
 }
 
