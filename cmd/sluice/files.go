@@ -90,6 +90,18 @@ func (a *app) getCmd() *cobra.Command {
 				}
 				if fi, err := os.Stat(local); err == nil && fi.IsDir() {
 					local = filepath.Join(local, path.Base(remote))
+				} else if err == nil && !fi.Mode().IsRegular() {
+					// A device or FIFO (/dev/null, a pipe) is written
+					// to, never replaced by a renamed file.
+					f, err := os.OpenFile(local, os.O_WRONLY, 0)
+					if err != nil {
+						return err
+					}
+					if _, err := c.Get(cmd.Context(), remote, f); err != nil {
+						f.Close()
+						return err
+					}
+					return f.Close()
 				}
 				// Write beside the target and rename, so a failed get
 				// never leaves a truncated file under the real name.

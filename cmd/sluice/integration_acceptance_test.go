@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -202,4 +203,32 @@ func other(skip ids.NodeID, nodes map[ids.NodeID]*nodeProc, i int) ids.NodeID {
 		}
 	}
 	return 0
+}
+
+// TestGetToFIFO: `sluice get` into an existing FIFO (or device, such as
+// /dev/null) writes to it; it must not replace it with a regular file, as
+// its write-beside-and-rename does for regular targets.
+func TestGetToFIFO(t *testing.T) {
+	base := baseDir(t)
+	c := startUp(t, filepath.Join(base, "data"), 1)
+	want := randomBytes(t, 1<<20+3)
+	src := filepath.Join(base, "src")
+	os.WriteFile(src, want, 0o644)
+	mustRun(t, c.conf, nil, "put", src, "/f")
+	fifo := filepath.Join(base, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := os.ReadFile(fifo)
+		got <- b
+	}()
+	mustRun(t, c.conf, nil, "get", "/f", fifo)
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("read %d bytes from the FIFO, want %d", len(b), len(want))
+	}
+	if fi, err := os.Lstat(fifo); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		t.Fatalf("after get, %s is %v (%v), want still a FIFO", fifo, fi.Mode(), err)
+	}
 }

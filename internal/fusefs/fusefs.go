@@ -108,6 +108,9 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*f
 		MaxReadAhead:  1 << 20,
 		MaxBackground: 64,
 		DirectMount:   true, // as root, mount(2) itself; otherwise fusermount
+		// Our replies are in memory: splicing them through a pipe only
+		// fails (1 MiB replies exceed the pipe) and logs each time.
+		DisableSplice: true,
 		Debug:         opts.Debug,
 	}
 	server, err := fs.Mount(dir, &node{fsys: f}, &fs.Options{
