@@ -25,8 +25,8 @@ type app struct {
 	confPath   string
 	logLevel   string
 	cpuProfile string
-	stdout   *os.File
-	stderr   *os.File
+	stdout     *os.File
+	stderr     *os.File
 }
 
 func main() {
