@@ -35,14 +35,7 @@ func (c *Client) Open(ctx context.Context, p string) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch a.Type {
-	case metaapi.TypeFile:
-	case metaapi.TypeDir:
-		return nil, pathErr("open", p, metaapi.Errorf(metaapi.EISDIR, "is a directory"))
-	default:
-		return nil, pathErr("open", p, metaapi.Errorf(metaapi.EINVAL, "not a regular file (%s)", a.Type))
-	}
-	return &File{c: c, path: p, attr: a}, nil
+	return c.OpenAttr(a, p)
 }
 
 // Create creates p (or truncates it if it exists) and opens it.

@@ -100,13 +100,13 @@ func (c *Client) SetAttr(ctx context.Context, req metaapi.SetAttrReq) (metaapi.A
 // OpenAttr opens the regular file a has the attributes of (from Lookup or
 // GetAttr); name is for error messages.
 func (c *Client) OpenAttr(a metaapi.Attr, name string) (*File, error) {
-	if a.Type != metaapi.TypeFile {
-		if a.Type == metaapi.TypeDir {
-			return nil, pathErr("open", name, metaapi.Errorf(metaapi.EISDIR, "is a directory"))
-		}
-		return nil, pathErr("open", name, metaapi.Errorf(metaapi.EINVAL, "not a regular file (%s)", a.Type))
+	switch a.Type {
+	case metaapi.TypeFile:
+		return &File{c: c, path: name, attr: a}, nil
+	case metaapi.TypeDir:
+		return nil, pathErr("open", name, metaapi.Errorf(metaapi.EISDIR, "is a directory"))
 	}
-	return &File{c: c, path: name, attr: a}, nil
+	return nil, pathErr("open", name, metaapi.Errorf(metaapi.EINVAL, "not a regular file (%s)", a.Type))
 }
 
 // ForgetLayouts drops what the client has cached of ino's chunk layouts:

@@ -157,7 +157,7 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 			"fuse":          fuseBench,
 		}[name]
 		if !ok {
-			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(append(Experiments, Extra...), ", "))
+			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(slices.Concat(Experiments, Extra), ", "))
 		}
 		r := &runner{cfg: cfg, name: name, shared: shared}
 		start := time.Now()
@@ -165,13 +165,15 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 		if err := run(ctx, r); err != nil {
 			return fmt.Errorf("bench %s: %w", name, err)
 		}
-		if !r.wrote {
-			if err := r.write(); err != nil {
-				return err
-			}
+		took := time.Since(start).Round(time.Second)
+		if r.wrote { // an experiment with results of its own shape (fuse)
+			fmt.Fprintf(cfg.Log, "   %s: done in %s -> %s\n", name, took, filepath.Join(cfg.Out, name+".csv"))
+			continue
 		}
-		fmt.Fprintf(cfg.Log, "   %s: %d points in %s -> %s\n", name, len(r.points), time.Since(start).Round(time.Second),
-			filepath.Join(cfg.Out, name+".{csv,svg,png}"))
+		if err := r.write(); err != nil {
+			return err
+		}
+		fmt.Fprintf(cfg.Log, "   %s: %d points in %s -> %s\n", name, len(r.points), took, filepath.Join(cfg.Out, name+".{csv,svg,png}"))
 	}
 	return nil
 }

@@ -42,11 +42,7 @@ var (
 // startCluster starts meta and n nodes with nodeArgs and waits until they
 // are all up. Data lives in a fresh directory on tmpfs when there is one.
 func startCluster(ctx context.Context, exe string, n int, nodeArgs []string) (*procCluster, error) {
-	base := ""
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		base = "/dev/shm"
-	}
-	dir, err := os.MkdirTemp(base, "sluice-bench-")
+	dir, err := os.MkdirTemp(tmpfsBase(), "sluice-bench-")
 	if err != nil {
 		return nil, err
 	}
@@ -92,6 +88,16 @@ func startCluster(ctx context.Context, exe string, n int, nodeArgs []string) (*p
 			return nil, fmt.Errorf("bench: %d of %d nodes up after 30s (logs in %s)", up, n, dir)
 		}
 	}
+}
+
+// tmpfsBase is where bench data goes: tmpfs when there is one (storage
+// as fast as the network, as the seeds assume), else the default temp
+// directory.
+func tmpfsBase() string {
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		return "/dev/shm"
+	}
+	return ""
 }
 
 // start runs one process and waits for the line announcing its address.

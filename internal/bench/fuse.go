@@ -74,13 +74,6 @@ func fuseBench(ctx context.Context, r *runner) error {
 	return r.writeFuse(rows)
 }
 
-func tmpfsBase() string {
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		return "/dev/shm"
-	}
-	return ""
-}
-
 // fuseCluster measures one policy: a 3-node cluster, mounted.
 func (r *runner) fuseCluster(ctx context.Context, k int, sz fuseSizes, add func(string, int, string, []float64, string)) error {
 	c, err := startCluster(ctx, r.cfg.Exe, 3, nil)

@@ -81,10 +81,12 @@ type Conn struct {
 	// packets: the endpoint's watchdog closes connections stalled mid-packet.
 	busySince atomic.Int64
 
-	// Reader-goroutine state for the message being received.
-	inMsg bool
-	inID  uint64
-	inOff int64
+	// Reader-goroutine state for the message being received, and its
+	// timer for emulated ingress (made on first need).
+	inTimer *wireTimer
+	inMsg   bool
+	inID    uint64
+	inOff   int64
 
 	// Local is for the Handler's per-connection state. Only the reader
 	// goroutine (HandlePacket, Closed) may touch it.
@@ -237,13 +239,10 @@ func (c *Conn) readLoop() {
 		close(c.readerDone)
 		c.ep.readers.Done()
 	}()
-	var (
-		hb      [HeaderSize]byte
-		inTimer *wireTimer // for emulated ingress, made on first need
-	)
+	var hb [HeaderSize]byte
 	defer func() {
-		if inTimer != nil {
-			inTimer.close()
+		if c.inTimer != nil {
+			c.inTimer.close()
 		}
 	}()
 	for {
@@ -264,7 +263,7 @@ func (c *Conn) readLoop() {
 		if l := c.ep.opts.Link; l != nil {
 			// The header's arrival stands for the packet's: an emulated
 			// sender writes a packet whole when its transmission ends.
-			if err = c.ingress(l, h, &inTimer); err != nil {
+			if err = c.ingress(l, h); err != nil {
 				return
 			}
 		}
@@ -290,21 +289,21 @@ func (c *Conn) readLoop() {
 // ingress holds a packet until the emulated link's ingress would have
 // delivered it, so that receivers with many senders are bandwidth-bound
 // as on a real NIC. The reader sleeps, and TCP holds the sender back.
-func (c *Conn) ingress(l *Link, h header, t **wireTimer) error {
+func (c *Conn) ingress(l *Link, h header) error {
 	due := l.receive(HeaderSize+int(h.length), time.Now())
 	if time.Until(due) <= wakeLatency {
 		return nil
 	}
-	if *t == nil {
-		nt, err := newWireTimer()
+	if c.inTimer == nil {
+		t, err := newWireTimer()
 		if err != nil {
 			return fmt.Errorf("fabric: link emulation: %w", err)
 		}
-		*t = nt
+		c.inTimer = t
 	}
 	// Our own (emulated) slowness, not a stalled peer.
 	c.busySince.Store(0)
-	(*t).sleepUntil(due)
+	c.inTimer.sleepUntil(due)
 	c.busySince.Store(c.ep.clock.Load())
 	return nil
 }

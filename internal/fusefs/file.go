@@ -79,17 +79,48 @@ func (f *FS) adjustSize(ino ids.Ino, out *fuse.Attr) {
 	of.mu.Unlock()
 }
 
-// open opens regular file ino with the attributes known (from a create)
-// or, if nil, read afresh from meta — after the file is registered as
-// open, so that a rename or unlink racing with the open either fails it
-// or keeps the file (see openChild). It applies O_TRUNC.
-func (f *FS) open(ctx context.Context, ino ids.Ino, name string, flags uint32, known *metaapi.Attr) (*handle, syscall.Errno) {
-	f.mu.Lock()
+// fileLocked returns the open state of ino, registering it if new.
+// Caller holds f.mu.
+func (f *FS) fileLocked(ino ids.Ino) *openFile {
 	of := f.files[ino]
 	if of == nil {
 		of = &openFile{fsys: f, ino: ino}
 		f.files[ino] = of
 	}
+	return of
+}
+
+// lockFlushed locks ino's open state, if this mount has the file open,
+// after sending what is buffered for it: a truncation after a write must
+// cut it, and times set after a write (tar, cp -p) must not be
+// overwritten by that write's commit. unlock is never nil.
+func (f *FS) lockFlushed(ctx context.Context, ino ids.Ino) (of *openFile, unlock func(), err error) {
+	if of = f.file(ino); of == nil {
+		return nil, func() {}, nil
+	}
+	of.mu.Lock()
+	if err := of.flushLocked(ctx); err != nil {
+		of.mu.Unlock()
+		return nil, func() {}, err
+	}
+	return of, of.mu.Unlock, nil
+}
+
+// learn records attributes meta returned for a file this mount has open
+// (of may be nil). Caller holds of.mu.
+func (of *openFile) learn(a metaapi.Attr) {
+	if of != nil && of.f != nil {
+		of.f.SetAttr(a)
+	}
+}
+
+// open opens regular file ino with the attributes known (from a create)
+// or, if nil, read afresh from meta — after the file is registered as
+// open, so that a rename or unlink racing with the open either fails it
+// or keeps the file (see beginRemoval). It applies O_TRUNC.
+func (f *FS) open(ctx context.Context, ino ids.Ino, name string, flags uint32, known *metaapi.Attr) (*handle, syscall.Errno) {
+	f.mu.Lock()
+	of := f.fileLocked(ino)
 	of.opens++
 	f.mu.Unlock()
 	h := &handle{of: of}
@@ -214,26 +245,24 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 		return 0, fsys.errno("write", err)
 	}
 	max := fsys.opts.WriteBuffer
-	if len(of.buf) > 0 && off == of.bufOff+int64(len(of.buf)) {
-		if len(of.buf)+len(data) > max {
-			// Full: send it on its way and continue in a new buffer.
-			of.sendLocked()
-			of.buf = append(of.buf[:0], data...)
-			of.bufOff = off
-			return uint32(len(data)), 0
-		}
+	continues := len(of.buf) > 0 && off == of.bufOff+int64(len(of.buf))
+	switch {
+	case continues && len(of.buf)+len(data) <= max:
 		of.buf = append(of.buf, data...)
 		return uint32(len(data)), 0
-	}
-	// Not a continuation, or the buffer is full: send what is buffered.
-	if err := of.flushLocked(ctx); err != nil {
-		return 0, fsys.errno("write", err)
-	}
-	if len(data) >= max {
-		if _, err := of.f.WriteAtContext(ctx, data, off); err != nil {
+	case continues:
+		of.sendLocked() // full: on its way while the next buffer fills
+	default:
+		// Elsewhere in the file: what is buffered goes first.
+		if err := of.flushLocked(ctx); err != nil {
 			return 0, fsys.errno("write", err)
 		}
-		return uint32(len(data)), 0
+		if len(data) >= max {
+			if _, err := of.f.WriteAtContext(ctx, data, off); err != nil {
+				return 0, fsys.errno("write", err)
+			}
+			return uint32(len(data)), 0
+		}
 	}
 	of.buf = append(of.buf[:0], data...)
 	of.bufOff = off
@@ -341,13 +370,8 @@ func (f *FS) beginRemoval(dir *fs.Inode, name string) *removal {
 	if ch == nil || ch.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return r
 	}
-	ino := ids.Ino(ch.StableAttr().Ino)
 	f.mu.Lock()
-	of := f.files[ino]
-	if of == nil {
-		of = &openFile{fsys: f, ino: ino}
-		f.files[ino] = of
-	}
+	of := f.fileLocked(ids.Ino(ch.StableAttr().Ino))
 	of.pins++
 	f.mu.Unlock()
 	of.mu.Lock()

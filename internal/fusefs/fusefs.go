@@ -237,12 +237,6 @@ var codeErrno = map[metaapi.Code]syscall.Errno{
 	metaapi.EIO:          syscall.EIO,
 }
 
-var passErrno = map[syscall.Errno]bool{
-	syscall.ENOENT: true, syscall.EEXIST: true, syscall.ENOTDIR: true, syscall.EISDIR: true,
-	syscall.EINVAL: true, syscall.EACCES: true, syscall.EPERM: true, syscall.ENOSPC: true,
-	syscall.EFBIG: true, syscall.ENAMETOOLONG: true, syscall.EROFS: true, syscall.EDQUOT: true,
-}
-
 // errno maps an SDK error to what the kernel returns to the program,
 // logging what is not a plain answer (an I/O failure, a timeout) with its
 // full text, which errno cannot carry.
@@ -259,19 +253,12 @@ func (f *FS) errno(op string, err error) syscall.Errno {
 			return e
 		}
 	}
-	// Errno values met on the way (a node's connection reset, say) are
-	// the transport's, not answers about the file: only file-system ones
-	// pass.
-	var en syscall.Errno
-	if errors.As(err, &en) && passErrno[en] {
-		return en
-	}
+	// Anything else — an errno met on the way (a node's connection
+	// reset), a node's refusal — is the transport's, not an answer about
+	// the file. (Operations are never cancelled, see call.)
 	if errors.Is(err, context.DeadlineExceeded) {
 		f.opts.Logger.Warn("fuse: operation timed out", "op", op, "err", err)
 		return syscall.ETIMEDOUT
-	}
-	if errors.Is(err, context.Canceled) {
-		return syscall.EINTR
 	}
 	f.opts.Logger.Warn("fuse: operation failed", "op", op, "err", err)
 	return syscall.EIO

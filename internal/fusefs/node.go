@@ -112,24 +112,16 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		s := int64(sz)
 		req.Size = &s
 	}
-	// What this mount has buffered goes first: a truncation after a
-	// write must cut it, and times set after a write (tar, cp -p) must
-	// not be overwritten by that write's commit.
-	of := n.fsys.file(n.ino())
-	if of != nil {
-		of.mu.Lock()
-		defer of.mu.Unlock()
-		if err := of.flushLocked(ctx); err != nil {
-			return n.fsys.errno("setattr", err)
-		}
+	of, unlock, err := n.fsys.lockFlushed(ctx, n.ino())
+	defer unlock()
+	if err != nil {
+		return n.fsys.errno("setattr", err)
 	}
 	a, err := n.fsys.cl.SetAttr(ctx, req)
 	if err != nil {
 		return n.fsys.errno("setattr", err)
 	}
-	if of != nil && of.f != nil {
-		of.f.SetAttr(a)
-	}
+	of.learn(a)
 	fillAttr(&a, &out.Attr)
 	return 0
 }
@@ -309,15 +301,11 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, size uint64,
 	if end < 0 || end > metaapi.MaxFileSize {
 		return syscall.EFBIG
 	}
-	// Buffered writes go first, and the file stays locked until its
-	// new size is known here.
-	of := n.fsys.file(n.ino())
-	if of != nil {
-		of.mu.Lock()
-		defer of.mu.Unlock()
-		if err := of.flushLocked(ctx); err != nil {
-			return n.fsys.errno("fallocate", err)
-		}
+	// The file stays locked until its new size is known here.
+	of, unlock, err := n.fsys.lockFlushed(ctx, n.ino())
+	defer unlock()
+	if err != nil {
+		return n.fsys.errno("fallocate", err)
 	}
 	a, err := n.fsys.cl.GetAttr(ctx, n.ino())
 	if err != nil {
@@ -330,8 +318,6 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, size uint64,
 	if err != nil {
 		return n.fsys.errno("fallocate", err)
 	}
-	if of != nil && of.f != nil {
-		of.f.SetAttr(na)
-	}
+	of.learn(na)
 	return 0
 }

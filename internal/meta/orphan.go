@@ -33,6 +33,8 @@ func (s *Service) Release(req metaapi.ReleaseReq) error {
 		}
 		switch {
 		case in.Nlink > 0:
+			// Not reachable through the API (Link refuses orphans), but a
+			// stray record must never free a file that has a name.
 			return tx.b.Delete(orphanKey(req.Ino), nil)
 		case req.Renew:
 			return tx.setOrphan(req.Ino, tx.now+int64(s.opts.OrphanLease))
