@@ -20,9 +20,15 @@ func WithWho(ctx context.Context, who metaapi.Who) context.Context {
 	return context.WithValue(ctx, whoKey{}, who)
 }
 
+// WhoFrom returns the identity WithWho put in ctx.
+func WhoFrom(ctx context.Context) (metaapi.Who, bool) {
+	w, ok := ctx.Value(whoKey{}).(metaapi.Who)
+	return w, ok
+}
+
 // whoOf is the identity calls made with ctx act as.
 func (c *Client) whoOf(ctx context.Context) metaapi.Who {
-	if w, ok := ctx.Value(whoKey{}).(metaapi.Who); ok {
+	if w, ok := WhoFrom(ctx); ok {
 		return w
 	}
 	return c.who
@@ -31,18 +37,16 @@ func (c *Client) whoOf(ctx context.Context) metaapi.Who {
 // Lookup returns the attributes of name in directory parent.
 func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (metaapi.Attr, error) {
 	var resp metaapi.AttrResp
-	err := c.meta.Call(ctx, metaapi.OpLookup, metaapi.LookupReq{Parent: parent, Name: name}, &resp)
+	err := c.meta.Call(ctx, metaapi.OpLookup, metaapi.LookupReq{Parent: parent, Name: name, Who: c.whoOf(ctx)}, &resp)
 	return resp.Attr, err
 }
 
-// CreateIn creates name in directory parent: a file, directory, symlink
-// (to target) or FIFO. For a file without exclusive, an existing file of
-// that name is returned as it is.
-func (c *Client) CreateIn(ctx context.Context, parent ids.Ino, name string, typ metaapi.FileType, mode uint32, target string, exclusive bool) (metaapi.Attr, error) {
+// CreateIn creates req.Name in directory req.Parent: a file, directory,
+// symlink or FIFO (see metaapi.CreateReq). It acts as ctx's identity.
+func (c *Client) CreateIn(ctx context.Context, req metaapi.CreateReq) (metaapi.Attr, error) {
 	var resp metaapi.AttrResp
-	err := c.meta.Call(ctx, metaapi.OpCreate, metaapi.CreateReq{
-		Parent: parent, Name: name, Type: typ, Mode: mode, Target: target, Exclusive: exclusive, Who: c.whoOf(ctx),
-	}, &resp)
+	req.Who = c.whoOf(ctx)
+	err := c.meta.Call(ctx, metaapi.OpCreate, req, &resp)
 	return resp.Attr, err
 }
 

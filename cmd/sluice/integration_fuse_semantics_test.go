@@ -993,6 +993,49 @@ func TestFUSEPermissions(t *testing.T) {
 	if st := lstat(t, filepath.Join(open, "by-nobody")); st.Uid != nobody || st.Gid != nobody {
 		t.Errorf("file created by uid %d: owner %d:%d", nobody, st.Uid, st.Gid)
 	}
+
+	// access(2) (as the thread's fsuid: AT_EACCESS), search permission,
+	// open(O_CREAT) of an existing file, and times.
+	shared := filepath.Join(open, "shared")
+	writeFile(t, shared, []byte("anyone may write"))
+	mustOK(t, "chmod", os.Chmod(shared, 0o666))
+	closed := mkdirs(t, m.dir, "closed")
+	mustOK(t, "chmod", os.Chmod(closed, 0o700))
+	writeFile(t, filepath.Join(closed, "inside"), []byte("x"))
+	asUser(t, nobody, nobody, func() {
+		noErr := func(what string, err error) {
+			if err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		}
+		wantErrno(t, "access(R_OK) of another's 0600 file", eaccess(private, unix.R_OK), syscall.EACCES)
+		wantErrno(t, "access(W_OK) of another's 0644 file", eaccess(secret, unix.W_OK), syscall.EACCES)
+		noErr("access(R_OK) of another's 0644 file", eaccess(secret, unix.R_OK))
+		noErr("access(R_OK|W_OK) of a 0666 file", eaccess(shared, unix.R_OK|unix.W_OK))
+		wantErrno(t, "access(X_OK) of a 0666 file", eaccess(shared, unix.X_OK), syscall.EACCES)
+		wantErrno(t, "stat inside another's 0700 dir", unix.Stat(filepath.Join(closed, "inside"), new(unix.Stat_t)), syscall.EACCES)
+		wantErrno(t, "chdir into another's 0700 dir", eaccess(closed, unix.X_OK), syscall.EACCES)
+		_, err := unix.Open(private, unix.O_CREAT|unix.O_RDONLY, 0o644)
+		wantErrno(t, "open(O_CREAT) of another's existing 0600 file", err, syscall.EACCES)
+		// Creating grants the access asked for, whatever the new mode.
+		fd, err := unix.Open(filepath.Join(open, "readonly-new"), unix.O_CREAT|unix.O_EXCL|unix.O_RDWR, 0o444)
+		if err != nil {
+			t.Errorf("creating a 0444 file O_RDWR: %v", err)
+		} else {
+			if _, err := unix.Write(fd, []byte("w")); err != nil {
+				t.Errorf("writing the new 0444 file: %v", err)
+			}
+			unix.Close(fd)
+		}
+		// Times: "now" needs write permission, explicit times ownership.
+		now := []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
+		noErr("utimensat (now) of another's 0666 file", unix.UtimesNanoAt(unix.AT_FDCWD, shared, now, 0))
+		ts := []unix.Timespec{unix.NsecToTimespec(1e18), unix.NsecToTimespec(1e18)}
+		wantErrno(t, "utimensat (explicit) of another's 0666 file", unix.UtimesNanoAt(unix.AT_FDCWD, shared, ts, 0), syscall.EPERM)
+	})
+	if st := lstat(t, shared); time.Since(time.Unix(st.Mtim.Unix())) > time.Minute {
+		t.Errorf("mtime of the 0666 file after utimensat(now): %v", time.Unix(st.Mtim.Unix()))
+	}
 }
 
 // ---- 3. two mounts of one cluster ----
@@ -1373,4 +1416,10 @@ func TestFUSEUnmountWithOpenFile(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Errorf("mount process still running 10 s after a lazy unmount and the last close")
 	}
+}
+
+// eaccess is access(2) as the thread's file system identity (AT_EACCESS):
+// plain access(2) checks the real uid, which asUser leaves at root.
+func eaccess(path string, mode uint32) error {
+	return unix.Faccessat2(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
 }

@@ -172,6 +172,24 @@ func (f *FS) openLocked(ctx context.Context, of *openFile, name string, flags ui
 	return 0
 }
 
+// openAccess is the access open(2) flags ask of a file, as the kernel
+// computes it: the access mode, plus write for O_TRUNC.
+func openAccess(flags uint32) uint32 {
+	var want uint32
+	switch flags & syscall.O_ACCMODE {
+	case syscall.O_RDONLY:
+		want = metaapi.MayRead
+	case syscall.O_WRONLY:
+		want = metaapi.MayWrite
+	default:
+		want = metaapi.MayRead | metaapi.MayWrite
+	}
+	if flags&syscall.O_TRUNC != 0 {
+		want |= metaapi.MayWrite
+	}
+	return want
+}
+
 // pendingFlush is a buffer being sent in the background.
 type pendingFlush struct {
 	done chan struct{}

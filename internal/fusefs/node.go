@@ -3,7 +3,6 @@ package fusefs
 import (
 	"context"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -95,16 +94,15 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if g, ok := in.GetGID(); ok {
 		req.GID = &g
 	}
-	now := time.Now().UnixNano()
-	if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
-		req.Atime = &now
-	} else if t, ok := in.GetATime(); ok {
+	// "Now" is meta's to say: it needs only write permission, where an
+	// explicit time needs ownership.
+	req.AtimeNow = in.Valid&fuse.FATTR_ATIME_NOW != 0
+	req.MtimeNow = in.Valid&fuse.FATTR_MTIME_NOW != 0
+	if t, ok := in.GetATime(); ok && !req.AtimeNow {
 		ns := t.UnixNano()
 		req.Atime = &ns
 	}
-	if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
-		req.Mtime = &now
-	} else if t, ok := in.GetMTime(); ok {
+	if t, ok := in.GetMTime(); ok && !req.MtimeNow {
 		ns := t.UnixNano()
 		req.Mtime = &ns
 	}
@@ -129,7 +127,10 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
-	a, err := n.fsys.cl.CreateIn(ctx, n.ino(), name, metaapi.TypeFile, mode&07777, "", flags&syscall.O_EXCL != 0)
+	a, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{
+		Parent: n.ino(), Name: name, Type: metaapi.TypeFile, Mode: mode & 07777,
+		Exclusive: flags&syscall.O_EXCL != 0, Open: openAccess(flags),
+	})
 	if err != nil {
 		return nil, nil, 0, n.fsys.errno("create", err)
 	}
@@ -166,7 +167,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 func (n *node) mknode(ctx context.Context, name string, typ metaapi.FileType, mode uint32, target string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
-	a, err := n.fsys.cl.CreateIn(ctx, n.ino(), name, typ, mode&07777, target, true)
+	a, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{Parent: n.ino(), Name: name, Type: typ, Mode: mode & 07777, Target: target, Exclusive: true})
 	if err != nil {
 		return nil, n.fsys.errno("create", err)
 	}

@@ -122,7 +122,11 @@ func (s *Service) Lookup(req metaapi.LookupReq) (metaapi.Attr, error) {
 		return out, err
 	}
 	err := s.read(func(v view) error {
-		if _, err := dirInode(v, req.Parent); err != nil {
+		parent, err := dirInode(v, req.Parent)
+		if err != nil {
+			return err
+		}
+		if err := access(parent, req.Who, mayExec); err != nil {
 			return err
 		}
 		_, in, err := child(v, req.Parent, req.Name)
@@ -179,10 +183,14 @@ func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
 		if found {
 			if req.Type == metaapi.TypeFile && !req.Exclusive && d.Type == metaapi.TypeFile {
 				in, err := tx.inode(d.Ino)
-				if err == nil {
-					out = in.Attr
+				if err != nil {
+					return err
 				}
-				return err
+				if err := access(in, who, req.Open&(mayRead|mayWrite)); err != nil {
+					return err
+				}
+				out = in.Attr
+				return nil
 			}
 			return metaapi.Errorf(metaapi.EEXIST, "%q already exists in directory %d (a %s)", req.Name, parent.Ino, d.Type)
 		}
@@ -516,7 +524,8 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 		if err != nil {
 			return err
 		}
-		if req.Mode == nil && req.UID == nil && req.GID == nil && req.Size == nil && req.Atime == nil && req.Mtime == nil {
+		explicit := req.Atime != nil || req.Mtime != nil
+		if req.Mode == nil && req.UID == nil && req.GID == nil && req.Size == nil && !explicit && !req.AtimeNow && !req.MtimeNow {
 			out = in.Attr
 			return nil
 		}
@@ -560,10 +569,14 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 				return err
 			}
 		}
-		if (req.Atime != nil || req.Mtime != nil) && !isOwner(in, who) && !allowed(in, who, mayWrite) {
-			// Lenient: write permission suffices, as for utimes(NULL); the
-			// API cannot tell "now" from an explicit time.
+		switch {
+		case isOwner(in, who):
+		case explicit:
 			return eperm("setting times of inode %d owned by uid %d", in.Ino, in.UID)
+		case req.AtimeNow || req.MtimeNow:
+			if err := access(in, who, mayWrite); err != nil {
+				return err
+			}
 		}
 
 		in.Mode = mode
@@ -590,6 +603,12 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 		}
 		if req.Mtime != nil {
 			in.Mtime = *req.Mtime
+		}
+		if req.AtimeNow {
+			in.Atime = tx.now
+		}
+		if req.MtimeNow {
+			in.Mtime = tx.now
 		}
 		in.Ctime = tx.now
 		tx.dirty(in)

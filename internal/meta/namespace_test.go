@@ -627,6 +627,11 @@ func TestSetAttr(t *testing.T) {
 				t.Fatalf("%+v", a)
 			}
 		}},
+		{name: "times now", run: setattr("/d", metaapi.SetAttrReq{Atime: ptr(int64(11)), MtimeNow: true, Who: root}), check: func(t *testing.T, f *fixture) {
+			if a, now := f.attr("/d"), f.clk.Now().UnixNano(); a.Atime != 11 || a.Mtime != now || a.Ctime != now {
+				t.Fatalf("%+v", a)
+			}
+		}},
 		{name: "nothing", run: setattr("/f", metaapi.SetAttrReq{Who: root}), check: func(t *testing.T, f *fixture) {
 			if a := f.attr("/f"); a.Ctime == f.clk.Now().UnixNano() {
 				t.Fatal("empty setattr changed ctime")

@@ -17,47 +17,18 @@ const (
 
 // Access bits, as in access(2).
 const (
-	mayExec  = 1
-	mayWrite = 2
-	mayRead  = 4
+	mayExec  = metaapi.MayExec
+	mayWrite = metaapi.MayWrite
+	mayRead  = metaapi.MayRead
 )
 
 // maxLinks bounds the hard links of one inode (EMLINK beyond).
 const maxLinks = 65000
 
-func inGroup(who metaapi.Who, gid uint32) bool {
-	if who.GID == gid {
-		return true
-	}
-	for _, g := range who.GIDs {
-		if g == gid {
-			return true
-		}
-	}
-	return false
-}
+func inGroup(who metaapi.Who, gid uint32) bool { return who.InGroup(gid) }
 
-// allowed applies the standard Unix check: the owner's, else the group's,
-// else others' triplet must contain every wanted bit. Root bypasses read
-// and write checks, and execute checks on directories; it may execute a
-// regular file only if some execute bit is set.
 func allowed(in *inode, who metaapi.Who, want uint32) bool {
-	if who.UID == 0 {
-		if want&mayExec != 0 && !in.isDir() && in.Mode&0o111 == 0 {
-			return false
-		}
-		return true
-	}
-	var bits uint32
-	switch {
-	case who.UID == in.UID:
-		bits = in.Mode >> 6
-	case inGroup(who, in.GID):
-		bits = in.Mode >> 3
-	default:
-		bits = in.Mode
-	}
-	return bits&7&want == want
+	return metaapi.Allowed(in.Attr, who, want)
 }
 
 // access returns EACCES unless who has the wanted access to in.

@@ -141,6 +141,27 @@ func TestPermissions(t *testing.T) {
 		{"truncate: owner", setattr("/pub/af", alice, metaapi.SetAttrReq{Size: ptr(int64(0))}), ""},
 		{"utimes: not owner, no write", setattr("/pub/af", bob, metaapi.SetAttrReq{Mtime: ptr(int64(1))}), metaapi.EPERM},
 		{"utimes: owner", setattr("/pub/af", alice, metaapi.SetAttrReq{Mtime: ptr(int64(1))}), ""},
+		{"utimes: explicit, writer but not owner", func(f *fixture) error {
+			if _, err := f.s.SetAttr(metaapi.SetAttrReq{Ino: f.ino("/pub/af"), Mode: ptr(uint32(0o666)), Who: alice}); err != nil {
+				return err
+			}
+			return setattr("/pub/af", bob, metaapi.SetAttrReq{Mtime: ptr(int64(1))})(f)
+		}, metaapi.EPERM},
+		{"utimes: now, writer but not owner", func(f *fixture) error {
+			if _, err := f.s.SetAttr(metaapi.SetAttrReq{Ino: f.ino("/pub/af"), Mode: ptr(uint32(0o666)), Who: alice}); err != nil {
+				return err
+			}
+			return setattr("/pub/af", bob, metaapi.SetAttrReq{AtimeNow: true, MtimeNow: true})(f)
+		}, ""},
+		{"utimes: now, neither owner nor writer", setattr("/pub/af", bob, metaapi.SetAttrReq{MtimeNow: true}), metaapi.EACCES},
+		{"lookup: no search permission", func(f *fixture) error {
+			_, err := f.s.Lookup(metaapi.LookupReq{Parent: f.ino("/priv"), Name: "x", Who: bob})
+			return err
+		}, metaapi.EACCES},
+		{"lookup: search without read", func(f *fixture) error {
+			_, err := f.s.Lookup(metaapi.LookupReq{Parent: f.ino("/noread"), Name: "x", Who: bob})
+			return err
+		}, metaapi.ENOENT},
 		{"setpolicy: not owner", func(f *fixture) error {
 			_, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/pub"), Policy: metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}, Who: alice})
 			return err

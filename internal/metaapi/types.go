@@ -238,6 +238,7 @@ type AttrResp struct {
 type LookupReq struct {
 	Parent ids.Ino `json:"parent"`
 	Name   string  `json:"name"`
+	Who    Who     `json:"who"` // needs search permission on Parent
 }
 type GetAttrReq struct {
 	Ino ids.Ino `json:"ino"`
@@ -250,7 +251,10 @@ type CreateReq struct {
 	Mode      uint32   `json:"mode"`
 	Target    string   `json:"target,omitempty"`    // symlink target
 	Exclusive bool     `json:"exclusive,omitempty"` // files: EEXIST if present; otherwise an existing file is returned
-	Who       Who      `json:"who"`
+	// Open is the access (MayRead, MayWrite) an existing file returned
+	// must grant Who: the create is an open(O_CREAT) that found it.
+	Open uint32 `json:"open,omitempty"`
+	Who  Who    `json:"who"`
 }
 
 type LinkReq struct {
@@ -317,7 +321,11 @@ type SetAttrReq struct {
 	Size  *int64  `json:"size,omitempty"`
 	Atime *int64  `json:"atime,omitempty"`
 	Mtime *int64  `json:"mtime,omitempty"`
-	Who   Who     `json:"who"`
+	// AtimeNow and MtimeNow set the time to meta's clock. Explicit times
+	// need ownership; "now" also write permission (as utimes(NULL)).
+	AtimeNow bool `json:"atime_now,omitempty"`
+	MtimeNow bool `json:"mtime_now,omitempty"`
+	Who      Who  `json:"who"`
 }
 
 type SetPolicyReq struct {
