@@ -43,34 +43,40 @@ func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (metaa
 
 // CreateIn creates req.Name in directory req.Parent: a file, directory,
 // symlink or FIFO (see metaapi.CreateReq). It acts as ctx's identity.
-func (c *Client) CreateIn(ctx context.Context, req metaapi.CreateReq) (metaapi.Attr, error) {
+// The reply carries the directory's attributes after the change, as do
+// those of LinkIn, RemoveIn and RenameIn.
+func (c *Client) CreateIn(ctx context.Context, req metaapi.CreateReq) (metaapi.AttrResp, error) {
 	var resp metaapi.AttrResp
 	req.Who = c.whoOf(ctx)
 	err := c.meta.Call(ctx, metaapi.OpCreate, req, &resp)
-	return resp.Attr, err
+	return resp, err
 }
 
 // LinkIn gives inode ino another name, newName in directory newParent.
-func (c *Client) LinkIn(ctx context.Context, ino, newParent ids.Ino, newName string) (metaapi.Attr, error) {
+func (c *Client) LinkIn(ctx context.Context, ino, newParent ids.Ino, newName string) (metaapi.AttrResp, error) {
 	var resp metaapi.AttrResp
 	err := c.meta.Call(ctx, metaapi.OpLink, metaapi.LinkReq{Ino: ino, NewParent: newParent, NewName: newName, Who: c.whoOf(ctx)}, &resp)
-	return resp.Attr, err
+	return resp, err
 }
 
 // RemoveIn unlinks name from directory parent (dir: rmdir semantics).
 // With keep (the caller holds the file open), a file losing its last name
 // is kept until Release (see metaapi.RemoveReq).
-func (c *Client) RemoveIn(ctx context.Context, parent ids.Ino, name string, dir, keep bool) error {
-	return c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent, Name: name, Dir: dir, Keep: keep, Who: c.whoOf(ctx)}, nil)
+func (c *Client) RemoveIn(ctx context.Context, parent ids.Ino, name string, dir, keep bool) ([]metaapi.Attr, error) {
+	var resp metaapi.DirsResp
+	err := c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent, Name: name, Dir: dir, Keep: keep, Who: c.whoOf(ctx)}, &resp)
+	return resp.Dirs, err
 }
 
 // RenameIn moves oldName in oldParent to newName in newParent atomically,
 // replacing what is there if POSIX allows (noReplace: EEXIST instead;
 // keep: a replaced file the caller holds open is kept until Release).
-func (c *Client) RenameIn(ctx context.Context, oldParent ids.Ino, oldName string, newParent ids.Ino, newName string, noReplace, keep bool) error {
-	return c.meta.Call(ctx, metaapi.OpRename, metaapi.RenameReq{
+func (c *Client) RenameIn(ctx context.Context, oldParent ids.Ino, oldName string, newParent ids.Ino, newName string, noReplace, keep bool) ([]metaapi.Attr, error) {
+	var resp metaapi.DirsResp
+	err := c.meta.Call(ctx, metaapi.OpRename, metaapi.RenameReq{
 		OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, NoReplace: noReplace, Keep: keep, Who: c.whoOf(ctx),
-	}, nil)
+	}, &resp)
+	return resp.Dirs, err
 }
 
 // Release frees a file kept by RemoveIn or RenameIn with keep once it is

@@ -82,6 +82,7 @@ type FS struct {
 	stop  chan struct{}         // closed when the mount ends
 
 	groups groupCache
+	dirs   dirAttrs // directories this mount just changed
 
 	statMu   sync.Mutex
 	statAt   time.Time
@@ -97,7 +98,8 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*f
 	if err != nil {
 		return nil, fmt.Errorf("mount: reading the cluster's root: %w", err)
 	}
-	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{})}
+	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{}),
+		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}}
 	at, et, nt := opts.AttrTimeout, opts.EntryTimeout, opts.NegativeTimeout
 	mo := fuse.MountOptions{
 		FsName:        "sluice",

@@ -69,6 +69,10 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 }
 
 func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if a, ok := n.fsys.dirs.get(n.ino()); ok {
+		fillAttr(&a, &out.Attr)
+		return 0
+	}
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
 	a, err := n.fsys.cl.GetAttr(ctx, n.ino())
@@ -120,6 +124,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		return n.fsys.errno("setattr", err)
 	}
 	of.learn(a)
+	n.fsys.dirs.note([]metaapi.Attr{a})
 	fillAttr(&a, &out.Attr)
 	return 0
 }
@@ -127,13 +132,15 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
-	a, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{
+	r, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{
 		Parent: n.ino(), Name: name, Type: metaapi.TypeFile, Mode: mode & 07777,
 		Exclusive: flags&syscall.O_EXCL != 0, Open: openAccess(flags),
 	})
 	if err != nil {
 		return nil, nil, 0, n.fsys.errno("create", err)
 	}
+	n.fsys.dirs.note(r.Dirs)
+	a := r.Attr
 	if a.Type != metaapi.TypeFile {
 		return nil, nil, 0, syscall.EISDIR
 	}
@@ -167,11 +174,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 func (n *node) mknode(ctx context.Context, name string, typ metaapi.FileType, mode uint32, target string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
-	a, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{Parent: n.ino(), Name: name, Type: typ, Mode: mode & 07777, Target: target, Exclusive: true})
+	r, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{Parent: n.ino(), Name: name, Type: typ, Mode: mode & 07777, Target: target, Exclusive: true})
 	if err != nil {
 		return nil, n.fsys.errno("create", err)
 	}
-	return n.child(ctx, &a, out), 0
+	n.fsys.dirs.note(r.Dirs)
+	return n.child(ctx, &r.Attr, out), 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -210,26 +218,40 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
-	a, err := n.fsys.cl.LinkIn(ctx, ids.Ino(target.EmbeddedInode().StableAttr().Ino), n.ino(), name)
+	r, err := n.fsys.cl.LinkIn(ctx, ids.Ino(target.EmbeddedInode().StableAttr().Ino), n.ino(), name)
 	if err != nil {
 		return nil, n.fsys.errno("link", err)
 	}
-	return n.child(ctx, &a, out), 0
+	n.fsys.dirs.note(r.Dirs)
+	return n.child(ctx, &r.Attr, out), 0
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
 	r := n.fsys.beginRemoval(&n.Inode, name)
-	err := n.fsys.cl.RemoveIn(ctx, n.ino(), name, false, r.keep)
+	dirs, err := n.fsys.cl.RemoveIn(ctx, n.ino(), name, false, r.keep)
 	r.end(err == nil)
+	n.fsys.dirs.note(dirs)
 	return n.fsys.errno("unlink", err)
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
-	return n.fsys.errno("rmdir", n.fsys.cl.RemoveIn(ctx, n.ino(), name, true, false))
+	n.forgetChild(name)
+	dirs, err := n.fsys.cl.RemoveIn(ctx, n.ino(), name, true, false)
+	n.fsys.dirs.note(dirs)
+	return n.fsys.errno("rmdir", err)
+}
+
+// forgetChild drops what the mount noted of child name's attributes: an
+// operation is about to change them without saying how (a directory
+// renamed gets a new ctime).
+func (n *node) forgetChild(name string) {
+	if c := n.GetChild(name); c != nil {
+		n.fsys.dirs.forget(ids.Ino(c.StableAttr().Ino))
+	}
 }
 
 // Rename supports RENAME_NOREPLACE; RENAME_EXCHANGE and RENAME_WHITEOUT
@@ -243,8 +265,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	defer cancel()
 	npn := newParent.EmbeddedInode()
 	r := n.fsys.beginRemoval(npn, newName) // the file it replaces, if any
-	err := n.fsys.cl.RenameIn(ctx, n.ino(), name, ids.Ino(npn.StableAttr().Ino), newName, flags&noReplace != 0, r.keep)
+	n.forgetChild(name)
+	dirs, err := n.fsys.cl.RenameIn(ctx, n.ino(), name, ids.Ino(npn.StableAttr().Ino), newName, flags&noReplace != 0, r.keep)
 	r.end(err == nil)
+	n.fsys.dirs.note(dirs)
 	return n.fsys.errno("rename", err)
 }
 

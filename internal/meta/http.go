@@ -93,16 +93,16 @@ var ops = map[string]op{
 		return attrResp(s.GetAttr(r))
 	}),
 	metaapi.OpCreate: endpoint(true, false, func(s *Service, _ caller, r metaapi.CreateReq) (metaapi.AttrResp, error) {
-		return attrResp(s.Create(r))
+		return s.create(r)
 	}),
 	metaapi.OpLink: endpoint(true, false, func(s *Service, _ caller, r metaapi.LinkReq) (metaapi.AttrResp, error) {
-		return attrResp(s.Link(r))
+		return s.link(r)
 	}),
-	metaapi.OpRemove: endpoint(true, false, func(s *Service, _ caller, r metaapi.RemoveReq) (empty, error) {
-		return empty{}, s.Remove(r)
+	metaapi.OpRemove: endpoint(true, false, func(s *Service, _ caller, r metaapi.RemoveReq) (metaapi.DirsResp, error) {
+		return s.remove(r)
 	}),
-	metaapi.OpRename: endpoint(true, false, func(s *Service, _ caller, r metaapi.RenameReq) (empty, error) {
-		return empty{}, s.Rename(r)
+	metaapi.OpRename: endpoint(true, false, func(s *Service, _ caller, r metaapi.RenameReq) (metaapi.DirsResp, error) {
+		return s.rename(r)
 	}),
 	metaapi.OpRelease: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReleaseReq) (empty, error) {
 		return empty{}, s.Release(r)

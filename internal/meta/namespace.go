@@ -76,6 +76,26 @@ func touchDir(tx *txn, dirs ...*inode) {
 		d.Mtime, d.Ctime = tx.now, tx.now
 	}
 	tx.dirty(dirs...)
+	tx.touched = append(tx.touched, dirs...)
+}
+
+// updateDirs is update for an operation on directory entries: it also
+// returns the attributes, after it, of the directories it changed, so a
+// front end can answer for them without asking again.
+func (s *Service) updateDirs(fn func(tx *txn) error) ([]metaapi.Attr, error) {
+	var dirs []metaapi.Attr
+	err := s.update(func(tx *txn) error {
+		if err := fn(tx); err != nil {
+			return err
+		}
+		for _, d := range tx.touched {
+			if len(dirs) == 0 || dirs[len(dirs)-1].Ino != d.Ino {
+				dirs = append(dirs, d.Attr)
+			}
+		}
+		return nil
+	})
+	return dirs, err
 }
 
 // unlinkInode drops one name of victim, which was in dir, freeing it when
@@ -154,7 +174,12 @@ func (s *Service) Resolve(req metaapi.ResolveReq) (metaapi.Attr, error) {
 // Create makes a file, directory, symbolic link or FIFO. A file that
 // already exists is returned as is unless Exclusive is set.
 func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
-	var out metaapi.Attr
+	r, err := s.create(req)
+	return r.Attr, err
+}
+
+func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
+	var out metaapi.AttrResp
 	if err := validName(req.Name); err != nil {
 		return out, err
 	}
@@ -168,7 +193,7 @@ func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
 		return out, metaapi.Errorf(metaapi.EINVAL, "cannot create inode of type %q", req.Type)
 	}
 	who := req.Who
-	err := s.update(func(tx *txn) error {
+	dirs, err := s.updateDirs(func(tx *txn) error {
 		parent, err := dirInode(tx, req.Parent)
 		if err != nil {
 			return err
@@ -189,7 +214,7 @@ func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
 				if err := access(in, who, req.Open&(mayRead|mayWrite)); err != nil {
 					return err
 				}
-				out = in.Attr
+				out.Attr = in.Attr
 				return nil
 			}
 			return metaapi.Errorf(metaapi.EEXIST, "%q already exists in directory %d (a %s)", req.Name, parent.Ino, d.Type)
@@ -238,20 +263,26 @@ func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
 			return err
 		}
 		touchDir(tx, parent)
-		out = in.Attr
+		out.Attr = in.Attr
 		return nil
 	})
+	out.Dirs = dirs
 	return out, err
 }
 
 // Link adds a name for an existing non-directory inode.
 func (s *Service) Link(req metaapi.LinkReq) (metaapi.Attr, error) {
-	var out metaapi.Attr
+	r, err := s.link(req)
+	return r.Attr, err
+}
+
+func (s *Service) link(req metaapi.LinkReq) (metaapi.AttrResp, error) {
+	var out metaapi.AttrResp
 	if err := validName(req.NewName); err != nil {
 		return out, err
 	}
 	who := req.Who
-	err := s.update(func(tx *txn) error {
+	dirs, err := s.updateDirs(func(tx *txn) error {
 		src, err := tx.inode(req.Ino)
 		if err != nil {
 			return err
@@ -290,20 +321,26 @@ func (s *Service) Link(req metaapi.LinkReq) (metaapi.Attr, error) {
 		src.Ctime = tx.now
 		tx.dirty(src)
 		touchDir(tx, np)
-		out = src.Attr
+		out.Attr = src.Attr
 		return nil
 	})
+	out.Dirs = dirs
 	return out, err
 }
 
 // Remove unlinks a non-directory (Dir false) or removes an empty
 // directory (Dir true).
 func (s *Service) Remove(req metaapi.RemoveReq) error {
+	_, err := s.remove(req)
+	return err
+}
+
+func (s *Service) remove(req metaapi.RemoveReq) (metaapi.DirsResp, error) {
 	if err := validName(req.Name); err != nil {
-		return err
+		return metaapi.DirsResp{}, err
 	}
 	who := req.Who
-	return s.update(func(tx *txn) error {
+	dirs, err := s.updateDirs(func(tx *txn) error {
 		parent, err := dirInode(tx, req.Parent)
 		if err != nil {
 			return err
@@ -344,19 +381,25 @@ func (s *Service) Remove(req metaapi.RemoveReq) error {
 		touchDir(tx, parent)
 		return nil
 	})
+	return metaapi.DirsResp{Dirs: dirs}, err
 }
 
 // Rename moves OldParent/OldName to NewParent/NewName atomically,
 // replacing a compatible target as rename(2) does.
 func (s *Service) Rename(req metaapi.RenameReq) error {
+	_, err := s.rename(req)
+	return err
+}
+
+func (s *Service) rename(req metaapi.RenameReq) (metaapi.DirsResp, error) {
 	if err := validName(req.OldName); err != nil {
-		return err
+		return metaapi.DirsResp{}, err
 	}
 	if err := validName(req.NewName); err != nil {
-		return err
+		return metaapi.DirsResp{}, err
 	}
 	who := req.Who
-	return s.update(func(tx *txn) error {
+	dirs, err := s.updateDirs(func(tx *txn) error {
 		op, err := dirInode(tx, req.OldParent)
 		if err != nil {
 			return err
@@ -470,6 +513,7 @@ func (s *Service) Rename(req metaapi.RenameReq) error {
 		touchDir(tx, op, np)
 		return nil
 	})
+	return metaapi.DirsResp{Dirs: dirs}, err
 }
 
 // Readdir lists a directory in name order, one page at a time.

@@ -658,3 +658,40 @@ func TestSetAttr(t *testing.T) {
 			}},
 	})
 }
+
+// Operations on entries return the directories they changed, as they are
+// after the change: the mount answers the kernel's next getattr of them.
+func TestChangedDirsReturned(t *testing.T) {
+	f := newFixture(t)
+	f.tree("/a/", "/b/")
+	f.clk.Advance(time.Second)
+	r, err := f.s.create(metaapi.CreateReq{Parent: f.ino("/a"), Name: "d", Type: metaapi.TypeDir, Mode: 0o755, Who: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Dirs) != 1 || r.Dirs[0] != f.attr("/a") || r.Dirs[0].Nlink != 3 || r.Dirs[0].Mtime != f.clk.Now().UnixNano() {
+		t.Fatalf("mkdir: dirs %+v, /a is %+v", r.Dirs, f.attr("/a"))
+	}
+	f.clk.Advance(time.Second)
+	l, err := f.s.link(metaapi.LinkReq{Ino: f.mk("/a", "f", metaapi.TypeFile, 0o644, root).Ino, NewParent: f.ino("/b"), NewName: "g", Who: root})
+	if err != nil || len(l.Dirs) != 1 || l.Dirs[0] != f.attr("/b") {
+		t.Fatalf("link: %+v, %v; /b is %+v", l.Dirs, err, f.attr("/b"))
+	}
+	f.clk.Advance(time.Second)
+	mv, err := f.s.rename(metaapi.RenameReq{OldParent: f.ino("/a"), OldName: "d", NewParent: f.ino("/b"), NewName: "d", Who: root})
+	if err != nil || len(mv.Dirs) != 2 || mv.Dirs[0] != f.attr("/a") || mv.Dirs[1] != f.attr("/b") || mv.Dirs[1].Nlink != 3 {
+		t.Fatalf("rename across: %+v, %v", mv.Dirs, err)
+	}
+	mv, err = f.s.rename(metaapi.RenameReq{OldParent: f.ino("/b"), OldName: "g", NewParent: f.ino("/b"), NewName: "h", Who: root})
+	if err != nil || len(mv.Dirs) != 1 || mv.Dirs[0] != f.attr("/b") {
+		t.Fatalf("rename within: %+v, %v", mv.Dirs, err)
+	}
+	f.clk.Advance(time.Second)
+	rm, err := f.s.remove(metaapi.RemoveReq{Parent: f.ino("/b"), Name: "d", Dir: true, Who: root})
+	if err != nil || len(rm.Dirs) != 1 || rm.Dirs[0] != f.attr("/b") || rm.Dirs[0].Nlink != 2 {
+		t.Fatalf("rmdir: %+v, %v; /b is %+v", rm.Dirs, err, f.attr("/b"))
+	}
+	if _, err := f.s.remove(metaapi.RemoveReq{Parent: f.ino("/b"), Name: "nothing", Who: root}); err == nil {
+		t.Fatal("removing a missing name succeeded")
+	}
+}

@@ -71,6 +71,8 @@ type txn struct {
 	dirtyI map[ids.Ino]bool
 	freed  map[ids.Ino]bool
 	after  []func() // run after a successful commit, still under the lock
+	// touched are the directories whose entries changed (see touchDir).
+	touched []*inode
 }
 
 func (tx *txn) reader() pebble.Reader { return tx.b }

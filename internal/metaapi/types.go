@@ -233,6 +233,15 @@ type ResolveReq struct {
 }
 type AttrResp struct {
 	Attr Attr `json:"attr"`
+	// Dirs are the directories a create or link changed, as they are
+	// after it (a front end can answer for them without asking).
+	Dirs []Attr `json:"dirs,omitempty"`
+}
+
+// DirsResp answers a remove or rename: the directories it changed, after
+// it.
+type DirsResp struct {
+	Dirs []Attr `json:"dirs,omitempty"`
 }
 
 type LookupReq struct {
