@@ -449,3 +449,68 @@ func TestPutFromFile(t *testing.T) {
 		}
 	}
 }
+
+// Reads of whole 1 MiB blocks land in the caller's buffer itself; they
+// must be as careful as pooled ones: a corrupt replica's bytes are
+// replaced by the next replica's, holes and short chunks read as zeros.
+func TestReadAtIntoCallersBuffer(t *testing.T) {
+	c := startCluster(t, 3)
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	dirWithPolicy(t, cl, "/r3", 3)
+	rng := rand.New(rand.NewPCG(9, 9))
+	data := randBytes(rng, 3*testChunk+5)
+	if _, err := cl.Put(ctx, "/r3/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Corrupt every chunk on two of the three nodes.
+	for i := range 2 {
+		files, _ := filepath.Glob(filepath.Join(nodeDir(c, i), "store", "chunks", "*", "*.chunk"))
+		if len(files) == 0 {
+			t.Fatalf("node %d holds no chunk files", i)
+		}
+		for _, f := range files {
+			fh, err := os.OpenFile(f, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fh.WriteAt([]byte("garbage"), 4096); err != nil {
+				t.Fatal(err)
+			}
+			fh.Close()
+		}
+	}
+	f, err := cl.Open(ctx, "/r3/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct{ off, n int64 }{{0, 2 * testChunk}, {testChunk, 2 * testChunk}, {2 * testChunk, testChunk}} {
+		buf := bytes.Repeat([]byte{0xee}, int(r.n))
+		if n, err := f.ReadAtContext(ctx, buf, r.off); err != nil || int64(n) != r.n {
+			t.Fatalf("ReadAt(%d, %d): %d, %v", r.off, r.n, n, err)
+		}
+		if !bytes.Equal(buf, data[r.off:r.off+r.n]) {
+			t.Fatalf("ReadAt(%d, %d): wrong bytes", r.off, r.n)
+		}
+	}
+	// A sparse file: a hole chunk, then a chunk written only in part.
+	g, err := cl.Create(ctx, "/r3/sparse", 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.WriteAtContext(ctx, []byte("tail"), testChunk+10); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Truncate(ctx, 3*testChunk); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 3*testChunk)
+	copy(want[testChunk+10:], "tail")
+	buf := bytes.Repeat([]byte{0xee}, len(want))
+	if n, err := g.ReadAtContext(ctx, buf, 0); err != nil || n != len(want) {
+		t.Fatalf("sparse ReadAt: %d, %v", n, err)
+	}
+	if !bytes.Equal(buf, want) {
+		t.Fatal("sparse ReadAt: holes or the short chunk's tail are not zeros")
+	}
+}

@@ -368,6 +368,14 @@ type piece struct {
 	length  int64  // the replica's chunk length
 }
 
+// directRead reports whether a read of [off, off+n) of a chunk can land
+// in the caller's buffer itself, saving a copy: a reply starts at the
+// block holding off and runs to the end of the block holding off+n-1, so
+// the range must be whole blocks of any size a node may use.
+func directRead(off, n int64) bool {
+	return n > 0 && off%maxBlockSize == 0 && n%maxBlockSize == 0
+}
+
 // maxReadLen is the largest read request this client sends: its reply's
 // checksums must fit one packet.
 func (c *Client) maxReadLen() int {
@@ -386,7 +394,10 @@ const minAssumedBlock = 4096
 // A replica answering busy (a write committed while it was sending) is
 // retried with backoff for up to BusyRetry once every replica has been
 // tried.
-func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n int64, first int) (piece, error) {
+// readChunk reads [off, off+n) of a chunk from one of its replicas, into
+// a pooled buffer, or straight into dst if it is not nil (see
+// directRead).
+func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n int64, first int, dst []byte) (piece, error) {
 	deadline := time.Now().Add(c.opts.BusyRetry)
 	backoff := time.Millisecond
 	for {
@@ -394,7 +405,7 @@ func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n i
 		busy := false
 		for i := range l.Replicas {
 			r := l.Replicas[(first+i)%len(l.Replicas)]
-			p, err := c.readReplica(ctx, r.Addr, l, off, n)
+			p, err := c.readReplica(ctx, r.Addr, l, off, n, dst)
 			if err == nil {
 				return p, nil
 			}
@@ -422,11 +433,20 @@ func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n i
 // errStale: the replica has not seen the last committed write.
 var errStale = errors.New("replica is stale")
 
-func (c *Client) readReplica(ctx context.Context, addr string, l *metaapi.ChunkLayout, off, n int64) (piece, error) {
-	region := c.bufs.get()
+func (c *Client) readReplica(ctx context.Context, addr string, l *metaapi.ChunkLayout, off, n int64, dst []byte) (piece, error) {
+	var region *fabric.Region
+	if dst != nil {
+		// Registered for this read only: no node can write into the
+		// caller's memory outside it.
+		region = c.bufs.ep.Register(dst, fabric.RemoteWrite)
+	} else {
+		region = c.bufs.get()
+	}
 	ok := false
 	defer func() {
-		if !ok {
+		if dst != nil {
+			c.bufs.ep.Deregister(region)
+		} else if !ok {
 			c.bufs.put(region)
 		}
 	}()

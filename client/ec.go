@@ -595,7 +595,7 @@ func (c *Client) readUnit(ctx context.Context, l *metaapi.ChunkLayout, j int, of
 		ul.Version = floor
 	}
 	r := l.Replicas[j]
-	p, err := c.readReplica(ctx, r.Addr, &ul, off, n)
+	p, err := c.readReplica(ctx, r.Addr, &ul, off, n, nil)
 	if err != nil {
 		return piece{}, &NodeError{Op: fmt.Sprintf("read unit %d of stripe group %v", j, l.Chunk), Addr: r.Addr, Err: err}
 	}

@@ -269,7 +269,13 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			err := f.readPiece(ctx, pc, i, func(b []byte) { copy(p[pc.off-off:], b) })
+			dst := p[pc.off-off:][:pc.n]
+			var err error
+			if directRead(pc.off, pc.n) {
+				err = f.readPieceInto(ctx, pc, i, dst)
+			} else {
+				err = f.readPiece(ctx, pc, i, func(b []byte) { copy(dst, b) })
+			}
 			if err != nil {
 				mu.Lock()
 				if firstErr == nil {
@@ -582,6 +588,21 @@ func (c *Client) Get(ctx context.Context, p string, w io.Writer) (int64, error) 
 }
 
 // readPieceKeep is readPiece that keeps the buffer until release is called.
+// readPieceInto reads one span straight into dst (len(dst) == s.n): no
+// pooled buffer, no copy. Erasure-coded files assemble pieces from units
+// and take the pooled path.
+func (f *File) readPieceInto(ctx context.Context, s span, i int, dst []byte) error {
+	a := f.Attr()
+	if _, ok := ecGeomOf(&a); ok {
+		return f.readPiece(ctx, s, i, func(b []byte) { copy(dst, b) })
+	}
+	_, hole, err := f.replicatedPiece(ctx, a, s, i, dst)
+	if hole {
+		clear(dst)
+	}
+	return err
+}
+
 func (f *File) readPieceKeep(ctx context.Context, s span, i int, data *[]byte, release *func()) error {
 	c := f.c
 	a := f.Attr()
@@ -598,28 +619,43 @@ func (f *File) readPieceKeep(ctx context.Context, s span, i int, data *[]byte, r
 		*release = func() { c.bufs.put(region) }
 		return nil
 	}
+	pc, hole, err := f.replicatedPiece(ctx, a, s, i, nil)
+	switch {
+	case err != nil:
+		return err
+	case hole:
+		*data = make([]byte, s.n)
+	default:
+		*data = pc.data
+		*release = func() { c.bufs.put(pc.region) }
+	}
+	return nil
+}
+
+// replicatedPiece reads span s of a replicated file, into dst if it is
+// not nil (else a pooled buffer the piece holds). hole: the chunk was
+// never written, nothing was read.
+func (f *File) replicatedPiece(ctx context.Context, a metaapi.Attr, s span, i int, dst []byte) (pc piece, hole bool, err error) {
+	c := f.c
 	cs := a.ChunkSize
 	idx := s.off / cs
 	for attempt := 0; ; attempt++ {
 		ls, _, err := c.chunkLayouts(ctx, a.Ino, cs, s.off, s.n, false)
 		if err != nil {
-			return err
+			return piece{}, false, err
 		}
 		l, ok := ls[idx]
 		if !ok {
-			*data = make([]byte, s.n)
-			return nil
+			return piece{}, true, nil
 		}
-		pc, err := c.readChunk(ctx, &l, s.off%cs, s.n, i)
+		pc, err := c.readChunk(ctx, &l, s.off%cs, s.n, i, dst)
 		if err != nil {
 			if attempt == 0 && ctx.Err() == nil {
 				c.layouts.dropChunk(a.Ino, idx)
 				continue
 			}
-			return err
+			return piece{}, false, err
 		}
-		*data = pc.data
-		*release = func() { c.bufs.put(pc.region) }
-		return nil
+		return pc, false, nil
 	}
 }

@@ -33,10 +33,15 @@ type directMap struct {
 	closed bool
 	onIdle func() // deferred teardown, run by the last DirectEnd
 
-	// ready is the chunk offset up to which pages are populated. A
-	// background goroutine populates ahead of the packets; a packet that
-	// outruns it is placed by copy instead.
+	// [readyFrom, ready) are the chunk offsets whose pages are populated.
+	// A background goroutine populates ahead of the packets; a packet that
+	// outruns it is placed by copy instead, and the populator then jumps
+	// ahead of the packets rather than populate pages already copied to
+	// (mapping a page costs more than copying it on a VM). readyFrom
+	// changes only under mu.
 	ready        atomic.Int64
+	readyFrom    int64
+	head         atomic.Int64 // end of the last packet asked for
 	populated    chan struct{} // closed when the populator stops
 	stopPopulate atomic.Bool
 }
@@ -74,7 +79,7 @@ func (w *Write) setupDirect() {
 	}
 	// Nothing is populated before the write is admitted: the first packets
 	// are copied while the populator gets ahead of them.
-	d := &directMap{base: base, from: start, mem: mem, populated: make(chan struct{})}
+	d := &directMap{base: base, from: start, mem: mem, populated: make(chan struct{}), readyFrom: base}
 	d.ready.Store(base)
 	w.direct = d
 	go d.populate(0)
@@ -87,6 +92,15 @@ func (w *Write) setupDirect() {
 func (d *directMap) populate(from int64) {
 	defer close(d.populated)
 	for pos := from; pos < int64(len(d.mem)) && !d.stopPopulate.Load(); {
+		if h := d.head.Load() - d.base; h > pos {
+			// Outrun: start again a step ahead of the packets.
+			pos = min(int64(len(d.mem)), (h+directStep+pageSize-1)&^(pageSize-1))
+			d.mu.Lock()
+			d.readyFrom = d.base + pos
+			d.ready.Store(d.base + pos)
+			d.mu.Unlock()
+			continue
+		}
 		end := min(int64(len(d.mem)), pos+directStep)
 		if unix.Madvise(d.mem[pos:end], unix.MADV_POPULATE_WRITE) != nil {
 			return
@@ -105,12 +119,16 @@ func (d *directMap) populate(from int64) {
 // Write's other methods.
 func (w *Write) DirectBegin(off int64, n int) []byte {
 	d := w.direct
-	if d == nil || n <= 0 || off < d.from || off+int64(n) > d.ready.Load() {
+	if d == nil || n <= 0 {
+		return nil
+	}
+	d.head.Store(off + int64(n))
+	if off < d.from || off+int64(n) > d.ready.Load() {
 		return nil
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
+	if d.closed || off < d.readyFrom {
 		return nil
 	}
 	d.users++

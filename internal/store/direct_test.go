@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
@@ -134,5 +136,41 @@ func TestDirectPlaceDoesNotAllocate(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("direct place allocates %.1f times per packet", allocs)
+	}
+}
+
+// TestDirectPopulatorJumpsAheadOfPackets: once packets have outrun the
+// populator (and were copied), it does not populate the pages behind
+// them — mapping a page costs more than copying it — but starts again a
+// step ahead, and only what it populated is handed out.
+func TestDirectPopulatorJumpsAheadOfPackets(t *testing.T) {
+	size := 8 * directStep
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	const base = 1 << 20
+	d := &directMap{base: base, from: base, mem: mem, populated: make(chan struct{}), readyFrom: base}
+	d.ready.Store(base)
+	w := &Write{direct: d}
+	// A packet three steps in is asked for before anything is populated:
+	// refused (it will be copied).
+	head := int64(base + 3*directStep + 1000)
+	if w.DirectBegin(head-65536, 65536) != nil {
+		t.Fatal("an unpopulated range was handed out")
+	}
+	d.populate(0)
+	from := int64(base + 4*directStep + pageSize) &^ (pageSize - 1)
+	if d.readyFrom < head || d.readyFrom > from+pageSize || d.ready.Load() != base+int64(size) {
+		t.Fatalf("populated [%d, %d), packets at %d", d.readyFrom, d.ready.Load(), head)
+	}
+	if w.DirectBegin(head, 65536) != nil {
+		t.Fatal("a range behind the populated one was handed out")
+	}
+	if dst := w.DirectBegin(d.readyFrom, 65536); dst == nil {
+		t.Fatal("a populated range was refused")
+	} else {
+		w.DirectEnd()
 	}
 }
