@@ -41,7 +41,7 @@ type directMap struct {
 	// changes only under mu.
 	ready        atomic.Int64
 	readyFrom    int64
-	head         atomic.Int64 // end of the last packet asked for
+	head         atomic.Int64  // end of the last packet asked for
 	populated    chan struct{} // closed when the populator stops
 	stopPopulate atomic.Bool
 }

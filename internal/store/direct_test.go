@@ -161,7 +161,7 @@ func TestDirectPopulatorJumpsAheadOfPackets(t *testing.T) {
 		t.Fatal("an unpopulated range was handed out")
 	}
 	d.populate(0)
-	from := int64(base + 4*directStep + pageSize) &^ (pageSize - 1)
+	from := int64(base+4*directStep+pageSize) &^ (pageSize - 1)
 	if d.readyFrom < head || d.readyFrom > from+pageSize || d.ready.Load() != base+int64(size) {
 		t.Fatalf("populated [%d, %d), packets at %d", d.readyFrom, d.ready.Load(), head)
 	}
