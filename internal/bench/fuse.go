@@ -30,7 +30,7 @@ import (
 type fuseRow struct {
 	op       string // seq-write, seq-read, rand-write, rand-read, create, stat, remove
 	replicas int    // 0 for the local directory
-	via      string // fuse, sdk, local
+	via      string // fuse, sdk (streaming Put/Get), sdk-file (1 MiB ReadAt, as fio), local
 	value    float64
 	unit     string // MB/s or ops/s
 }
@@ -170,7 +170,7 @@ func (r *runner) fuseSide(ctx context.Context, dir, via string, k int, sz fuseSi
 // sequential ones (its streaming paths), 4 KiB WriteAt and ReadAt at
 // random offsets, and Create, Stat and Remove.
 func (r *runner) sdkSide(ctx context.Context, cl *client.Client, dir string, k int, sz fuseSizes, add func(string, int, string, []float64, string)) error {
-	var sw, sr, rw, rr []float64
+	var sw, sr, sf, rw, rr []float64
 	pattern := randomData(16 << 20)
 	for i := 0; i < sz.runs; i++ {
 		seq := fmt.Sprintf("%s/sdk-seq-%d", dir, i)
@@ -184,6 +184,21 @@ func (r *runner) sdkSide(ctx context.Context, cl *client.Client, dir string, k i
 			return fmt.Errorf("get %s: %d bytes, %v", seq, n, err)
 		}
 		sr = append(sr, float64(sz.seq)/time.Since(start).Seconds()/1e6)
+		// As fio reads: 1 MiB at a time into one buffer, through the
+		// SDK's file API (Get above streams into io.Discard, several
+		// requests in flight, and never copies to a program's memory).
+		sq, err := cl.Open(ctx, seq)
+		if err != nil {
+			return err
+		}
+		block := make([]byte, 1<<20)
+		start = time.Now()
+		for off := int64(0); off < sz.seq; off += int64(len(block)) {
+			if _, err := sq.ReadAtContext(ctx, block, off); err != nil && !errors.Is(err, io.EOF) {
+				return fmt.Errorf("read %s at %d: %w", seq, off, err)
+			}
+		}
+		sf = append(sf, float64(sz.seq)/time.Since(start).Seconds()/1e6)
 		cl.Remove(ctx, seq)
 
 		rnd := fmt.Sprintf("%s/sdk-rand-%d", dir, i)
@@ -215,6 +230,7 @@ func (r *runner) sdkSide(ctx context.Context, cl *client.Client, dir string, k i
 	}
 	add("seq-write", k, "sdk", sw, "MB/s")
 	add("seq-read", k, "sdk", sr, "MB/s")
+	add("seq-read", k, "sdk-file", sf, "MB/s")
 	add("rand-write", k, "sdk", rw, "ops/s")
 	add("rand-read", k, "sdk", rr, "ops/s")
 	return metaRuns(sz, k, "sdk", add, func(i int) metaOps {
@@ -394,24 +410,25 @@ func (r *runner) writeFuse(rows []fuseRow) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"experiment", "op", "replicas", "via", "value", "unit", "vs_sdk", "vs_local"})
+	w.Write([]string{"experiment", "op", "replicas", "via", "value", "unit", "vs_sdk", "vs_local", "vs_sdk_file"})
 	ratio := func(a, b float64) string {
 		if b == 0 {
 			return ""
 		}
 		return strconv.FormatFloat(a/b, 'f', 2, 64)
 	}
-	fmt.Fprintf(r.cfg.Log, "   %-10s %8s %12s %8s %8s\n", "op", "replicas", "fuse", "vs sdk", "vs local")
+	fmt.Fprintf(r.cfg.Log, "   %-10s %8s %12s %8s %8s %12s\n", "op", "replicas", "fuse", "vs sdk", "vs local", "vs sdk file")
 	for _, x := range rows {
-		vsSDK, vsLocal := "", ""
+		vsSDK, vsLocal, vsFile := "", "", ""
 		if x.via != "local" {
 			vsLocal = ratio(x.value, find(x.op, 0, "local"))
 		}
 		if x.via == "fuse" {
 			vsSDK = ratio(x.value, find(x.op, x.replicas, "sdk"))
-			fmt.Fprintf(r.cfg.Log, "   %-10s %8d %8.1f %-5s %8s %8s\n", x.op, x.replicas, x.value, x.unit, vsSDK, vsLocal)
+			vsFile = ratio(x.value, find(x.op, x.replicas, "sdk-file"))
+			fmt.Fprintf(r.cfg.Log, "   %-10s %8d %8.1f %-5s %8s %8s %12s\n", x.op, x.replicas, x.value, x.unit, vsSDK, vsLocal, vsFile)
 		}
-		w.Write([]string{"fuse", x.op, strconv.Itoa(x.replicas), x.via, strconv.FormatFloat(x.value, 'f', 1, 64), x.unit, vsSDK, vsLocal})
+		w.Write([]string{"fuse", x.op, strconv.Itoa(x.replicas), x.via, strconv.FormatFloat(x.value, 'f', 1, 64), x.unit, vsSDK, vsLocal, vsFile})
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
