@@ -52,6 +52,19 @@ func (s *Service) Check() error {
 		if err != nil {
 			return err
 		}
+		err = scan(v.r, []byte{pXattr}, []byte{pXattr + 1}, func(k, val []byte) (bool, error) {
+			if len(k) < 10 {
+				report("malformed attribute key %q", k)
+				return true, nil
+			}
+			if ino := ids.Ino(binary.BigEndian.Uint64(k[1:9])); inodes[ino] == nil {
+				report("attribute %q of missing inode %d", k[9:], ino)
+			}
+			return true, nil
+		})
+		if err != nil {
+			return err
+		}
 		refs := map[ids.Ino]int{}
 		subdirs := map[ids.Ino]uint32{}
 		err = scan(v.r, []byte{pDirent}, []byte{pDirent + 1}, func(k, val []byte) (bool, error) {

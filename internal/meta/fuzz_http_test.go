@@ -17,7 +17,8 @@ import (
 func FuzzHTTP(f *testing.F) {
 	ops := []string{metaapi.OpResolve, metaapi.OpLookup, metaapi.OpGetAttr, metaapi.OpCreate, metaapi.OpLink,
 		metaapi.OpRemove, metaapi.OpRename, metaapi.OpReaddir, metaapi.OpSetAttr, metaapi.OpSetPolicy,
-		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpReplace, metaapi.OpDegraded, metaapi.OpListDeg, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat}
+		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpReplace, metaapi.OpDegraded, metaapi.OpListDeg, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat,
+		metaapi.OpRelease, metaapi.OpSetXattr, metaapi.OpGetXattr, metaapi.OpListXattr, metaapi.OpRmXattr}
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"a","type":"file","mode":420}`))
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"d","type":"dir","mode":493}`))
 	f.Add(uint8(11), []byte(`{"ino":2,"off":0,"len":9223372036854775807,"write":true}`))
@@ -29,6 +30,12 @@ func FuzzHTTP(f *testing.F) {
 	f.Add(uint8(0), []byte(`{"path":"/a/../../b/./c//d"}`))
 	f.Add(uint8(9), []byte(`{"ino":1,"policy":{"replicas":1000000,"strategy":"ring"}}`))
 	f.Add(uint8(1), []byte("\x00\xff not json"))
+	f.Add(uint8(20), []byte(`{"ino":1,"name":"user.a","value":"eA==","flags":1}`))
+	f.Add(uint8(20), []byte(`{"ino":1,"name":"trusted.\u0000","value":null,"flags":3}`))
+	f.Add(uint8(21), []byte(`{"ino":1,"name":"user.a"}`))
+	f.Add(uint8(22), []byte(`{"ino":1}`))
+	f.Add(uint8(23), []byte(`{"ino":1,"name":"system.posix_acl_access"}`))
+	f.Add(uint8(19), []byte(`{"ino":2,"renew":true}`))
 	fx := newFixture(f)
 	s := fx.s
 	h := s.Handler()

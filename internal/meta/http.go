@@ -107,6 +107,18 @@ var ops = map[string]op{
 	metaapi.OpRelease: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReleaseReq) (empty, error) {
 		return empty{}, s.Release(r)
 	}),
+	metaapi.OpSetXattr: endpoint(true, false, func(s *Service, _ caller, r metaapi.SetXattrReq) (empty, error) {
+		return empty{}, s.SetXattr(r)
+	}),
+	metaapi.OpGetXattr: endpoint(true, false, func(s *Service, _ caller, r metaapi.XattrReq) (metaapi.XattrResp, error) {
+		return s.GetXattr(r)
+	}),
+	metaapi.OpListXattr: endpoint(true, false, func(s *Service, _ caller, r metaapi.ListXattrReq) (metaapi.ListXattrResp, error) {
+		return s.ListXattr(r)
+	}),
+	metaapi.OpRmXattr: endpoint(true, false, func(s *Service, _ caller, r metaapi.XattrReq) (empty, error) {
+		return empty{}, s.RemoveXattr(r)
+	}),
 	metaapi.OpReaddir: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReaddirReq) (metaapi.ReaddirResp, error) {
 		return s.Readdir(r)
 	}),

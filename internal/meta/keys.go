@@ -24,6 +24,7 @@ import (
 //	g <node:4> <chunk:8>              chunk queued for deletion on node (empty value)
 //	n <node:4>                        storage node (JSON nodeRec)
 //	o <ino:8>                         orphan: a file with no name kept while open; <lease expiry:8> (unix ns)
+//	a <ino:8> <name>                  extended attribute: its value (xattr.go)
 const (
 	pInode  = 'i'
 	pDirent = 'd'

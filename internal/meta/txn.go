@@ -150,6 +150,9 @@ func (tx *txn) free(in *inode) error {
 	if err := tx.b.Delete(orphanKey(in.Ino), nil); err != nil {
 		return err
 	}
+	if err := tx.b.DeleteRange(xattrPrefix(in.Ino), prefixEnd(xattrPrefix(in.Ino)), nil); err != nil {
+		return err
+	}
 	return tx.b.Delete(inodeKey(in.Ino), nil)
 }
 

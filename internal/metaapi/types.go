@@ -40,6 +40,10 @@ const (
 	EAUTH        Code = "EAUTH"        // missing or invalid credential
 	EAGAIN       Code = "EAGAIN"       // retryable: meta busy or starting
 	EIO          Code = "EIO"          // internal error
+	ENODATA      Code = "ENODATA"      // no such extended attribute
+	ENOTSUP      Code = "ENOTSUP"      // not supported (an extended attribute namespace)
+	E2BIG        Code = "E2BIG"        // an extended attribute value or list too large
+	ERANGE       Code = "ERANGE"       // an extended attribute name empty or too long
 )
 
 // Error is the body of every failed call, and the error type the client
@@ -292,6 +296,47 @@ type ReleaseReq struct {
 	Ino   ids.Ino `json:"ino"`
 	Renew bool    `json:"renew,omitempty"`
 	Who   Who     `json:"who"`
+}
+
+// Extended attributes (xattrs). Names are namespaced as on Linux:
+// "user." (needs read permission to get, write permission to set, and
+// only on files and directories), "trusted." and "security." (set by root
+// only; trusted ones are invisible to others). "system." (POSIX ACLs) is
+// not supported.
+const (
+	MaxXattrName  = 255       // bytes, namespace included (XATTR_NAME_MAX)
+	MaxXattrValue = 64 << 10  // bytes (XATTR_SIZE_MAX)
+	MaxXattrTotal = 256 << 10 // bytes of names and values per inode
+	XattrCreate   = 1         // SetXattr fails with EEXIST if the name exists
+	XattrReplace  = 2         // SetXattr fails with ENODATA if it does not
+)
+
+type SetXattrReq struct {
+	Ino   ids.Ino `json:"ino"`
+	Name  string  `json:"name"`
+	Value []byte  `json:"value"`
+	Flags uint32  `json:"flags,omitempty"` // XattrCreate, XattrReplace
+	Who   Who     `json:"who"`
+}
+
+// XattrReq names one attribute to get or remove.
+type XattrReq struct {
+	Ino  ids.Ino `json:"ino"`
+	Name string  `json:"name"`
+	Who  Who     `json:"who"`
+}
+
+type XattrResp struct {
+	Value []byte `json:"value"`
+}
+
+type ListXattrReq struct {
+	Ino ids.Ino `json:"ino"`
+	Who Who     `json:"who"`
+}
+
+type ListXattrResp struct {
+	Names []string `json:"names"` // those the caller may see, in name order
 }
 
 type RenameReq struct {
