@@ -131,3 +131,29 @@ func (f *File) SetAttr(a metaapi.Attr) {
 	f.attr = a
 	f.mu.Unlock()
 }
+
+// SetXattr sets extended attribute name of ino (flags: metaapi.XattrCreate
+// or XattrReplace, or 0).
+func (c *Client) SetXattr(ctx context.Context, ino ids.Ino, name string, value []byte, flags uint32) error {
+	return c.meta.Call(ctx, metaapi.OpSetXattr, metaapi.SetXattrReq{Ino: ino, Name: name, Value: value, Flags: flags, Who: c.whoOf(ctx)}, nil)
+}
+
+// GetXattr returns extended attribute name of ino.
+func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte, error) {
+	var resp metaapi.XattrResp
+	err := c.meta.Call(ctx, metaapi.OpGetXattr, metaapi.XattrReq{Ino: ino, Name: name, Who: c.whoOf(ctx)}, &resp)
+	return resp.Value, err
+}
+
+// ListXattr returns the names of ino's extended attributes the caller may
+// see.
+func (c *Client) ListXattr(ctx context.Context, ino ids.Ino) ([]string, error) {
+	var resp metaapi.ListXattrResp
+	err := c.meta.Call(ctx, metaapi.OpListXattr, metaapi.ListXattrReq{Ino: ino, Who: c.whoOf(ctx)}, &resp)
+	return resp.Names, err
+}
+
+// RemoveXattr deletes extended attribute name of ino.
+func (c *Client) RemoveXattr(ctx context.Context, ino ids.Ino, name string) error {
+	return c.meta.Call(ctx, metaapi.OpRmXattr, metaapi.XattrReq{Ino: ino, Name: name, Who: c.whoOf(ctx)}, nil)
+}

@@ -1423,3 +1423,91 @@ func TestFUSEUnmountWithOpenFile(t *testing.T) {
 func eaccess(path string, mode uint32) error {
 	return unix.Faccessat2(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
 }
+
+// TestFUSEXattrs: extended attributes through a real mount — set, get,
+// list, remove, the size query, flags, visibility on a second mount, the
+// permission rules as another user, and what is refused.
+func TestFUSEXattrs(t *testing.T) {
+	c, a := fuseCluster(t)
+	b := mountAt(t, c.conf, "mnt-b")
+	for d := a.dir; d != "/" && d != "/dev/shm" && d != os.TempDir(); d = filepath.Dir(d) {
+		mustOK(t, "chmod", os.Chmod(d, 0o755)) // let another user reach the mount
+	}
+	dir := mkdirs(t, a.dir, "x")
+	mustOK(t, "chmod", os.Chmod(dir, 0o755))
+	f := filepath.Join(dir, "f")
+	writeFile(t, f, []byte("data"))
+	mustOK(t, "chmod", os.Chmod(f, 0o644))
+
+	mustOK(t, "setxattr", unix.Setxattr(f, "user.color", []byte("blue"), 0))
+	mustOK(t, "setxattr empty", unix.Setxattr(f, "user.empty", nil, 0))
+	big := bytes.Repeat([]byte("v"), 60000)
+	mustOK(t, "setxattr 60000 bytes", unix.Setxattr(f, "user.big", big, 0))
+	wantErrno(t, "XATTR_CREATE of an existing name", unix.Setxattr(f, "user.color", []byte("red"), unix.XATTR_CREATE), syscall.EEXIST)
+	wantErrno(t, "XATTR_REPLACE of a missing name", unix.Setxattr(f, "user.none", []byte("x"), unix.XATTR_REPLACE), syscall.ENODATA)
+	wantErrno(t, "a value over 64 KiB", unix.Setxattr(f, "user.huge", make([]byte, 70000), 0), syscall.E2BIG)
+	wantErrno(t, "a system. attribute (ACL)", unix.Setxattr(f, "system.posix_acl_access", []byte{2, 0, 0, 0}, 0), syscall.EOPNOTSUPP)
+	// A well-formed capability set (revision 2: CAP_NET_RAW permitted),
+	// or the kernel refuses it before asking.
+	caps := []byte{0, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	wantErrno(t, "file capabilities", unix.Setxattr(f, "security.capability", caps, 0), syscall.EOPNOTSUPP)
+	mustOK(t, "trusted. as root", unix.Setxattr(f, "trusted.t", []byte("root only"), 0))
+
+	// Read on the other mount: the size query, a short buffer, the value.
+	pb := filepath.Join(b.dir, "x", "f")
+	if n, err := unix.Getxattr(pb, "user.big", nil); err != nil || n != len(big) {
+		t.Fatalf("size query: %d, %v", n, err)
+	}
+	if _, err := unix.Getxattr(pb, "user.big", make([]byte, 10)); err != syscall.ERANGE {
+		t.Fatalf("short buffer: %v, want ERANGE", err)
+	}
+	buf := make([]byte, 70000)
+	if n, err := unix.Getxattr(pb, "user.big", buf); err != nil || !bytes.Equal(buf[:n], big) {
+		t.Fatalf("user.big on the other mount: %d bytes, %v", n, err)
+	}
+	if n, err := unix.Getxattr(pb, "user.empty", buf); err != nil || n != 0 {
+		t.Fatalf("empty value: %d, %v", n, err)
+	}
+	_, err := unix.Getxattr(pb, "user.none", buf)
+	wantErrno(t, "a missing attribute", err, syscall.ENODATA)
+	n, err := unix.Listxattr(pb, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Split(strings.TrimSuffix(string(buf[:n]), "\x00"), "\x00"); strings.Join(got, ",") != "trusted.t,user.big,user.color,user.empty" {
+		t.Fatalf("listxattr as root: %q", got)
+	}
+
+	// Another user reads user. attributes of a file it may read, sets
+	// none, and does not see trusted. ones.
+	const nobody = 65534
+	asUser(t, nobody, nobody, func() {
+		if n, err := unix.Getxattr(f, "user.color", buf); err != nil || string(buf[:n]) != "blue" {
+			t.Errorf("uid %d reading user.color: %q, %v", nobody, buf[:max(n, 0)], err)
+		}
+		wantErrno(t, "setxattr on another's 0644 file", unix.Setxattr(f, "user.color", []byte("red"), 0), syscall.EACCES)
+		wantErrno(t, "removexattr on another's 0644 file", unix.Removexattr(f, "user.color"), syscall.EACCES)
+		_, err := unix.Getxattr(f, "trusted.t", buf)
+		wantErrno(t, "a trusted. attribute as another user", err, syscall.ENODATA)
+		if n, err := unix.Listxattr(f, buf); err != nil || strings.Contains(string(buf[:n]), "trusted.") {
+			t.Errorf("listxattr as uid %d: %q, %v", nobody, buf[:max(n, 0)], err)
+		}
+	})
+
+	// Writes, truncation and chown still work (the kernel asks about file
+	// capabilities before each: none).
+	writeFile(t, f, []byte("new contents"))
+	mustOK(t, "truncate", os.Truncate(f, 3))
+	mustOK(t, "chown", os.Chown(f, nobody, nobody))
+	mustOK(t, "removexattr", unix.Removexattr(f, "user.color"))
+	wantErrno(t, "removexattr again", unix.Removexattr(f, "user.color"), syscall.ENODATA)
+	if n, err := unix.Getxattr(f, "user.big", buf); err != nil || n != len(big) {
+		t.Errorf("user.big after writes, truncate and chown: %d, %v", n, err)
+	}
+	// A removed file takes its attributes with it; a new one has none.
+	mustOK(t, "remove", os.Remove(f))
+	writeFile(t, f, []byte("again"))
+	if n, err := unix.Listxattr(f, buf); err != nil || n != 0 {
+		t.Errorf("a new file at the same path has attributes: %q, %v", buf[:max(n, 0)], err)
+	}
+}

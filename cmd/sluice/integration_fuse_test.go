@@ -60,13 +60,10 @@ func fuseCluster(t *testing.T) (*upCluster, *mounted) {
 
 // TestFUSEPosixSuite runs go-fuse's POSIX conformance suite (posixtest,
 // which includes ports of xfstests cases) on a real mount, each case in a
-// fresh directory. Extended attributes are not supported (ENOTSUP, see
-// README), so their cases are left out.
+// fresh directory.
 func TestFUSEPosixSuite(t *testing.T) {
 	_, m := fuseCluster(t)
 	unsupported := map[string]string{
-		"XAttr":      "extended attributes are not supported",
-		"XAttrLarge": "extended attributes are not supported",
 		// Two descriptors of one process never conflict under POSIX
 		// record locks; tmpfs and ext4 fail this case too.
 		"FcntlFlockLocksFile": "expects locks to conflict within one process, which POSIX does not",

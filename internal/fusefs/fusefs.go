@@ -237,6 +237,10 @@ var codeErrno = map[metaapi.Code]syscall.Errno{
 	metaapi.EAUTH:        syscall.EACCES,
 	metaapi.EAGAIN:       syscall.EAGAIN,
 	metaapi.EIO:          syscall.EIO,
+	metaapi.ENODATA:      syscall.ENODATA,
+	metaapi.ENOTSUP:      syscall.EOPNOTSUPP,
+	metaapi.E2BIG:        syscall.E2BIG,
+	metaapi.ERANGE:       syscall.ERANGE,
 }
 
 // errno maps an SDK error to what the kernel returns to the program,

@@ -39,6 +39,9 @@ func parseXattrName(name string) (xattrNamespace, error) {
 	if len(name) == 0 || len(name) > metaapi.MaxXattrName {
 		return 0, metaapi.Errorf(metaapi.ERANGE, "attribute name of %d bytes (1 to %d)", len(name), metaapi.MaxXattrName)
 	}
+	if name == metaapi.XattrCaps {
+		return 0, metaapi.Errorf(metaapi.ENOTSUP, "file capabilities (%s) are not supported: mounts are nosuid", name)
+	}
 	for _, ns := range []struct {
 		prefix string
 		ns     xattrNamespace

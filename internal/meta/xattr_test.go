@@ -89,6 +89,7 @@ func TestXattrs(t *testing.T) {
 		{"user.", metaapi.EINVAL},
 		{"user.a\x00b", metaapi.EINVAL},
 		{"system.posix_acl_access", metaapi.ENOTSUP},
+		{metaapi.XattrCaps, metaapi.ENOTSUP},
 		{"os2.x", metaapi.ENOTSUP},
 	} {
 		wantCode(t, set(tc.name, "v", 0, root), tc.code)

@@ -309,6 +309,10 @@ const (
 	MaxXattrTotal = 256 << 10 // bytes of names and values per inode
 	XattrCreate   = 1         // SetXattr fails with EEXIST if the name exists
 	XattrReplace  = 2         // SetXattr fails with ENODATA if it does not
+	// XattrCaps (file capabilities) is refused: they mean nothing on a
+	// nosuid mount, and so front ends may answer "none" without asking —
+	// the kernel asks before every write(2).
+	XattrCaps = "security.capability"
 )
 
 type SetXattrReq struct {
