@@ -266,7 +266,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	continues := len(of.buf) > 0 && off == of.bufOff+int64(len(of.buf))
 	switch {
 	case continues && len(of.buf)+len(data) <= max:
-		of.buf = append(of.buf, data...)
+		of.appendLocked(data)
 		return uint32(len(data)), 0
 	case continues:
 		of.sendLocked() // full: on its way while the next buffer fills
@@ -282,9 +282,43 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 			return uint32(len(data)), 0
 		}
 	}
-	of.buf = append(of.buf[:0], data...)
+	of.buf = of.buf[:0]
+	of.appendLocked(data)
 	of.bufOff = off
 	return uint32(len(data)), 0
+}
+
+// appendLocked adds data to the buffer. A buffer outgrowing 1 MiB is a
+// large sequential writer's: it gets a whole write buffer at once (a
+// spare one if the mount has it) rather than grow by doubling, which
+// copies and, for each new file, allocates anew. Caller holds of.mu.
+func (of *openFile) appendLocked(data []byte) {
+	if n := len(of.buf) + len(data); n > cap(of.buf) && n > 1<<20 && n <= of.fsys.opts.WriteBuffer {
+		of.buf = append(of.fsys.writeBuf(), of.buf...)
+	}
+	of.buf = append(of.buf, data...)
+}
+
+// writeBuf returns an empty write buffer of full size.
+func (f *FS) writeBuf() []byte {
+	select {
+	case b := <-f.spareBufs:
+		return b[:0]
+	default:
+		return make([]byte, 0, f.opts.WriteBuffer)
+	}
+}
+
+// keepBuf keeps a full-size write buffer of a closed file for the next
+// (a few: idle memory stays bounded).
+func (f *FS) keepBuf(b []byte) {
+	if cap(b) != f.opts.WriteBuffer {
+		return
+	}
+	select {
+	case f.spareBufs <- b[:0]:
+	default:
+	}
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -340,10 +374,11 @@ func (h *handle) release() {
 	of.opens--
 	last := of.opens == 0
 	orphan := last && of.orphan
-	if !orphan {
-		f.forgetLocked(of)
-	}
+	forgotten := !orphan && f.forgetLocked(of)
 	f.mu.Unlock()
+	if forgotten {
+		f.recycle(of)
+	}
 	if !orphan {
 		return
 	}
@@ -365,9 +400,23 @@ func (h *handle) release() {
 
 // forgetLocked drops of from the open files once nothing uses it.
 // Caller holds f.mu.
-func (f *FS) forgetLocked(of *openFile) {
+func (f *FS) forgetLocked(of *openFile) bool {
 	if of.opens == 0 && of.pins == 0 && f.files[of.ino] == of {
 		delete(f.files, of.ino)
+		return true
+	}
+	return false
+}
+
+// recycle hands a forgotten file's write buffers to the mount: no open
+// can reach it any more. (Its last Flush waited for every send.)
+func (f *FS) recycle(of *openFile) {
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.pending == nil && len(of.buf) == 0 {
+		f.keepBuf(of.buf)
+		f.keepBuf(of.spare)
+		of.buf, of.spare = nil, nil
 	}
 }
 

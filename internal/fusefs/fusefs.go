@@ -84,6 +84,8 @@ type FS struct {
 	groups groupCache
 	dirs   dirAttrs // directories this mount just changed
 
+	spareBufs chan []byte // full-size write buffers of closed files
+
 	statMu   sync.Mutex
 	statAt   time.Time
 	statResp metaapi.StatusResp
@@ -99,7 +101,7 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*f
 		return nil, fmt.Errorf("mount: reading the cluster's root: %w", err)
 	}
 	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{}),
-		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}}
+		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}, spareBufs: make(chan []byte, 4)}
 	at, et, nt := opts.AttrTimeout, opts.EntryTimeout, opts.NegativeTimeout
 	mo := fuse.MountOptions{
 		FsName:        "sluice",
