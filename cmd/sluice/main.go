@@ -78,14 +78,19 @@ func (a *app) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 }
 
-// client opens the cluster named by the client config.
-func (a *app) client() (*client.Client, error) {
+// client opens the cluster named by the client config (tune, if given,
+// adjusts the options).
+func (a *app) client(tune ...func(*client.Options)) (*client.Client, error) {
 	path := config.Find(a.confPath)
 	conf, err := config.Load(path)
 	if err != nil {
 		return nil, err
 	}
-	return client.New(client.Options{Conf: conf, Logger: a.logger()})
+	opts := client.Options{Conf: conf, Logger: a.logger()}
+	for _, t := range tune {
+		t(&opts)
+	}
+	return client.New(opts)
 }
 
 // explain turns errors into one clear line.

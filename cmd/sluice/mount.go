@@ -35,6 +35,16 @@ func (m *mountFlags) add(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&m.debug, "fuse-debug", false, "log every FUSE request")
 }
 
+// tune fits the mount's client to --op-timeout: a chunk that keeps
+// answering busy (a write another writer left in doubt, which only
+// repair resolves) must fail the operation with EIO well within it, not
+// run into the timeout.
+func (m *mountFlags) tune(o *client.Options) {
+	if m.opTimeout > 0 {
+		o.BusyRetry = m.opTimeout / 4 // a flush may wait for two sends
+	}
+}
+
 func (a *app) mountOptions(m *mountFlags) fusefs.Options {
 	return fusefs.Options{
 		AttrTimeout: m.attr, EntryTimeout: m.entry, NegativeTimeout: m.negative,
@@ -90,7 +100,7 @@ func (a *app) mountCmd() *cobra.Command {
 		Short: "Mount the cluster as a POSIX file system (FUSE), in the foreground until SIGINT/SIGTERM or `sluice umount`",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := a.client()
+			cl, err := a.client(m.tune)
 			if err != nil {
 				return err
 			}

@@ -122,7 +122,9 @@ func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf 
 		c.Close()
 		return err
 	}
-	cl, err := client.New(client.Options{Conf: conf, Logger: a.logger()})
+	opts := client.Options{Conf: conf, Logger: a.logger()}
+	mf.tune(&opts)
+	cl, err := client.New(opts)
 	if err != nil {
 		c.Close()
 		return err
