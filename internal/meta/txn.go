@@ -150,7 +150,7 @@ func (tx *txn) free(in *inode) error {
 	if err := tx.b.Delete(orphanKey(in.Ino), nil); err != nil {
 		return err
 	}
-	if err := tx.b.DeleteRange(xattrPrefix(in.Ino), prefixEnd(xattrPrefix(in.Ino)), nil); err != nil {
+	if err := tx.dropXattrs(in.Ino); err != nil {
 		return err
 	}
 	return tx.b.Delete(inodeKey(in.Ino), nil)

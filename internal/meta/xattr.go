@@ -224,3 +224,19 @@ func (s *Service) RemoveXattr(req metaapi.XattrReq) error {
 		return nil
 	})
 }
+
+// dropXattrs deletes ino's attributes, key by key: most inodes have none,
+// and a range tombstone per freed inode would slow every later read.
+func (tx *txn) dropXattrs(ino ids.Ino) error {
+	var keys [][]byte
+	err := scan(tx.b, xattrPrefix(ino), prefixEnd(xattrPrefix(ino)), func(k, _ []byte) (bool, error) {
+		keys = append(keys, bytes.Clone(k))
+		return true, nil
+	})
+	for _, k := range keys {
+		if err == nil {
+			err = tx.b.Delete(k, nil)
+		}
+	}
+	return err
+}
