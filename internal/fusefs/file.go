@@ -398,7 +398,8 @@ func (h *handle) release() {
 	f.mu.Unlock()
 }
 
-// forgetLocked drops of from the open files once nothing uses it.
+// forgetLocked drops of from the open files once nothing uses it, and
+// reports whether it did.
 // Caller holds f.mu.
 func (f *FS) forgetLocked(of *openFile) bool {
 	if of.opens == 0 && of.pins == 0 && f.files[of.ino] == of {
