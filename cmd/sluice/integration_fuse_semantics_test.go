@@ -1511,3 +1511,62 @@ func TestFUSEXattrs(t *testing.T) {
 		t.Errorf("a new file at the same path has attributes: %q, %v", buf[:max(n, 0)], err)
 	}
 }
+
+// TestFUSETmpfile: open(2) with O_TMPFILE makes a nameless file that can
+// be written, read and linked into place with linkat(2) (not with
+// O_EXCL), and that meta frees when it is closed without a name.
+func TestFUSETmpfile(t *testing.T) {
+	c, a := fuseCluster(t)
+	b := mountAt(t, c.conf, "mnt-b")
+	dir := mkdirs(t, a.dir, "tmp")
+	files := status(t, c.conf).Files
+
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR, 0o640)
+	mustOK(t, "open O_TMPFILE", err)
+	data := randomBytes(t, 3<<20+17)
+	if n, err := unix.Write(fd, data); err != nil || n != len(data) {
+		t.Fatalf("write to the tmpfile: %d, %v", n, err)
+	}
+	var st unix.Stat_t
+	mustOK(t, "fstat", unix.Fstat(fd, &st))
+	if st.Nlink != 0 || st.Size != int64(len(data)) || st.Mode != unix.S_IFREG|0o640 {
+		t.Errorf("tmpfile: nlink %d size %d mode %o", st.Nlink, st.Size, st.Mode)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("the tmpfile is listed: %v", ents)
+	}
+	back := make([]byte, len(data))
+	if n, err := unix.Pread(fd, back, 0); err != nil || n != len(data) || !bytes.Equal(back, data) {
+		t.Errorf("reading the tmpfile back: %d, %v", n, err)
+	}
+	// Linked into place, closed: the other mount reads it in full.
+	final := filepath.Join(dir, "final")
+	mustOK(t, "linkat", unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, final, unix.AT_SYMLINK_FOLLOW))
+	mustOK(t, "close", unix.Close(fd))
+	wantContent(t, filepath.Join(b.dir, "tmp", "final"), data)
+	if st := lstat(t, final); st.Nlink != 1 {
+		t.Errorf("linked tmpfile has nlink %d", st.Nlink)
+	}
+
+	// O_EXCL: never linkable.
+	fd, err = unix.Open(dir, unix.O_TMPFILE|unix.O_EXCL|unix.O_WRONLY, 0o600)
+	mustOK(t, "open O_TMPFILE|O_EXCL", err)
+	err = unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, filepath.Join(dir, "excl"), unix.AT_SYMLINK_FOLLOW)
+	wantErrno(t, "linkat of an O_EXCL tmpfile", err, syscall.ENOENT)
+	mustOK(t, "close", unix.Close(fd))
+
+	// Closed without a name: gone at meta, not left for the lease.
+	fd, err = unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR, 0o600)
+	mustOK(t, "open O_TMPFILE", err)
+	if _, err := unix.Write(fd, []byte("scratch")); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, "close", unix.Close(fd))
+	deadline := time.Now().Add(5 * time.Second)
+	for status(t, c.conf).Files != files+1 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond) // RELEASE is asynchronous to close(2)
+	}
+	if got := status(t, c.conf).Files; got != files+1 {
+		t.Errorf("meta counts %d files, want %d (the linked one): nameless tmpfiles were not freed", got, files+1)
+	}
+}

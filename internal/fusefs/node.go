@@ -346,3 +346,32 @@ func (n *node) Allocate(ctx context.Context, fh fs.FileHandle, off, size uint64,
 	of.learn(na)
 	return 0
 }
+
+var _ fs.NodeTmpfiler = (*node)(nil)
+
+// Tmpfile is open(2) with O_TMPFILE: a file with no name, which meta keeps
+// as it keeps a removed open file — released at the last close, its
+// lease renewed meanwhile — unless linkat(2) names it first (not with
+// O_EXCL).
+func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	ctx, cancel := n.fsys.call(ctx)
+	defer cancel()
+	r, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{
+		Parent: n.ino(), Type: metaapi.TypeFile, Mode: mode & 07777, Tmpfile: true, Exclusive: flags&syscall.O_EXCL != 0,
+	})
+	if err != nil {
+		return nil, nil, 0, n.fsys.errno("tmpfile", err)
+	}
+	a := r.Attr
+	h, errno := n.fsys.open(ctx, a.Ino, "", flags, &a)
+	if errno != 0 {
+		n.fsys.cl.Release(ctx, a.Ino, false) // nobody holds it: free it now, not at the lease's end
+		return nil, nil, 0, errno
+	}
+	// A release at the last close frees it if it is still nameless (meta
+	// ignores the release of a file that has a name by then).
+	n.fsys.mu.Lock()
+	h.of.orphan = true
+	n.fsys.mu.Unlock()
+	return n.child(ctx, &a, out), h, 0, 0
+}

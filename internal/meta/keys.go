@@ -130,6 +130,9 @@ type inode struct {
 	Parent ids.Ino `json:"parent,omitempty"`
 	// DirPolicy is the policy set on a directory with SetPolicy, if any.
 	DirPolicy *metaapi.Policy `json:"dir_policy,omitempty"`
+	// Linkable: a nameless file made with Tmpfile that Link may name
+	// (Linux's I_LINKABLE). Any other file with no name stays nameless.
+	Linkable bool `json:"linkable,omitempty"`
 }
 
 func (in *inode) isDir() bool { return in.Type == metaapi.TypeDir }

@@ -180,6 +180,10 @@ func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
 
 func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 	var out metaapi.AttrResp
+	if req.Tmpfile {
+		a, err := s.tmpfile(req)
+		return metaapi.AttrResp{Attr: a}, err
+	}
 	if err := validName(req.Name); err != nil {
 		return out, err
 	}
@@ -290,7 +294,7 @@ func (s *Service) link(req metaapi.LinkReq) (metaapi.AttrResp, error) {
 		if src.isDir() {
 			return eperm("hard link to directory %d", src.Ino)
 		}
-		if src.Nlink == 0 {
+		if src.Nlink == 0 && !src.Linkable {
 			// An orphan (unlinked while open) cannot get a name back.
 			return metaapi.Errorf(metaapi.ENOENT, "inode %d has been removed", src.Ino)
 		}
@@ -316,6 +320,12 @@ func (s *Service) link(req metaapi.LinkReq) (metaapi.AttrResp, error) {
 		}
 		if err := tx.setEntry(np.Ino, req.NewName, dirent{Ino: src.Ino, Type: src.Type}); err != nil {
 			return err
+		}
+		if src.Nlink == 0 { // a tmpfile linked into place: kept by its name now
+			if err := tx.b.Delete(orphanKey(src.Ino), nil); err != nil {
+				return err
+			}
+			src.Linkable = false
 		}
 		src.Nlink++
 		src.Ctime = tx.now

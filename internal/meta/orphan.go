@@ -89,3 +89,44 @@ func (s *Service) SweepOrphans() {
 		s.log.Info("freed orphans whose lease lapsed", "count", freed)
 	}
 }
+
+// tmpfile creates a regular file with no name in directory req.Parent
+// (its policy, its setgid group), kept as an orphan under the lease until
+// released or linked into place.
+func (s *Service) tmpfile(req metaapi.CreateReq) (metaapi.Attr, error) {
+	var out metaapi.Attr
+	if req.Name != "" || req.Type != metaapi.TypeFile {
+		return out, metaapi.Errorf(metaapi.EINVAL, "a tmpfile is a regular file with no name (got %s %q)", req.Type, req.Name)
+	}
+	who := req.Who
+	err := s.update(func(tx *txn) error {
+		parent, err := dirInode(tx, req.Parent)
+		if err != nil {
+			return err
+		}
+		if err := access(parent, who, mayWrite|mayExec); err != nil {
+			return err
+		}
+		pol, _, err := effectivePolicy(tx, parent)
+		if err != nil {
+			return err
+		}
+		in := &inode{Attr: metaapi.Attr{
+			Type: metaapi.TypeFile, Mode: req.Mode & modePerm, UID: who.UID, GID: who.GID,
+			Atime: tx.now, Mtime: tx.now, Ctime: tx.now, ChunkSize: s.opts.ChunkSize, Policy: &pol,
+		}, Linkable: !req.Exclusive}
+		if pol.EC != nil {
+			in.ChunkSize = pol.EC.ChunkSize()
+		}
+		if parent.Mode&modeSetgid != 0 {
+			in.GID = parent.GID
+		}
+		if in.Mode&modeSetgid != 0 && who.UID != 0 && !inGroup(who, in.GID) {
+			in.Mode &^= modeSetgid
+		}
+		tx.newInode(in)
+		out = in.Attr
+		return tx.setOrphan(in.Ino, tx.now+int64(s.opts.OrphanLease))
+	})
+	return out, err
+}

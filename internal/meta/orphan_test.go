@@ -562,3 +562,85 @@ func TestOrphanHTTP(t *testing.T) {
 	wantCode(t, c.Call(ctx, metaapi.OpRelease, metaapi.ReleaseReq{Ino: b, Who: root}, nil), "")
 	f.wantFreed(b)
 }
+
+// O_TMPFILE: a file made with no name is an orphan from birth; Link names
+// it (unless it was made exclusive), Release or a lapsed lease frees it.
+func TestTmpfile(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.DefaultReplicas = 1; o.OrphanLease = time.Minute })
+	f.addNodes(1)
+	f.tree("/d/")
+	mk := func(excl bool, who metaapi.Who) (metaapi.Attr, error) {
+		return f.s.Create(metaapi.CreateReq{Parent: f.ino("/d"), Type: metaapi.TypeFile, Mode: 0o600, Tmpfile: true, Exclusive: excl, Who: who})
+	}
+	files := f.s.Status2().Files
+	a, err := mk(false, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.wantOrphan(a.Ino)
+	if names := f.names("/d"); len(names) != 0 {
+		t.Fatalf("a tmpfile shows in its directory: %v", names)
+	}
+	if a.Policy == nil || a.Policy.Replicas != 1 || a.Mode != 0o600 {
+		t.Fatalf("tmpfile attributes %+v", a)
+	}
+	// Written through its layout like any file.
+	if _, err := f.s.Layout(7, metaapi.LayoutReq{Ino: a.Ino, Off: 0, Len: 1, Write: true, Who: root}); err != nil {
+		t.Fatalf("layout of a tmpfile: %v", err)
+	}
+	// Linked into place: a named file, no longer an orphan; Release (the
+	// close) leaves it.
+	if _, err := f.s.Link(metaapi.LinkReq{Ino: a.Ino, NewParent: f.ino("/d"), NewName: "final", Who: root}); err != nil {
+		t.Fatal(err)
+	}
+	if b := f.attr("/d/final"); b.Ino != a.Ino || b.Nlink != 1 {
+		t.Fatalf("linked tmpfile: %+v", b)
+	}
+	if _, ok := f.orphanExpiry(a.Ino); ok {
+		t.Fatal("a linked tmpfile still has an orphan record")
+	}
+	wantCode(t, f.release(a.Ino, false, root), "")
+	f.clk.Advance(2 * time.Minute)
+	f.s.SweepOrphans()
+	if b := f.attr("/d/final"); b.Ino != a.Ino {
+		t.Fatal("the linked tmpfile went with its lease")
+	}
+	// Removed again while open, it is an ordinary orphan: no name back.
+	wantCode(t, f.rm("/d", "final", true), "")
+	_, err = f.s.Link(metaapi.LinkReq{Ino: a.Ino, NewParent: f.ino("/d"), NewName: "again", Who: root})
+	wantCode(t, err, metaapi.ENOENT)
+	wantCode(t, f.release(a.Ino, false, root), "")
+	f.wantFreed(a.Ino)
+
+	// O_EXCL: never linkable; released, it is gone.
+	x, err := mk(true, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.s.Link(metaapi.LinkReq{Ino: x.Ino, NewParent: f.ino("/d"), NewName: "x", Who: root})
+	wantCode(t, err, metaapi.ENOENT)
+	wantCode(t, f.release(x.Ino, false, root), "")
+	f.wantFreed(x.Ino)
+	// A crashed owner: the lease lapses.
+	y, err := mk(false, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.clk.Advance(2 * time.Minute)
+	f.s.SweepOrphans()
+	f.wantFreed(y.Ino)
+	if got := f.s.Status2().Files; got != files {
+		t.Fatalf("%d files after every tmpfile went, want %d", got, files)
+	}
+
+	// Bad requests and permissions.
+	_, err = f.s.Create(metaapi.CreateReq{Parent: f.ino("/d"), Name: "n", Type: metaapi.TypeFile, Tmpfile: true, Who: root})
+	wantCode(t, err, metaapi.EINVAL)
+	_, err = f.s.Create(metaapi.CreateReq{Parent: f.ino("/d"), Type: metaapi.TypeDir, Tmpfile: true, Who: root})
+	wantCode(t, err, metaapi.EINVAL)
+	_, err = mk(false, alice)
+	wantCode(t, err, metaapi.EACCES)
+	if err := f.s.Check(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -264,6 +264,10 @@ type CreateReq struct {
 	Mode      uint32   `json:"mode"`
 	Target    string   `json:"target,omitempty"`    // symlink target
 	Exclusive bool     `json:"exclusive,omitempty"` // files: EEXIST if present; otherwise an existing file is returned
+	// Tmpfile creates a file with no name (open(2) with O_TMPFILE; Name
+	// empty), kept like a removed open file until Release, and linkable
+	// into place with Link unless Exclusive.
+	Tmpfile bool `json:"tmpfile,omitempty"`
 	// Open is the access (MayRead, MayWrite) an existing file returned
 	// must grant Who: the create is an open(O_CREAT) that found it.
 	Open uint32 `json:"open,omitempty"`
