@@ -73,3 +73,46 @@ func TestBenchQuick(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchFuseQuick runs `sluice bench --quick fuse`: fio and the
+// metadata test through a real mount, the SDK and a local directory, for
+// replicas 1 and 3; every row measured, every mount row with its ratios.
+func TestBenchFuseQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two clusters and mounts")
+	}
+	requireFUSE(t)
+	out := filepath.Join(t.TempDir(), "results")
+	r := run(t, "", nil, "bench", "--quick", "--out", out, "fuse")
+	if r.code != 0 {
+		t.Fatalf("bench fuse failed: %s", r)
+	}
+	f, err := os.Open(filepath.Join(out, "fuse.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(rows[0], ","); got != "experiment,op,replicas,via,value,unit,vs_sdk,vs_local,vs_sdk_file" {
+		t.Fatalf("header %q", got)
+	}
+	// 7 operations locally; per policy 7 through the SDK (plus its file
+	// API read) and 7 through the mount.
+	if len(rows)-1 != 7+2*(7+1+7) {
+		t.Fatalf("%d rows, want %d:\n%v", len(rows)-1, 7+2*15, rows)
+	}
+	for _, row := range rows[1:] {
+		if v, err := strconv.ParseFloat(row[4], 64); err != nil || v <= 0 {
+			t.Errorf("row %v: value %q", row, row[4])
+		}
+		if row[3] == "fuse" && (row[6] == "" || row[7] == "") {
+			t.Errorf("mount row without ratios: %v", row)
+		}
+		if row[3] == "fuse" && row[1] == "seq-read" && row[8] == "" {
+			t.Errorf("mount read without its ratio to the SDK's file API: %v", row)
+		}
+	}
+}
