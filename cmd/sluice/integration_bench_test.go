@@ -25,15 +25,7 @@ func TestBenchQuick(t *testing.T) {
 	}
 	wantRows := map[string]int{"write-latency": 16, "replication": 15, "goodput": 6, "table-fill": 3}
 	for exp, n := range wantRows {
-		f, err := os.Open(filepath.Join(out, exp+".csv"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rows, err := csv.NewReader(f).ReadAll()
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		rows := readCSV(t, filepath.Join(out, exp+".csv"))
 		if strings.Join(rows[0], ",") != strings.Join(bench.CSVHeader, ",") {
 			t.Errorf("%s header %v", exp, rows[0])
 		}
@@ -87,15 +79,7 @@ func TestBenchFuseQuick(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("bench fuse failed: %s", r)
 	}
-	f, err := os.Open(filepath.Join(out, "fuse.csv"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows, err := csv.NewReader(f).ReadAll()
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := readCSV(t, filepath.Join(out, "fuse.csv"))
 	if got := strings.Join(rows[0], ","); got != "experiment,op,replicas,via,value,unit,vs_sdk,vs_local,vs_sdk_file" {
 		t.Fatalf("header %q", got)
 	}
@@ -115,4 +99,18 @@ func TestBenchFuseQuick(t *testing.T) {
 			t.Errorf("mount read without its ratio to the SDK's file API: %v", row)
 		}
 	}
+}
+
+func readCSV(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return rows
 }

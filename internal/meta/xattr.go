@@ -106,14 +106,7 @@ func (s *Service) SetXattr(req metaapi.SetXattrReq) error {
 	case req.Flags&^(metaapi.XattrCreate|metaapi.XattrReplace) != 0 || req.Flags == metaapi.XattrCreate|metaapi.XattrReplace:
 		return metaapi.Errorf(metaapi.EINVAL, "attribute flags %#x", req.Flags)
 	}
-	return s.update(func(tx *txn) error {
-		in, err := tx.inode(req.Ino)
-		if err != nil {
-			return err
-		}
-		if err := xattrMayWrite(in, ns, req.Who); err != nil {
-			return err
-		}
+	return s.changeXattrs(req.Ino, ns, req.Who, func(tx *txn, in *inode) error {
 		total, found := 0, false
 		err = scan(tx.b, xattrPrefix(in.Ino), prefixEnd(xattrPrefix(in.Ino)), func(k, v []byte) (bool, error) {
 			if string(k[9:]) == req.Name {
@@ -134,7 +127,22 @@ func (s *Service) SetXattr(req metaapi.SetXattrReq) error {
 		case total+len(req.Name)+len(req.Value) > metaapi.MaxXattrTotal:
 			return metaapi.Errorf(metaapi.ENOSPC, "inode %d's attributes would take %d bytes (at most %d)", in.Ino, total+len(req.Name)+len(req.Value), metaapi.MaxXattrTotal)
 		}
-		if err := tx.b.Set(xattrKey(in.Ino, req.Name), req.Value, nil); err != nil {
+		return tx.b.Set(xattrKey(in.Ino, req.Name), req.Value, nil)
+	})
+}
+
+// changeXattrs runs fn, which changes the attributes of inode ino, if who
+// may change those of namespace ns; the inode's ctime moves.
+func (s *Service) changeXattrs(ino ids.Ino, ns xattrNamespace, who metaapi.Who, fn func(tx *txn, in *inode) error) error {
+	return s.update(func(tx *txn) error {
+		in, err := tx.inode(ino)
+		if err != nil {
+			return err
+		}
+		if err := xattrMayWrite(in, ns, who); err != nil {
+			return err
+		}
+		if err := fn(tx, in); err != nil {
 			return err
 		}
 		in.Ctime = tx.now
@@ -199,14 +207,7 @@ func (s *Service) RemoveXattr(req metaapi.XattrReq) error {
 	if err != nil {
 		return err
 	}
-	return s.update(func(tx *txn) error {
-		in, err := tx.inode(req.Ino)
-		if err != nil {
-			return err
-		}
-		if err := xattrMayWrite(in, ns, req.Who); err != nil {
-			return err
-		}
+	return s.changeXattrs(req.Ino, ns, req.Who, func(tx *txn, in *inode) error {
 		key := xattrKey(in.Ino, req.Name)
 		_, closer, err := tx.b.Get(key)
 		if err == pebble.ErrNotFound {
@@ -216,12 +217,7 @@ func (s *Service) RemoveXattr(req metaapi.XattrReq) error {
 			return err
 		}
 		closer.Close()
-		if err := tx.b.Delete(key, nil); err != nil {
-			return err
-		}
-		in.Ctime = tx.now
-		tx.dirty(in)
-		return nil
+		return tx.b.Delete(key, nil)
 	})
 }
 
