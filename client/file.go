@@ -259,7 +259,8 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 		return 0, io.EOF
 	}
 	n := min(int64(len(p)), size-off)
-	pieces := f.c.split(f.Attr().ChunkSize, off, n)
+	cs := f.Attr().ChunkSize
+	pieces := f.c.split(cs, off, n)
 	sem := make(chan struct{}, f.c.opts.Parallel)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -271,7 +272,7 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 			defer func() { <-sem; wg.Done() }()
 			dst := p[pc.off-off:][:pc.n]
 			var err error
-			if directRead(pc.off, pc.n) {
+			if directRead(pc.off%cs, pc.n) { // blocks are counted from the chunk's start
 				err = f.readPieceInto(ctx, pc, i, dst)
 			} else {
 				err = f.readPiece(ctx, pc, i, func(b []byte) { copy(dst, b) })

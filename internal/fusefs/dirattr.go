@@ -49,22 +49,26 @@ func (d *dirAttrs) note(dirs []metaapi.Attr) {
 	}
 }
 
-// get returns ino's attributes if noted within the timeout.
-func (d *dirAttrs) get(ino ids.Ino) (metaapi.Attr, bool) {
+// get returns ino's attributes if noted within the timeout, and how much
+// of the timeout is left: the kernel may keep them only that long, so
+// that nothing is believed longer than the timeout after meta said it.
+func (d *dirAttrs) get(ino ids.Ino) (metaapi.Attr, time.Duration, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e, ok := d.m[ino]
 	if !ok {
-		return metaapi.Attr{}, false
+		return metaapi.Attr{}, 0, false
 	}
-	if d.now().Sub(e.at) >= d.ttl {
+	left := d.ttl - d.now().Sub(e.at)
+	if left <= 0 {
 		delete(d.m, ino)
-		return metaapi.Attr{}, false
+		return metaapi.Attr{}, 0, false
 	}
-	return e.a, true
+	return e.a, left, true
 }
 
-// forget drops ino (its attributes changed in a way not noted).
+// forget drops ino: its attributes are changing in a way not noted (a
+// chmod whose reply may be lost, an attribute set, a rename).
 func (d *dirAttrs) forget(ino ids.Ino) {
 	d.mu.Lock()
 	delete(d.m, ino)

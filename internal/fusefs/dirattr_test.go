@@ -13,27 +13,27 @@ func TestDirAttrs(t *testing.T) {
 	d := dirAttrs{ttl: time.Second, now: func() time.Time { return now }}
 	dir := metaapi.Attr{Ino: 7, Type: metaapi.TypeDir, Nlink: 3, Mtime: 42}
 	file := metaapi.Attr{Ino: 8, Type: metaapi.TypeFile}
-	if _, ok := d.get(7); ok {
+	if _, _, ok := d.get(7); ok {
 		t.Fatal("empty cache answered")
 	}
 	d.note([]metaapi.Attr{dir, file})
-	if a, ok := d.get(7); !ok || a != dir {
-		t.Fatalf("get after note: %+v, %v", a, ok)
+	if a, left, ok := d.get(7); !ok || a != dir || left != time.Second {
+		t.Fatalf("get after note: %+v, %v left, %v", a, left, ok)
 	}
-	if _, ok := d.get(8); ok {
+	if _, _, ok := d.get(8); ok {
 		t.Fatal("a file's attributes were kept")
 	}
 	now = now.Add(999 * time.Millisecond)
-	if _, ok := d.get(7); !ok {
-		t.Fatal("expired before the timeout")
+	if _, left, ok := d.get(7); !ok || left != time.Millisecond {
+		t.Fatalf("at 999ms: %v left, %v; want 1ms left", left, ok)
 	}
 	now = now.Add(time.Millisecond)
-	if _, ok := d.get(7); ok {
+	if _, _, ok := d.get(7); ok {
 		t.Fatal("answered at the timeout")
 	}
 	d.note([]metaapi.Attr{dir})
 	d.forget(7)
-	if _, ok := d.get(7); ok {
+	if _, _, ok := d.get(7); ok {
 		t.Fatal("answered after forget")
 	}
 	for i := 0; i < 3*maxDirAttrs; i++ {
@@ -44,7 +44,7 @@ func TestDirAttrs(t *testing.T) {
 	}
 	off := dirAttrs{ttl: 0, now: time.Now}
 	off.note([]metaapi.Attr{dir})
-	if _, ok := off.get(7); ok {
+	if _, _, ok := off.get(7); ok {
 		t.Fatal("attribute timeout 0 cached")
 	}
 }

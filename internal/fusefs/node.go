@@ -69,8 +69,9 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 }
 
 func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	if a, ok := n.fsys.dirs.get(n.ino()); ok {
+	if a, left, ok := n.fsys.dirs.get(n.ino()); ok {
 		fillAttr(&a, &out.Attr)
+		out.SetTimeout(left)
 		return 0
 	}
 	ctx, cancel := n.fsys.call(ctx)
@@ -119,6 +120,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if err != nil {
 		return n.fsys.errno("setattr", err)
 	}
+	n.fsys.dirs.forget(n.ino()) // if the reply is lost, the change may have happened
 	a, err := n.fsys.cl.SetAttr(ctx, req)
 	if err != nil {
 		return n.fsys.errno("setattr", err)
@@ -365,7 +367,10 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	a := r.Attr
 	h, errno := n.fsys.open(ctx, a.Ino, "", flags, &a)
 	if errno != 0 {
-		n.fsys.cl.Release(ctx, a.Ino, false) // nobody holds it: free it now, not at the lease's end
+		// Nobody holds it: free it now, not at the lease's end.
+		if err := n.fsys.cl.Release(ctx, a.Ino, false); err != nil {
+			n.fsys.opts.Logger.Warn("fuse: freeing a tmpfile whose open failed (meta frees it when its lease lapses)", "ino", a.Ino, "err", err)
+		}
 		return nil, nil, 0, errno
 	}
 	// A release at the last close frees it if it is still nameless (meta

@@ -12,6 +12,9 @@ import (
 // Extended attributes are meta's (see metaapi: namespaces, permissions,
 // limits); the mount passes them through.
 
+// maxXattrList is the most listxattr(2) returns (XATTR_LIST_MAX).
+const maxXattrList = 64 << 10
+
 var (
 	_ fs.NodeGetxattrer    = (*node)(nil)
 	_ fs.NodeSetxattrer    = (*node)(nil)
@@ -40,6 +43,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
+	n.fsys.dirs.forget(n.ino()) // its ctime changes
 	return n.fsys.errno("setxattr", n.fsys.cl.SetXattr(ctx, n.ino(), attr, data, flags))
 }
 
@@ -55,6 +59,9 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	size := 0
 	for _, name := range names {
 		size += len(name) + 1
+	}
+	if size > maxXattrList {
+		return 0, syscall.E2BIG // as Linux: more than listxattr(2) can return
 	}
 	if size > len(dest) {
 		return uint32(size), syscall.ERANGE
@@ -74,5 +81,6 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	}
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
+	n.fsys.dirs.forget(n.ino()) // its ctime changes
 	return n.fsys.errno("removexattr", n.fsys.cl.RemoveXattr(ctx, n.ino(), attr))
 }

@@ -298,6 +298,11 @@ func (s *Service) link(req metaapi.LinkReq) (metaapi.AttrResp, error) {
 			// An orphan (unlinked while open) cannot get a name back.
 			return metaapi.Errorf(metaapi.ENOENT, "inode %d has been removed", src.Ino)
 		}
+		if src.Nlink == 0 && !isOwner(src, who) {
+			// Linux names a tmpfile only for who holds it open; meta
+			// cannot see descriptors, so only its owner may.
+			return eperm("naming tmpfile %d owned by uid %d", src.Ino, src.UID)
+		}
 		np, err := dirInode(tx, req.NewParent)
 		if err != nil {
 			return err

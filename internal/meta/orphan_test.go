@@ -588,6 +588,9 @@ func TestTmpfile(t *testing.T) {
 	if _, err := f.s.Layout(7, metaapi.LayoutReq{Ino: a.Ino, Off: 0, Len: 1, Write: true, Who: root}); err != nil {
 		t.Fatalf("layout of a tmpfile: %v", err)
 	}
+	// Only its owner may name it (meta cannot see who holds it open).
+	_, err = f.s.Link(metaapi.LinkReq{Ino: a.Ino, NewParent: f.ino("/d"), NewName: "stolen", Who: alice})
+	wantCode(t, err, metaapi.EPERM)
 	// Linked into place: a named file, no longer an orphan; Release (the
 	// close) leaves it.
 	if _, err := f.s.Link(metaapi.LinkReq{Ino: a.Ino, NewParent: f.ino("/d"), NewName: "final", Who: root}); err != nil {

@@ -103,17 +103,18 @@ func (s *Service) SetXattr(req metaapi.SetXattrReq) error {
 	switch {
 	case len(req.Value) > metaapi.MaxXattrValue:
 		return metaapi.Errorf(metaapi.E2BIG, "attribute value of %d bytes (at most %d)", len(req.Value), metaapi.MaxXattrValue)
-	case req.Flags&^(metaapi.XattrCreate|metaapi.XattrReplace) != 0 || req.Flags == metaapi.XattrCreate|metaapi.XattrReplace:
+	case req.Flags&^(metaapi.XattrCreate|metaapi.XattrReplace) != 0:
 		return metaapi.Errorf(metaapi.EINVAL, "attribute flags %#x", req.Flags)
 	}
 	return s.changeXattrs(req.Ino, ns, req.Who, func(tx *txn, in *inode) error {
-		total, found := 0, false
-		err = scan(tx.b, xattrPrefix(in.Ino), prefixEnd(xattrPrefix(in.Ino)), func(k, v []byte) (bool, error) {
+		total, names, found := 0, 0, false
+		err := scan(tx.b, xattrPrefix(in.Ino), prefixEnd(xattrPrefix(in.Ino)), func(k, v []byte) (bool, error) {
 			if string(k[9:]) == req.Name {
 				found = true
 				return true, nil
 			}
 			total += len(k) - 9 + len(v)
+			names += len(k) - 9 + 1
 			return true, nil
 		})
 		if err != nil {
@@ -126,6 +127,8 @@ func (s *Service) SetXattr(req metaapi.SetXattrReq) error {
 			return metaapi.Errorf(metaapi.ENODATA, "inode %d has no attribute %q", in.Ino, req.Name)
 		case total+len(req.Name)+len(req.Value) > metaapi.MaxXattrTotal:
 			return metaapi.Errorf(metaapi.ENOSPC, "inode %d's attributes would take %d bytes (at most %d)", in.Ino, total+len(req.Name)+len(req.Value), metaapi.MaxXattrTotal)
+		case names+len(req.Name)+1 > metaapi.MaxXattrList:
+			return metaapi.Errorf(metaapi.ENOSPC, "inode %d's attribute names would take %d bytes (listxattr returns at most %d)", in.Ino, names+len(req.Name)+1, metaapi.MaxXattrList)
 		}
 		return tx.b.Set(xattrKey(in.Ino, req.Name), req.Value, nil)
 	})
@@ -191,8 +194,10 @@ func (s *Service) ListXattr(req metaapi.ListXattrReq) (metaapi.ListXattrResp, er
 			return err
 		}
 		return scan(v.r, xattrPrefix(in.Ino), prefixEnd(xattrPrefix(in.Ino)), func(k, _ []byte) (bool, error) {
+			// Listing needs no permission on the inode (as on Linux:
+			// getting a value does); trusted. names are root's alone.
 			name := string(k[9:])
-			if ns, err := parseXattrName(name); err == nil && xattrMayRead(in, ns, req.Who) == nil {
+			if ns, err := parseXattrName(name); err == nil && (ns != nsTrusted || req.Who.UID == 0) {
 				out.Names = append(out.Names, name)
 			}
 			return true, nil

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -42,7 +43,10 @@ func TestXattrs(t *testing.T) {
 	}
 	wantCode(t, set("user.a", "2", metaapi.XattrCreate, alice), metaapi.EEXIST)
 	wantCode(t, set("user.b", "2", metaapi.XattrReplace, alice), metaapi.ENODATA)
-	wantCode(t, set("user.b", "2", metaapi.XattrCreate|metaapi.XattrReplace, alice), metaapi.EINVAL)
+	// Both flags: nothing qualifies, as on Linux.
+	wantCode(t, set("user.b", "2", metaapi.XattrCreate|metaapi.XattrReplace, alice), metaapi.ENODATA)
+	wantCode(t, set("user.a", "2", metaapi.XattrCreate|metaapi.XattrReplace, alice), metaapi.EEXIST)
+	wantCode(t, set("user.b", "2", 4, alice), metaapi.EINVAL)
 	if err := set("user.a", "2", metaapi.XattrReplace, alice); err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +83,10 @@ func TestXattrs(t *testing.T) {
 	}
 	_, err = get("user.a", bob)
 	wantCode(t, err, metaapi.EACCES)
+	// Listing needs no read permission; getting does.
+	if got := list(bob); !slices.Contains(got, "user.a") || slices.Contains(got, "trusted.t") {
+		t.Fatalf("list by a user without read permission: %v", got)
+	}
 	// Names and sizes.
 	for _, tc := range []struct {
 		name string
@@ -130,6 +138,32 @@ func TestXattrs(t *testing.T) {
 	}
 	if err := f.s.Check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The names of one inode's attributes fit what listxattr(2) can return.
+func TestXattrNamesBounded(t *testing.T) {
+	f := newFixture(t)
+	file := f.mk("/", "f", metaapi.TypeFile, 0o644, root)
+	n := 0
+	for ; ; n++ {
+		name := fmt.Sprintf("user.%03d%s", n, strings.Repeat("n", 240))
+		err := f.s.SetXattr(metaapi.SetXattrReq{Ino: file.Ino, Name: name, Who: root})
+		if err != nil {
+			wantCode(t, err, metaapi.ENOSPC)
+			break
+		}
+	}
+	r, err := f.s.ListXattr(metaapi.ListXattrReq{Ino: file.Ino, Who: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := 0
+	for _, name := range r.Names {
+		size += len(name) + 1
+	}
+	if len(r.Names) != n || size > metaapi.MaxXattrList || size < metaapi.MaxXattrList-260 {
+		t.Fatalf("%d names of %d bytes after %d sets", len(r.Names), size, n)
 	}
 }
 

@@ -311,6 +311,7 @@ const (
 	MaxXattrName  = 255       // bytes, namespace included (XATTR_NAME_MAX)
 	MaxXattrValue = 64 << 10  // bytes (XATTR_SIZE_MAX)
 	MaxXattrTotal = 256 << 10 // bytes of names and values per inode
+	MaxXattrList  = 64 << 10  // bytes of names, each with a NUL, per inode (XATTR_LIST_MAX)
 	XattrCreate   = 1         // SetXattr fails with EEXIST if the name exists
 	XattrReplace  = 2         // SetXattr fails with ENODATA if it does not
 	// XattrCaps (file capabilities) is refused: they mean nothing on a
