@@ -389,14 +389,12 @@ const minAssumedBlock = 4096
 
 // readChunk reads [off, off+n) of chunk l, trying its replicas in turn
 // from replica first, and returns the verified bytes in a registered
-// buffer (release it with c.bufs.put(p.region)).
+// buffer (release it with c.bufs.put(p.region)) — or, if dst is not nil,
+// in dst itself (see directRead; nothing to release).
 //
 // A replica answering busy (a write committed while it was sending) is
 // retried with backoff for up to BusyRetry once every replica has been
 // tried.
-// readChunk reads [off, off+n) of a chunk from one of its replicas, into
-// a pooled buffer, or straight into dst if it is not nil (see
-// directRead).
 func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n int64, first int, dst []byte) (piece, error) {
 	deadline := time.Now().Add(c.opts.BusyRetry)
 	backoff := time.Millisecond

@@ -20,15 +20,9 @@ func WithWho(ctx context.Context, who metaapi.Who) context.Context {
 	return context.WithValue(ctx, whoKey{}, who)
 }
 
-// WhoFrom returns the identity WithWho put in ctx.
-func WhoFrom(ctx context.Context) (metaapi.Who, bool) {
-	w, ok := ctx.Value(whoKey{}).(metaapi.Who)
-	return w, ok
-}
-
 // whoOf is the identity calls made with ctx act as.
 func (c *Client) whoOf(ctx context.Context) metaapi.Who {
-	if w, ok := WhoFrom(ctx); ok {
+	if w, ok := ctx.Value(whoKey{}).(metaapi.Who); ok {
 		return w
 	}
 	return c.who

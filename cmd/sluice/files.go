@@ -19,8 +19,8 @@ import (
 )
 
 // withClient runs fn with a client and closes it.
-func (a *app) withClient(fn func(c *client.Client) error) error {
-	c, err := a.client()
+func (a *app) withClient(fn func(c *client.Client) error, tune ...func(*client.Options)) error {
+	c, err := a.client(tune...)
 	if err != nil {
 		return err
 	}

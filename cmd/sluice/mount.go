@@ -100,12 +100,9 @@ func (a *app) mountCmd() *cobra.Command {
 		Short: "Mount the cluster as a POSIX file system (FUSE), in the foreground until SIGINT/SIGTERM or `sluice umount`",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := a.client(m.tune)
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
-			return a.serveMount(cmd.Context(), cl, args[0], &m)
+			return a.withClient(func(cl *client.Client) error {
+				return a.serveMount(cmd.Context(), cl, args[0], &m)
+			}, m.tune)
 		},
 	}
 	m.add(cmd)

@@ -226,41 +226,9 @@ func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 		if err := access(parent, who, mayWrite|mayExec); err != nil {
 			return err
 		}
-		in := &inode{Attr: metaapi.Attr{
-			Type: req.Type, Mode: req.Mode & modePerm, UID: who.UID, GID: who.GID, Nlink: 1,
-			Atime: tx.now, Mtime: tx.now, Ctime: tx.now,
-		}}
-		if parent.Mode&modeSetgid != 0 { // BSD group semantics, as Linux with a setgid parent
-			in.GID = parent.GID
-			if req.Type == metaapi.TypeDir {
-				in.Mode |= modeSetgid
-			}
-		}
-		if req.Type != metaapi.TypeDir && in.Mode&modeSetgid != 0 && who.UID != 0 && !inGroup(who, in.GID) {
-			in.Mode &^= modeSetgid
-		}
-		switch req.Type {
-		case metaapi.TypeDir:
-			in.Nlink = 2
-			in.Parent = parent.Ino
-			if parent.Nlink >= maxLinks*2 {
-				return metaapi.Errorf(metaapi.EMLINK, "directory %d has too many subdirectories", parent.Ino)
-			}
-			parent.Nlink++
-		case metaapi.TypeFile:
-			pol, _, err := effectivePolicy(tx, parent)
-			if err != nil {
-				return err
-			}
-			in.ChunkSize = s.opts.ChunkSize
-			if pol.EC != nil {
-				in.ChunkSize = pol.EC.ChunkSize()
-			}
-			in.Policy = &pol
-		case metaapi.TypeSymlink:
-			in.Target = req.Target
-			in.Size = int64(len(req.Target))
-			in.Mode = 0o777
+		in, err := s.newChild(tx, parent, req, who)
+		if err != nil {
+			return err
 		}
 		tx.newInode(in)
 		if err := tx.setEntry(parent.Ino, req.Name, dirent{Ino: in.Ino, Type: in.Type}); err != nil {
@@ -272,6 +240,50 @@ func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 	})
 	out.Dirs = dirs
 	return out, err
+}
+
+// newChild builds (but does not register) the inode a create in parent
+// makes: its owner, group (BSD semantics under a setgid parent, as Linux),
+// mode, and what its type needs — a directory's link counts, a file's
+// policy and chunk size, a symlink's target.
+func (s *Service) newChild(tx *txn, parent *inode, req metaapi.CreateReq, who metaapi.Who) (*inode, error) {
+	in := &inode{Attr: metaapi.Attr{
+		Type: req.Type, Mode: req.Mode & modePerm, UID: who.UID, GID: who.GID, Nlink: 1,
+		Atime: tx.now, Mtime: tx.now, Ctime: tx.now,
+	}}
+	if parent.Mode&modeSetgid != 0 {
+		in.GID = parent.GID
+		if req.Type == metaapi.TypeDir {
+			in.Mode |= modeSetgid
+		}
+	}
+	if req.Type != metaapi.TypeDir && in.Mode&modeSetgid != 0 && who.UID != 0 && !inGroup(who, in.GID) {
+		in.Mode &^= modeSetgid
+	}
+	switch req.Type {
+	case metaapi.TypeDir:
+		in.Nlink = 2
+		in.Parent = parent.Ino
+		if parent.Nlink >= maxLinks*2 {
+			return nil, metaapi.Errorf(metaapi.EMLINK, "directory %d has too many subdirectories", parent.Ino)
+		}
+		parent.Nlink++
+	case metaapi.TypeFile:
+		pol, _, err := effectivePolicy(tx, parent)
+		if err != nil {
+			return nil, err
+		}
+		in.ChunkSize = s.opts.ChunkSize
+		if pol.EC != nil {
+			in.ChunkSize = pol.EC.ChunkSize()
+		}
+		in.Policy = &pol
+	case metaapi.TypeSymlink:
+		in.Target = req.Target
+		in.Size = int64(len(req.Target))
+		in.Mode = 0o777
+	}
+	return in, nil
 }
 
 // Link adds a name for an existing non-directory inode.

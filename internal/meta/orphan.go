@@ -91,7 +91,7 @@ func (s *Service) SweepOrphans() {
 }
 
 // tmpfile creates a regular file with no name in directory req.Parent
-// (its policy, its setgid group), kept as an orphan under the lease until
+// (made as a create there would make it), kept as an orphan under the lease until
 // released or linked into place.
 func (s *Service) tmpfile(req metaapi.CreateReq) (metaapi.Attr, error) {
 	var out metaapi.Attr
@@ -107,23 +107,11 @@ func (s *Service) tmpfile(req metaapi.CreateReq) (metaapi.Attr, error) {
 		if err := access(parent, who, mayWrite|mayExec); err != nil {
 			return err
 		}
-		pol, _, err := effectivePolicy(tx, parent)
+		in, err := s.newChild(tx, parent, req, who)
 		if err != nil {
 			return err
 		}
-		in := &inode{Attr: metaapi.Attr{
-			Type: metaapi.TypeFile, Mode: req.Mode & modePerm, UID: who.UID, GID: who.GID,
-			Atime: tx.now, Mtime: tx.now, Ctime: tx.now, ChunkSize: s.opts.ChunkSize, Policy: &pol,
-		}, Linkable: !req.Exclusive}
-		if pol.EC != nil {
-			in.ChunkSize = pol.EC.ChunkSize()
-		}
-		if parent.Mode&modeSetgid != 0 {
-			in.GID = parent.GID
-		}
-		if in.Mode&modeSetgid != 0 && who.UID != 0 && !inGroup(who, in.GID) {
-			in.Mode &^= modeSetgid
-		}
+		in.Nlink, in.Linkable = 0, !req.Exclusive
 		tx.newInode(in)
 		out = in.Attr
 		return tx.setOrphan(in.Ino, tx.now+int64(s.opts.OrphanLease))

@@ -1,42 +1,8 @@
 package metaapi
 
-// Access bits, as in access(2).
+// Access bits, as in access(2) (CreateReq.Open).
 const (
 	MayExec  = 1
 	MayWrite = 2
 	MayRead  = 4
 )
-
-// InGroup reports whether gid is who's primary or a supplementary group.
-func (who Who) InGroup(gid uint32) bool {
-	if who.GID == gid {
-		return true
-	}
-	for _, g := range who.GIDs {
-		if g == gid {
-			return true
-		}
-	}
-	return false
-}
-
-// Allowed applies the standard Unix check to a: the owner's, else the
-// group's, else others' triplet must contain every wanted bit. Root
-// bypasses read and write checks, and execute checks on directories; it
-// may execute anything else only if some execute bit is set. Meta and
-// front ends that check on its behalf (the mount's open) share this rule.
-func Allowed(a Attr, who Who, want uint32) bool {
-	if who.UID == 0 {
-		return want&MayExec == 0 || a.Type == TypeDir || a.Mode&0o111 != 0
-	}
-	var bits uint32
-	switch {
-	case who.UID == a.UID:
-		bits = a.Mode >> 6
-	case who.InGroup(a.GID):
-		bits = a.Mode >> 3
-	default:
-		bits = a.Mode
-	}
-	return bits&7&want == want
-}
