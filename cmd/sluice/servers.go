@@ -150,6 +150,7 @@ func (a *app) metaCmd() *cobra.Command {
 	var (
 		dir, listen string
 		nodeTimeout time.Duration
+		lockLease   time.Duration
 		replicas    int
 	)
 	cmd := &cobra.Command{
@@ -160,7 +161,10 @@ func (a *app) metaCmd() *cobra.Command {
 			if dir == "" {
 				return errors.New("--data is required")
 			}
-			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, DefaultReplicas: replicas})
+			if lockLease <= 0 {
+				return fmt.Errorf("--lock-lease %s: must be positive", lockLease)
+			}
+			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease, DefaultReplicas: replicas})
 			if err != nil {
 				return err
 			}
@@ -192,6 +196,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().StringVar(&dir, "data", "", "data directory")
 	cmd.Flags().StringVar(&listen, "listen", cluster.DefaultMetaListen, "listen address")
 	cmd.Flags().DurationVar(&nodeTimeout, "node-timeout", 10*time.Second, "mark a storage node down after this much silence")
+	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
 	return cmd
 }

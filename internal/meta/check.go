@@ -172,6 +172,7 @@ func (s *Service) Check() error {
 		if maxIno >= s.ctr.NextIno {
 			report("inode %d not below the counter %d", maxIno, s.ctr.NextIno)
 		}
+		checkLocks(v, report)
 		for id := range s.nodes {
 			if id >= s.ctr.NextNode {
 				report("node %d not below the counter %d", id, s.ctr.NextNode)
@@ -183,4 +184,57 @@ func (s *Service) Check() error {
 		return err
 	}
 	return errors.Join(problems...)
+}
+
+// checkLocks verifies the lock records agree with their indexes: each
+// session's count is its number of locks, and a session is indexed on
+// exactly the files it holds locks on. (Locks on a removed file stay
+// until their session ends: harmless, its inode number is never reused.)
+func checkLocks(v view, report func(string, ...any)) {
+	perSession := map[uint64]int64{}
+	held := map[[2]uint64]bool{}
+	err := scan(v.r, []byte{pLock}, []byte{pLock + 1}, func(k, val []byte) (bool, error) {
+		if len(k) != 34 || len(val) != 13 || val[8] < 1 || val[8] > 2 || k[25] > kindFlock || beUint64(k[26:]) > beUint64(val) {
+			report("malformed lock record %x: %x", k, val)
+			return true, nil
+		}
+		perSession[beUint64(k[9:])]++
+		held[[2]uint64{beUint64(k[9:]), beUint64(k[1:])}] = true
+		return true, nil
+	})
+	if err == nil {
+		err = scan(v.r, []byte{pLockIndex}, []byte{pLockIndex + 1}, func(k, _ []byte) (bool, error) {
+			if len(k) != 17 {
+				report("malformed lock index %x", k)
+				return true, nil
+			}
+			key := [2]uint64{beUint64(k[1:]), beUint64(k[9:])}
+			if !held[key] {
+				report("lock index %x names no lock", k)
+			}
+			delete(held, key)
+			return true, nil
+		})
+	}
+	for key := range held {
+		report("session %x holds locks on inode %d but is not indexed there", key[0], key[1])
+	}
+	if err == nil {
+		err = scan(v.r, []byte{pLockSess}, []byte{pLockSess + 1}, func(k, _ []byte) (bool, error) {
+			rec, _, err := loadLockSess(v.r, beUint64(k[1:]))
+			if err != nil {
+				report("lock session %x: %v", k, err)
+			} else if n := perSession[beUint64(k[1:])]; rec.locks != n {
+				report("lock session %x counts %d locks, holds %d", k[1:], rec.locks, n)
+			}
+			delete(perSession, beUint64(k[1:]))
+			return true, nil
+		})
+	}
+	for sess, n := range perSession {
+		report("%d locks of session %x, which has no record", n, sess)
+	}
+	if err != nil {
+		report("reading locks: %v", err)
+	}
 }

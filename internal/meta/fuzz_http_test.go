@@ -18,7 +18,8 @@ func FuzzHTTP(f *testing.F) {
 	ops := []string{metaapi.OpResolve, metaapi.OpLookup, metaapi.OpGetAttr, metaapi.OpCreate, metaapi.OpLink,
 		metaapi.OpRemove, metaapi.OpRename, metaapi.OpReaddir, metaapi.OpSetAttr, metaapi.OpSetPolicy,
 		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpReplace, metaapi.OpDegraded, metaapi.OpListDeg, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat,
-		metaapi.OpRelease, metaapi.OpSetXattr, metaapi.OpGetXattr, metaapi.OpListXattr, metaapi.OpRmXattr}
+		metaapi.OpRelease, metaapi.OpSetXattr, metaapi.OpGetXattr, metaapi.OpListXattr, metaapi.OpRmXattr,
+		metaapi.OpLock, metaapi.OpLockSess}
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"a","type":"file","mode":420}`))
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"d","type":"dir","mode":493}`))
 	f.Add(uint8(11), []byte(`{"ino":2,"off":0,"len":9223372036854775807,"write":true}`))
@@ -36,6 +37,10 @@ func FuzzHTTP(f *testing.F) {
 	f.Add(uint8(22), []byte(`{"ino":1}`))
 	f.Add(uint8(23), []byte(`{"ino":1,"name":"system.posix_acl_access"}`))
 	f.Add(uint8(19), []byte(`{"ino":2,"renew":true}`))
+	f.Add(uint8(24), []byte(`{"ino":2,"session":1,"owner":1,"type":2,"start":0,"end":9223372036854775807}`))
+	f.Add(uint8(24), []byte(`{"ino":2,"session":1,"owner":2,"type":1,"start":18446744073709551615,"end":18446744073709551615,"flock":true}`))
+	f.Add(uint8(24), []byte(`{"ino":2,"session":1,"owner":3,"type":2,"start":5,"end":1,"test":true}`))
+	f.Add(uint8(25), []byte(`{"session":1,"end":true}`))
 	fx := newFixture(f)
 	s := fx.s
 	h := s.Handler()

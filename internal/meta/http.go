@@ -107,6 +107,12 @@ var ops = map[string]op{
 	metaapi.OpRelease: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReleaseReq) (empty, error) {
 		return empty{}, s.Release(r)
 	}),
+	metaapi.OpLock: endpoint(true, false, func(s *Service, c caller, r metaapi.LockReq) (metaapi.LockResp, error) {
+		return s.Lock(c.client, r)
+	}),
+	metaapi.OpLockSess: endpoint(true, false, func(s *Service, c caller, r metaapi.LockSessionReq) (metaapi.LockSessionResp, error) {
+		return s.LockSession(c.client, r)
+	}),
 	metaapi.OpSetXattr: endpoint(true, false, func(s *Service, _ caller, r metaapi.SetXattrReq) (empty, error) {
 		return empty{}, s.SetXattr(r)
 	}),

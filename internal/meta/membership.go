@@ -238,6 +238,7 @@ func (s *Service) sweeper() {
 		case <-t.C:
 			s.Sweep()
 			s.SweepOrphans()
+			s.SweepLocks()
 		}
 	}
 }

@@ -75,6 +75,9 @@ type Options struct {
 	// OrphanLease is how long a file removed while open (RemoveReq.Keep)
 	// outlives its last renewal; default 10m.
 	OrphanLease time.Duration
+	// LockLease is how long a lock session (a mount holding file locks)
+	// keeps its locks without renewing them; default 30s.
+	LockLease time.Duration
 
 	fs vfs.FS // tests: an in-memory file system for meta.db
 }
@@ -106,6 +109,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.OrphanLease <= 0 {
 		o.OrphanLease = 10 * time.Minute
+	}
+	if o.LockLease <= 0 {
+		o.LockLease = 30 * time.Second
 	}
 }
 

@@ -24,6 +24,8 @@ const (
 	OpRemove    = "Remove"
 	OpRename    = "Rename"
 	OpRelease   = "Release"
+	OpLock      = "Lock"
+	OpLockSess  = "LockSession"
 	OpSetXattr  = "SetXattr"
 	OpGetXattr  = "GetXattr"
 	OpListXattr = "ListXattr"

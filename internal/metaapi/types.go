@@ -44,6 +44,7 @@ const (
 	ENOTSUP      Code = "ENOTSUP"      // not supported (an extended attribute namespace)
 	E2BIG        Code = "E2BIG"        // an extended attribute value or list too large
 	ERANGE       Code = "ERANGE"       // an extended attribute name empty or too long
+	ENOLCK       Code = "ENOLCK"       // too many locks held on one file or by one session
 )
 
 // Error is the body of every failed call, and the error type the client
@@ -346,6 +347,76 @@ type ListXattrReq struct {
 
 type ListXattrResp struct {
 	Names []string `json:"names"` // those the caller may see, in name order
+}
+
+// File locks (fcntl record locks, OFD locks and flock) are held by an
+// owner within a lock session: one mount, which renews the session while
+// it holds locks. A session not renewed for the lease meta reports loses
+// its locks, so a crashed mount blocks nobody for long; a meta restart
+// gives every session a fresh lease instead. POSIX and BSD locks do not
+// interact, as on Linux.
+const (
+	LockUnlock = 0
+	LockRead   = 1 // shared
+	LockWrite  = 2 // exclusive
+	// MaxLocksPerFile and MaxLocksPerSession bound the lock records one
+	// file and one session may have (ENOLCK beyond).
+	MaxLocksPerFile    = 1024
+	MaxLocksPerSession = 1 << 16
+)
+
+// LockReq sets the inclusive byte range [Start, End] of file Ino to Type
+// for Owner in Session (End = 1<<63-1 reaches the end of the file). A
+// range another owner holds in a conflicting way is not waited for: the
+// answer names the conflicting lock instead (the caller retries to wait).
+// With Test nothing changes; the answer only names a conflict (F_GETLK).
+type LockReq struct {
+	Ino     ids.Ino `json:"ino"`
+	Session uint64  `json:"session"`
+	Owner   uint64  `json:"owner"`
+	Flock   bool    `json:"flock,omitempty"` // a BSD lock: the whole file
+	Type    uint8   `json:"type"`            // LockUnlock, LockRead, LockWrite
+	Start   uint64  `json:"start"`
+	End     uint64  `json:"end"`
+	Pid     uint32  `json:"pid,omitempty"`
+	Test    bool    `json:"test,omitempty"`
+	Who     Who     `json:"who"`
+}
+
+type LockResp struct {
+	// Conflict is a lock that kept the request from being granted (or,
+	// with Test, would have); nil if it was granted (or would be).
+	Conflict *LockInfo `json:"conflict,omitempty"`
+	// Held says the owner still holds a lock of this kind on the file.
+	Held bool `json:"held,omitempty"`
+	// Lost says the session had lapsed before this call: the locks it
+	// held were dropped (others may have taken them since).
+	Lost bool `json:"lost,omitempty"`
+	// Lease is how long the session lives unrenewed, in nanoseconds.
+	Lease int64 `json:"lease"`
+}
+
+// LockInfo describes a held lock. Pid is that of the process that set
+// it, and Session the session holding it (a pid means nothing on
+// another machine).
+type LockInfo struct {
+	Type    uint8  `json:"type"`
+	Start   uint64 `json:"start"`
+	End     uint64 `json:"end"`
+	Pid     uint32 `json:"pid"`
+	Session uint64 `json:"session"`
+}
+
+// LockSessionReq renews a lock session, or with End drops every lock it
+// holds and ends it (a clean unmount).
+type LockSessionReq struct {
+	Session uint64 `json:"session"`
+	End     bool   `json:"end,omitempty"`
+}
+
+type LockSessionResp struct {
+	Lost  bool  `json:"lost,omitempty"` // see LockResp.Lost
+	Lease int64 `json:"lease"`
 }
 
 type RenameReq struct {
