@@ -79,6 +79,22 @@ func (c *Client) Release(ctx context.Context, ino ids.Ino, renew bool) error {
 	return c.meta.Call(ctx, metaapi.OpRelease, metaapi.ReleaseReq{Ino: ino, Renew: renew, Who: c.whoOf(ctx)}, nil)
 }
 
+// Lock sets, tests or releases a file lock (see metaapi.LockReq; its Who
+// is filled in). A conflict is an answer, not an error.
+func (c *Client) Lock(ctx context.Context, req metaapi.LockReq) (metaapi.LockResp, error) {
+	req.Who = c.whoOf(ctx)
+	var resp metaapi.LockResp
+	err := c.meta.Call(ctx, metaapi.OpLock, req, &resp)
+	return resp, err
+}
+
+// LockSession renews a lock session, or ends it with end.
+func (c *Client) LockSession(ctx context.Context, session uint64, end bool) (metaapi.LockSessionResp, error) {
+	var resp metaapi.LockSessionResp
+	err := c.meta.Call(ctx, metaapi.OpLockSess, metaapi.LockSessionReq{Session: session, End: end}, &resp)
+	return resp, err
+}
+
 // ReadDirPage returns the entries of directory ino after the name after
 // (in name order), at most metaapi.MaxReaddirLimit, and whether more
 // follow.

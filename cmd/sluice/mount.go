@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/spf13/cobra"
 
 	"github.com/sluicefs/sluice/client"
@@ -80,7 +79,7 @@ func (a *app) serveMount(ctx context.Context, cl *client.Client, dir string, m *
 // unmountServer unmounts, lazily if programs still use the mount (open
 // files, a shell's working directory) so that this never hangs: the
 // kernel detaches the mount and those programs get errors.
-func unmountServer(server *fuse.Server, dir string, done <-chan struct{}) error {
+func unmountServer(server *fusefs.Server, dir string, done <-chan struct{}) error {
 	if err := server.Unmount(); err != nil {
 		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
 			return fmt.Errorf("unmounting %s: %w", dir, err)

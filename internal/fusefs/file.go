@@ -40,6 +40,9 @@ type openFile struct {
 // handle is one open(2) of a regular file.
 type handle struct {
 	of *openFile
+
+	lockMu sync.Mutex
+	owners map[uint64]uint8 // lock owners that used it: ownerPOSIX etc.
 }
 
 var (
@@ -351,7 +354,11 @@ func (h *handle) sync(ctx context.Context, op string) syscall.Errno {
 
 // Flush is close(2) (once per file descriptor, dup'd ones included):
 // close-to-open consistency needs the data out before it returns.
-func (h *handle) Flush(ctx context.Context) syscall.Errno { return h.sync(ctx, "close") }
+func (h *handle) Flush(ctx context.Context) syscall.Errno {
+	errno := h.sync(ctx, "close")
+	h.unlockOnClose(ctx)
+	return errno
+}
 
 // Fsync: data sent is durable on every replica once the write returns,
 // so syncing is sending.
@@ -364,6 +371,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		// Nobody is left to tell: the program has closed the file.
 		h.of.fsys.opts.Logger.Error("fuse: writes lost at release", "ino", h.of.ino, "errno", errno)
 	}
+	h.unlockAtRelease(ctx)
 	h.release()
 	return 0
 }

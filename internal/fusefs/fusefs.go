@@ -83,6 +83,7 @@ type FS struct {
 
 	groups groupCache
 	dirs   dirAttrs // directories this mount just changed
+	locks  *locks
 
 	spareBufs chan []byte // full-size write buffers of closed files
 
@@ -91,17 +92,30 @@ type FS struct {
 	statResp metaapi.StatusResp
 }
 
+// Server is a running mount.
+type Server struct {
+	*fuse.Server
+	ended chan struct{}
+}
+
+// Wait returns once the mount is unmounted and this mount's file locks
+// are released at meta.
+func (s *Server) Wait() {
+	s.Server.Wait()
+	<-s.ended
+}
+
 // Mount mounts the cluster cl reaches at dir and serves it until Unmount
 // (or `sluice umount`). The root's attributes are read first, so that an
 // unreachable cluster fails here rather than in the first program.
-func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*fuse.Server, error) {
+func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*Server, error) {
 	opts.defaults()
 	root, err := cl.Stat(ctx, "/")
 	if err != nil {
 		return nil, fmt.Errorf("mount: reading the cluster's root: %w", err)
 	}
 	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{}),
-		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}, spareBufs: make(chan []byte, 4)}
+		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}, spareBufs: make(chan []byte, 4), locks: newLocks()}
 	at, et, nt := opts.AttrTimeout, opts.EntryTimeout, opts.NegativeTimeout
 	mo := fuse.MountOptions{
 		FsName:        "sluice",
@@ -115,22 +129,35 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*f
 		// Our replies are in memory: splicing them through a pipe only
 		// fails (1 MiB replies exceed the pipe) and logs each time.
 		DisableSplice: true,
+		EnableLocks:   true, // held at meta: see lock.go
 		Debug:         opts.Debug,
 	}
-	server, err := fs.Mount(dir, &node{fsys: f}, &fs.Options{
+	raw := fs.NewNodeFS(&node{fsys: f}, &fs.Options{
 		MountOptions:    mo,
 		AttrTimeout:     &at,
 		EntryTimeout:    &et,
 		NegativeTimeout: &nt,
 		RootStableAttr:  &fs.StableAttr{Ino: uint64(root.Ino), Mode: syscall.S_IFDIR},
 	})
+	server, err := fuse.NewServer(&lockRaw{RawFileSystem: raw, l: f.locks}, dir, &mo)
 	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
 	f.widenReadahead(dir)
 	go f.renewOrphans()
-	go func() { server.Wait(); close(f.stop) }()
-	return server, nil
+	go f.renewLocks()
+	s := &Server{Server: server, ended: make(chan struct{})}
+	go func() {
+		server.Wait()
+		f.endLocks()
+		close(f.stop)
+		close(s.ended)
+	}()
+	return s, nil
 }
 
 // ---- identity ----
