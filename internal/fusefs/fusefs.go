@@ -7,7 +7,10 @@
 // Consistency is close-to-open: a file's data and size are durable and
 // visible to every client when close(2) (or fsync) returns, and an open
 // sees everything closed before it. Attributes and directory entries are
-// cached by the kernel for short, configurable times.
+// cached by the kernel for short, configurable times. File locks are
+// held at meta, so they hold across mounts, and data follows them: a
+// lock taken revalidates the file, a lock released sends its writes
+// (lock.go).
 package fusefs
 
 import (
