@@ -402,7 +402,7 @@ func (n *Node) heartbeat(ctx context.Context) error {
 	n.peers.Store(&peers)
 	var done []ids.ChunkID
 	for _, c := range resp.Delete {
-		if err := n.store.Delete(c); err != nil {
+		if err := n.store.Drop(c); err != nil {
 			n.log.Warn("deleting released chunk", "chunk", c, "err", err)
 			continue
 		}

@@ -169,6 +169,7 @@ type aggregation struct {
 	key    aggKey
 	k      int
 	client ids.ClientID
+	epoch  uint64 // the capability's, of the data unit that opened it
 
 	mu      sync.Mutex
 	w       *store.Write
@@ -198,7 +199,7 @@ type slot struct {
 
 // join admits data unit h.Src's partial parity: into the aggregation of
 // its write if one is open, else a new one (opening the store write).
-func (x *writer) join(h *wire.WriteHeader, k int, client ids.ClientID) (*aggregation, error) {
+func (x *writer) join(h *wire.WriteHeader, k int, client ids.ClientID, epoch uint64) (*aggregation, error) {
 	a := x.aggs
 	key := aggKey{h.Chunk, h.Version}
 	a.mu.Lock()
@@ -214,7 +215,7 @@ func (x *writer) join(h *wire.WriteHeader, k int, client ids.ClientID) (*aggrega
 		a.mu.Unlock()
 		return nil, wire.Errorf(wire.StatusBusy, "client %v has %d parity aggregations in progress already", client, maxAggregationsPerClient)
 	}
-	g := &aggregation{x: x, key: key, k: k, client: client, off: int64(h.Off), length: int64(h.Len), base: h.Base, writeID: h.WriteID,
+	g := &aggregation{x: x, key: key, k: k, client: client, epoch: epoch, off: int64(h.Off), length: int64(h.Len), base: h.Base, writeID: h.WriteID,
 		joined: 1 << h.Src, slots: map[int64]*slot{}, ready: make(chan struct{})}
 	a.m[key] = g
 	a.byClient[client]++
@@ -239,6 +240,8 @@ func (g *aggregation) open(h *wire.WriteHeader) error {
 	if err == nil {
 		if w, err = x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base); err != nil {
 			err = storeError(err)
+		} else if err = planned(w, g.epoch); err != nil {
+			w = nil
 		} else {
 			w.SetTag(h.WriteID)
 		}

@@ -137,6 +137,9 @@ func (x *writer) hostStore(st *writeState) []byte {
 	if err != nil {
 		return wire.AppendError(nil, storeError(err))
 	}
+	if err := planned(w, c.Epoch); err != nil {
+		return wire.AppendError(nil, err)
+	}
 	st.w = w
 	w.SetTag(h.WriteID)
 	if len(hs.buf) > 0 {
@@ -242,6 +245,11 @@ func (x *writer) hostEncode(st *writeState, h *wire.WriteHeader, c *capability.C
 		}
 		if st.w, err = x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base); err != nil {
 			err = storeError(err)
+		}
+	}
+	if err == nil {
+		if err = planned(st.w, c.Epoch); err != nil {
+			st.w = nil
 		}
 	}
 	if err != nil {

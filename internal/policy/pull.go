@@ -18,13 +18,16 @@ type pullState struct {
 	key, off uint64
 }
 
-func (x *writer) pullHeader(st *writeState, h *wire.WriteHeader) error {
+func (x *writer) pullHeader(st *writeState, h *wire.WriteHeader, epoch uint64) error {
 	if reply, ok := x.alreadyApplied(h); ok {
 		return &engine.Answered{Reply: reply}
 	}
 	w, err := x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID)
 	if err != nil {
 		return storeError(err)
+	}
+	if err := planned(w, epoch); err != nil {
+		return err
 	}
 	st.w, st.head = w, true
 	st.pull = &pullState{key: h.RegionKey, off: h.RegionOff}

@@ -129,6 +129,9 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	if err != nil {
 		return store.Info{}, storeError(err)
 	}
+	if err := planned(w, c.Epoch); err != nil {
+		return store.Info{}, err
+	}
 	// Two rounds in flight: the next piece is fetched from the survivors
 	// while this one is combined and stored.
 	type round struct {

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -52,12 +53,15 @@ func newReservations(timeout time.Duration, log *slog.Logger) *reservations {
 }
 
 // reserveHeader opens the write a flat reservation holds.
-func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader, client ids.ClientID) error {
+func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader, c *capability.Capability) error {
 	w, err := x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID)
 	if err != nil {
 		return storeError(err)
 	}
-	if err := x.reserved.put(h.Chunk, &reservation{w: w, off: int64(h.Off), len: int64(h.Len), writeID: h.WriteID, client: client}); err != nil {
+	if err := planned(w, c.Epoch); err != nil {
+		return err
+	}
+	if err := x.reserved.put(h.Chunk, &reservation{w: w, off: int64(h.Off), len: int64(h.Len), writeID: h.WriteID, client: c.Client}); err != nil {
 		w.Abort()
 		return err
 	}

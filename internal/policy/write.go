@@ -136,9 +136,9 @@ func (x *writer) header(r *engine.Request, hdr []byte) error {
 		x.reserved.release(h.Chunk, h.Version, h.WriteID, c.Client)
 		return &engine.Answered{Reply: wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: h.Version}, nil, "released")}
 	case h.Flags&wire.FlagReserve != 0:
-		err = x.reserveHeader(st, &h, c.Client)
+		err = x.reserveHeader(st, &h, &c)
 	case h.Mode == wire.ModePull:
-		err = x.pullHeader(st, &h)
+		err = x.pullHeader(st, &h, c.Epoch)
 	default:
 		err = x.streamHeader(st, &h, &c)
 	}
@@ -330,7 +330,7 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 	}
 	if h.Flags&wire.FlagPartial != 0 {
 		// A partial parity: joins its write's aggregation.
-		if st.agg, err = x.join(h, int(c.Data), c.Client); err != nil {
+		if st.agg, err = x.join(h, int(c.Data), c.Client, c.Epoch); err != nil {
 			return err
 		}
 		st.src = h.Src
@@ -359,6 +359,10 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 		if st.w, err = x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base); err != nil {
 			return storeError(err)
 		}
+	}
+	if err := planned(st.w, c.Epoch); err != nil {
+		st.w = nil
+		return err
 	}
 	st.w.SetTag(h.WriteID)
 	for _, k := range kids {
@@ -401,12 +405,24 @@ func (x *writer) startEncode(st *writeState, h *wire.WriteHeader, code *erasure.
 }
 
 // storeError maps a store failure to the status the client should see.
+// planned declares to the store the epoch a write was planned on (its
+// capability's), aborting it if the chunk is fenced past that epoch.
+func planned(w *store.Write, epoch uint64) error {
+	if err := w.Planned(epoch); err != nil {
+		w.Abort()
+		return storeError(err)
+	}
+	return nil
+}
+
 func storeError(err error) error {
 	switch {
 	case errors.Is(err, store.ErrBusy), errors.Is(err, store.ErrInDoubt):
 		return wire.Errorf(wire.StatusBusy, "%v", err)
 	case errors.Is(err, store.ErrStale):
 		return wire.Errorf(wire.StatusStale, "%v", err)
+	case errors.Is(err, store.ErrFenced):
+		return wire.Errorf(wire.StatusFenced, "%v", err)
 	case errors.Is(err, store.ErrRange), errors.Is(err, store.ErrIncomplete):
 		return wire.Errorf(wire.StatusBadRequest, "%v", err)
 	}

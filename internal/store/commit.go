@@ -111,6 +111,11 @@ func (w *Write) commit(info Info) (published bool, err error) {
 	}
 
 	w.c.mu.Lock()
+	// A fence excludes commits while it reads the chunk's state (Fence).
+	if err := s.checkFence(w.id, w.epoch); err != nil {
+		w.c.mu.Unlock()
+		return false, err
+	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		w.c.mu.Unlock()
 		return false, fmt.Errorf("commit index batch: %w", err)

@@ -14,6 +14,9 @@ var (
 	// replicas, and this head write neither retries nor covers it (Doubt).
 	// Retryable once that write is retried or covered.
 	ErrInDoubt = errors.New("unresolved write")
+	// ErrFenced: the write was planned on an epoch below the chunk's
+	// fence (its replica set changed since): fetch a new layout.
+	ErrFenced = errors.New("fenced")
 	// ErrRange: an offset or length outside what the call allows.
 	ErrRange = errors.New("out of range")
 	// ErrIncomplete: Commit before every byte of the write was placed.

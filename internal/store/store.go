@@ -38,6 +38,7 @@ type Store struct {
 	chunks chunkTable
 	pool   pool
 	doubts doubts
+	fences fences
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -110,6 +111,9 @@ func (s *Store) open(asked, dflt int) error {
 		return err
 	}
 	if err := s.loadDoubts(); err != nil {
+		return err
+	}
+	if err := s.loadFences(); err != nil {
 		return err
 	}
 	return s.loadUsage()

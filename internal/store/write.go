@@ -19,8 +19,9 @@ type Write struct {
 	id      ids.ChunkID
 	c       *chunkState
 	version uint64
-	old     Info  // committed state when the write began
-	newLen  int64 // length after commit: max(old.Length, end)
+	epoch   uint64 // the epoch the write was planned on (Planned)
+	old     Info   // committed state when the write began
+	newLen  int64  // length after commit: max(old.Length, end)
 
 	off, end int64 // the write covers [off, end)
 	next     int64 // the next Place must start here
@@ -235,6 +236,18 @@ func writeZeros(f *os.File, off, n int64) error {
 
 // Version returns the version this write commits as.
 func (w *Write) Version() uint64 { return w.version }
+
+// Planned records the epoch the write was planned on (its capability's)
+// and refuses it with ErrFenced if the chunk is fenced past it; Commit
+// checks again. A write that never says is planned on epoch 0: it
+// commits only to chunks never fenced.
+func (w *Write) Planned(epoch uint64) error {
+	w.epoch = epoch
+	if err := w.s.checkFence(w.id, epoch); err != nil {
+		return fmt.Errorf("store: write %v v%d: %w", w.id, w.version, err)
+	}
+	return nil
+}
 
 // Base is the oldest version the replicas below may hold for this write
 // (Version-1 unless it covers an unresolved write).

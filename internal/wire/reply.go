@@ -31,10 +31,14 @@ const (
 	// StatusAborted: the request was abandoned mid-message (idle client,
 	// closed connection, failed handler).
 	StatusAborted
-	statusMax = StatusAborted
+	// StatusFenced: the chunk's replica set changed after the write was
+	// planned (its capability's epoch is below the chunk's fence): fetch
+	// a new layout and write there.
+	StatusFenced
+	statusMax = StatusFenced
 )
 
-var statusNames = [...]string{"ok", "busy", "auth", "bad-request", "unknown-op", "stale", "io", "replica", "aborted"}
+var statusNames = [...]string{"ok", "busy", "auth", "bad-request", "unknown-op", "stale", "io", "replica", "aborted", "fenced"}
 
 func (s Status) String() string {
 	if s <= statusMax {

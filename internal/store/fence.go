@@ -1,0 +1,132 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/sluicefs/sluice/internal/ids"
+)
+
+// A fence is the lowest epoch a write to a chunk must have been planned
+// on (see docs/failures.md): meta changes a chunk's replica set at a new
+// epoch and has every member fenced at it, so that a writer holding the
+// old layout can no longer commit anywhere. A write declares its epoch
+// (Write.Planned); it is refused with ErrFenced when it begins and, in
+// case the fence came meanwhile, when it commits. Fences are durable, and
+// outlive Delete (a rebuild deletes the copy it replaces), but not Drop.
+//
+//	e <id>   -> fence epoch (u64)
+
+const kindFence = 'e'
+
+func fenceKey(id ids.ChunkID) []byte { return chunkKey(kindFence, id) }
+
+// fences is the in-memory copy of the fence records: a chunk never
+// fenced costs a write one map lookup.
+type fences struct {
+	mu sync.Mutex
+	m  map[ids.ChunkID]uint64
+}
+
+func (fs *fences) get(id ids.ChunkID) uint64 {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.m[id]
+}
+
+func (fs *fences) set(id ids.ChunkID, epoch uint64) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.m == nil {
+		fs.m = map[ids.ChunkID]uint64{}
+	}
+	fs.m[id] = epoch
+}
+
+func (fs *fences) clear(id ids.ChunkID) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	delete(fs.m, id)
+}
+
+// checkFence refuses a write planned on an epoch below id's fence.
+func (s *Store) checkFence(id ids.ChunkID, epoch uint64) error {
+	if f := s.fences.get(id); epoch < f {
+		return fmt.Errorf("chunk is fenced at epoch %d, the write was planned on epoch %d: %w", f, epoch, ErrFenced)
+	}
+	return nil
+}
+
+// FenceState is what a fence found: the chunk's committed state, final
+// for every write planned before the fence.
+type FenceState struct {
+	Info  Info
+	Doubt bool // the head holds an unresolved write (see Doubt)
+	Fence uint64
+}
+
+// Fence raises id's fence to epoch (never lowers it) and reports the
+// chunk's committed state. It excludes commits while it runs, so no
+// write planned before epoch commits after it has returned; the state it
+// reports is the last such writes left. The chunk need not exist.
+func (s *Store) Fence(id ids.ChunkID, epoch uint64) (FenceState, error) {
+	if !s.gate.enter() {
+		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, ErrClosed)
+	}
+	defer s.gate.exit()
+	c := s.chunks.acquire(id)
+	defer s.chunks.release(id, c, false)
+	if err := s.settle(id, c); err != nil {
+		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur := s.fences.get(id); epoch > cur {
+		if err := s.db.Set(fenceKey(id), binary.BigEndian.AppendUint64(nil, epoch), pebble.Sync); err != nil {
+			return FenceState{}, fmt.Errorf("store: fence %v: %w", id, err)
+		}
+		s.fences.set(id, epoch)
+	}
+	info, err := s.loadInfo(id)
+	if err != nil {
+		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, err)
+	}
+	_, doubt := s.doubts.get(id)
+	return FenceState{Info: info, Doubt: doubt, Fence: s.fences.get(id)}, nil
+}
+
+// Drop deletes id for good: its data, metadata and fence (garbage
+// collection of a copy meta moved elsewhere).
+func (s *Store) Drop(id ids.ChunkID) error {
+	if err := s.Delete(id); err != nil {
+		return err
+	}
+	if err := s.db.Delete(fenceKey(id), pebble.Sync); err != nil {
+		return fmt.Errorf("store: drop %v: fence: %w", id, err)
+	}
+	s.fences.clear(id)
+	return nil
+}
+
+// loadFences reads every fence record into memory at open.
+func (s *Store) loadFences() error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kindFence}, UpperBound: []byte{kindFence + 1}})
+	if err != nil {
+		return fmt.Errorf("scan fence records: %w", err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		id, err := chunkIDFromKey(it.Key())
+		if err == nil && len(it.Value()) != 8 {
+			err = fmt.Errorf("fence value of %d bytes: %w", len(it.Value()), ErrCorrupt)
+		}
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("scan fence records: %w", err)
+		}
+		s.fences.set(id, binary.BigEndian.Uint64(it.Value()))
+	}
+	return it.Close()
+}
