@@ -24,7 +24,9 @@ import (
 // mode the survivors send their units and this node decodes alone (the
 // baseline). Either way the unit is rebuilt piece by piece into the store
 // (bounded memory), committed at the group's version, and read back
-// against its fresh checksums before the reply.
+// against its fresh checksums before the reply. A replicated chunk is
+// copied the same way from one survivor (copy mode). Fence mode raises a
+// member's fence and reports its state (docs/failures.md).
 type repairer struct {
 	d     *Deps
 	codes *erasure.Codes
@@ -61,13 +63,21 @@ func (x *repairer) header(r *engine.Request, hdr []byte) error {
 	if err := c.Allows(capability.Write|capability.Read, h.Chunk, 0, h.Len); err != nil {
 		return wire.Errorf(wire.StatusAuth, "%v", err)
 	}
+	ec := c.Fanout == capability.FanoutEC
 	switch {
-	case c.Fanout != capability.FanoutEC:
-		return wire.Errorf(wire.StatusBadRequest, "chunk %v is not erasure-coded", h.Chunk)
 	case c.RankOf(x.d.Self()) != int(h.Unit):
 		return wire.Errorf(wire.StatusAuth, "node %v is not unit %d of chunk %v", x.d.Self(), h.Unit, h.Chunk)
-	case h.Addrs.Len() != int(c.NReplicas) || len(h.Survivors) != int(c.Data):
-		return wire.Errorf(wire.StatusBadRequest, "%d addresses and %d survivors for %d units of which %d data", h.Addrs.Len(), len(h.Survivors), c.NReplicas, c.Data)
+	case h.Addrs.Len() != int(c.NReplicas):
+		return wire.Errorf(wire.StatusBadRequest, "%d addresses for %d units", h.Addrs.Len(), c.NReplicas)
+	case h.Mode == wire.RepairFence:
+		r.State = st
+		return nil // cheap: no repair slot
+	case h.Mode == wire.RepairCopy && ec:
+		return wire.Errorf(wire.StatusBadRequest, "chunk %v is erasure-coded: its units are rebuilt, not copied", h.Chunk)
+	case h.Mode != wire.RepairCopy && !ec:
+		return wire.Errorf(wire.StatusBadRequest, "chunk %v is not erasure-coded", h.Chunk)
+	case h.Mode != wire.RepairCopy && len(h.Survivors) != int(c.Data):
+		return wire.Errorf(wire.StatusBadRequest, "%d survivors for %d units of which %d data", len(h.Survivors), c.NReplicas, c.Data)
 	case h.Version == 0:
 		return wire.Errorf(wire.StatusBadRequest, "rebuilding version 0")
 	}
@@ -90,6 +100,18 @@ func (x *repairer) header(r *engine.Request, hdr []byte) error {
 
 func (x *repairer) completion(r *engine.Request) {
 	st := r.State.(*repairState)
+	if st.h.Mode == wire.RepairFence {
+		go func() {
+			fs, err := x.d.Store.Fence(st.h.Chunk, st.cap.Epoch)
+			if err != nil {
+				r.Finish(wire.AppendError(nil, storeError(err)))
+				return
+			}
+			r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: fs.Info.Version,
+				ChunkLen: uint64(fs.Info.Length), Partial: fs.Doubt, Skipped: fs.Fence}, nil, ""))
+		}()
+		return
+	}
 	go func() {
 		defer func() { <-x.slots }()
 		info, err := x.rebuild(st)
@@ -104,8 +126,11 @@ func (x *repairer) completion(r *engine.Request) {
 func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	h, c := &st.h, &st.cap
 	k := int(c.Data)
-	code, err := x.codes.Get(k, int(c.NReplicas)-k)
-	if err != nil {
+	var code *erasure.Code
+	var err error
+	if h.Mode == wire.RepairCopy {
+		k = 1
+	} else if code, err = x.codes.Get(k, int(c.NReplicas)-k); err != nil {
 		return store.Info{}, wire.Errorf(wire.StatusBadRequest, "%v", err)
 	}
 	var coef []byte
@@ -119,6 +144,10 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 		if addrs[i], err = x.d.peerAddr(c.Replicas[u], []byte(st.addrs[u]), fmt.Sprintf("unit %d's node", u)); err != nil {
 			return store.Info{}, err
 		}
+	}
+	// No write planned before this repair may land here from now on.
+	if _, err := x.d.Store.Fence(h.Chunk, c.Epoch); err != nil {
+		return store.Info{}, storeError(err)
 	}
 	// What this node holds of the unit (stale, corrupt or half-written)
 	// is replaced whole.
@@ -188,19 +217,25 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 		}
 	}()
 	out := make([]byte, repairPiece)
-	shards := make([][]byte, code.Units())
+	var shards [][]byte
+	if code != nil {
+		shards = make([][]byte, code.Units())
+	}
 	for rd := range fetched {
 		if rd.err != nil {
 			w.Abort()
 			return store.Info{}, wire.Errorf(wire.StatusReplica, "rebuilding unit %d of chunk %v: %v", h.Unit, h.Chunk, rd.err)
 		}
 		res := out[:rd.n]
-		if coef != nil {
+		switch {
+		case code == nil: // a copy
+			res = rd.bufs[0][:rd.n]
+		case coef != nil:
 			copy(res, rd.bufs[0][:rd.n])
 			for i := 1; i < k; i++ {
 				erasure.XOR(res, rd.bufs[i][:rd.n])
 			}
-		} else {
+		default:
 			clear(shards)
 			for i, u := range st.survivors {
 				shards[u] = rd.bufs[i][:rd.n]

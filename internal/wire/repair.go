@@ -8,7 +8,9 @@ import (
 )
 
 // OpRepair asks the node holding (or about to hold) one unit of an
-// erasure-coded stripe group to rebuild it from survivors.
+// erasure-coded stripe group to rebuild it from survivors, one replica
+// of a chunk to copy it from another, or any member to fence itself (see
+// docs/failures.md).
 const OpRepair Op = 4
 
 // RepairMode is how a node rebuilds a unit (seed 003 §IV).
@@ -21,6 +23,13 @@ const (
 	// RepairGather: survivors send their units as they are and the
 	// rebuilder decodes (the gather-at-one-node baseline).
 	RepairGather RepairMode = 1
+	// RepairFence: raise the member's fence to the capability's epoch and
+	// report its committed state: Reply.Version and ChunkLen, Partial if
+	// it holds an unresolved write, Skipped = its fence. No survivors.
+	RepairFence RepairMode = 2
+	// RepairCopy: copy a replicated chunk whole from one survivor (the
+	// only one listed) at Version; Len is the survivor's length.
+	RepairCopy RepairMode = 3
 )
 
 func (m RepairMode) String() string {
@@ -29,6 +38,10 @@ func (m RepairMode) String() string {
 		return "distributed"
 	case RepairGather:
 		return "gather"
+	case RepairFence:
+		return "fence"
+	case RepairCopy:
+		return "copy"
 	}
 	return fmt.Sprintf("repair-mode(%d)", uint8(m))
 }
@@ -76,11 +89,12 @@ func ParseRepair(b []byte, h *RepairHeader) error {
 	}
 	h.Mode, h.Unit = RepairMode(b[1]), b[2]
 	n, capLen, ns := int(b[3]), int(binary.LittleEndian.Uint16(b[4:])), int(b[6])
-	if h.Mode > RepairGather || b[7] != 0 {
+	if h.Mode > RepairCopy || b[7] != 0 {
 		return malformed("repair mode %d, reserved %d", b[1], b[7])
 	}
-	if n == 0 || n > MaxAddrs || int(h.Unit) >= n || ns == 0 || ns >= n {
-		return malformed("unit %d of %d with %d survivors", h.Unit, n, ns)
+	if n == 0 || n > MaxAddrs || int(h.Unit) >= n || ns >= n ||
+		(h.Mode == RepairFence) != (ns == 0) || (h.Mode == RepairCopy && ns != 1) {
+		return malformed("%s of unit %d of %d with %d survivors", h.Mode, h.Unit, n, ns)
 	}
 	h.Chunk = ids.ChunkID(binary.LittleEndian.Uint64(b[8:]))
 	h.Version = binary.LittleEndian.Uint64(b[16:])

@@ -212,6 +212,10 @@ func FuzzParse(f *testing.F) {
 	f.Add(sr)
 	rep, _ := AppendRepair(nil, &RepairHeader{Mode: RepairGather, Unit: 2, Version: 3, Len: 1 << 20, Survivors: []byte{0, 1}, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
 	f.Add(rep)
+	fence, _ := AppendRepair(nil, &RepairHeader{Mode: RepairFence, Unit: 1, Cap: []byte("c")}, []string{"a:1", "b:2"})
+	f.Add(fence)
+	cp, _ := AppendRepair(nil, &RepairHeader{Mode: RepairCopy, Unit: 2, Version: 3, Len: 1 << 20, Survivors: []byte{0}, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
+	f.Add(cp)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var wh WriteHeader
 		if ParseWrite(b, &wh) == nil {
@@ -250,6 +254,9 @@ func FuzzParse(f *testing.F) {
 			}
 			if len(rr.Survivors) >= rr.Addrs.Len() || int(rr.Unit) >= rr.Addrs.Len() {
 				t.Fatal("repair header with impossible units accepted")
+			}
+			if (rr.Mode == RepairFence) != (len(rr.Survivors) == 0) || (rr.Mode == RepairCopy && len(rr.Survivors) != 1) {
+				t.Fatalf("%s with %d survivors accepted", rr.Mode, len(rr.Survivors))
 			}
 		}
 		var rp Reply
