@@ -103,6 +103,12 @@ func (x *repairer) completion(r *engine.Request) {
 	if st.h.Mode == wire.RepairFence {
 		go func() {
 			fs, err := x.d.Store.Fence(st.h.Chunk, st.cap.Epoch)
+			if err == nil && fs.Doubt && st.h.Version != 0 && fs.Info.Version == st.h.Version {
+				// Every member holds this version now: the doubt is over.
+				if err = x.d.Store.ResolveDoubt(st.h.Chunk, st.h.Version); err == nil {
+					fs.Doubt = false
+				}
+			}
 			if err != nil {
 				r.Finish(wire.AppendError(nil, storeError(err)))
 				return

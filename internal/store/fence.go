@@ -130,3 +130,31 @@ func (s *Store) loadFences() error {
 	}
 	return it.Close()
 }
+
+// ResolveDoubt clears id's unresolved write if the chunk is still at
+// version: the caller made sure no replica holds the write any more
+// (every member was fenced and is at version). ErrBusy while a write is
+// open.
+func (s *Store) ResolveDoubt(id ids.ChunkID, version uint64) error {
+	if !s.gate.enter() {
+		return fmt.Errorf("store: resolve doubt %v: %w", id, ErrClosed)
+	}
+	defer s.gate.exit()
+	c, ok := s.chunks.acquireWriter(id)
+	if !ok {
+		return fmt.Errorf("store: resolve doubt %v: a write is open: %w", id, ErrBusy)
+	}
+	defer s.chunks.release(id, c, true)
+	info, err := s.loadInfo(id)
+	if err != nil {
+		return fmt.Errorf("store: resolve doubt %v: %w", id, err)
+	}
+	if _, ok := s.doubts.get(id); !ok || info.Version != version {
+		return nil
+	}
+	if err := s.db.Delete(doubtKey(id), pebble.Sync); err != nil {
+		return fmt.Errorf("store: resolve doubt %v: %w", id, err)
+	}
+	s.doubts.clear(id)
+	return nil
+}

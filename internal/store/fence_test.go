@@ -108,3 +108,30 @@ func TestFenceAbsentChunkAndDrop(t *testing.T) {
 		t.Fatalf("after Drop and a restart: %+v %v", st, err)
 	}
 }
+
+func TestResolveDoubt(t *testing.T) {
+	s := openStore(t, Options{})
+	if _, err := headWrite(t, s, 0, 100, 0); err != nil {
+		t.Fatal(err)
+	}
+	w := mustHead(t, s, 100, 100, 0xB)
+	if err := w.AbortInDoubt(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ResolveDoubt(7, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Doubt(7); !ok {
+		t.Fatal("a doubt cleared for a version the chunk is not at")
+	}
+	if err := s.ResolveDoubt(7, 1); err != nil {
+		t.Fatal(err)
+	}
+	s = reopen(t, s)
+	if _, ok := s.Doubt(7); ok {
+		t.Fatal("doubt back after a restart")
+	}
+	if _, err := s.BeginHead(7, 0, 10, 0xC); err != nil {
+		t.Fatalf("a head write after the doubt was resolved: %v", err)
+	}
+}

@@ -26,6 +26,8 @@ const (
 	// RepairFence: raise the member's fence to the capability's epoch and
 	// report its committed state: Reply.Version and ChunkLen, Partial if
 	// it holds an unresolved write, Skipped = its fence. No survivors.
+	// A non-zero Version also clears an unresolved write if the member
+	// is at that version (every member is: the reconciliation is over).
 	RepairFence RepairMode = 2
 	// RepairCopy: copy a replicated chunk whole from one survivor (the
 	// only one listed) at Version; Len is the survivor's length.
