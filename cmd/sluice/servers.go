@@ -151,6 +151,8 @@ func (a *app) metaCmd() *cobra.Command {
 		dir, listen string
 		nodeTimeout time.Duration
 		lockLease   time.Duration
+		repairGrace time.Duration
+		repairPar   int
 		replicas    int
 	)
 	cmd := &cobra.Command{
@@ -164,7 +166,11 @@ func (a *app) metaCmd() *cobra.Command {
 			if lockLease <= 0 {
 				return fmt.Errorf("--lock-lease %s: must be positive", lockLease)
 			}
-			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease, DefaultReplicas: replicas})
+			if repairGrace <= 0 {
+				return fmt.Errorf("--repair-grace %s: must be positive", repairGrace)
+			}
+			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
+				RepairGrace: repairGrace, DefaultReplicas: replicas})
 			if err != nil {
 				return err
 			}
@@ -179,6 +185,14 @@ func (a *app) metaCmd() *cobra.Command {
 			if err != nil {
 				ms.Close()
 				return err
+			}
+			if repairPar > 0 {
+				rc, err := cluster.StartRepair(ms, addr, repairPar, a.logger().With("svc", "repair"))
+				if err != nil {
+					ms.Close()
+					return err
+				}
+				defer rc.Close() // after ms.Close, below
 			}
 			fmt.Fprintf(a.stdout, "sluice: meta listening on %s\n", addr)
 			fmt.Fprintf(a.stdout, "sluice: cluster secret %s, client config %s\n", filepath.Join(dir, "cluster.secret"), conf)
@@ -196,6 +210,8 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().StringVar(&dir, "data", "", "data directory")
 	cmd.Flags().StringVar(&listen, "listen", cluster.DefaultMetaListen, "listen address")
 	cmd.Flags().DurationVar(&nodeTimeout, "node-timeout", 10*time.Second, "mark a storage node down after this much silence")
+	cmd.Flags().DurationVar(&repairGrace, "repair-grace", 30*time.Second, "move a down node's data elsewhere once it has been down this long")
+	cmd.Flags().IntVar(&repairPar, "repair-parallel", 4, "chunks repaired at once (0: meta repairs nothing by itself)")
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
 	return cmd

@@ -6,9 +6,11 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -41,6 +43,11 @@ type Options struct {
 	// NodeTimeout and HeartbeatInterval tune failure detection (meta's
 	// defaults if zero); tests of node loss shorten them.
 	NodeTimeout, HeartbeatInterval time.Duration
+	// RepairGrace is how long a node may be down before its data is
+	// moved (meta's default if zero); RepairParallel how many chunks are
+	// reconciled at once (default 4; negative: meta repairs nothing).
+	RepairGrace    time.Duration
+	RepairParallel int
 	// Accumulators and ReserveTimeout of each node (policy.Deps); 0 for
 	// the defaults.
 	Accumulators   int
@@ -62,6 +69,7 @@ type Cluster struct {
 	Nodes    []*node.Node
 	ConfPath string
 	metaErr  chan error
+	repair   io.Closer
 }
 
 // Start starts meta, then the nodes, and writes Dir/client.conf.
@@ -85,7 +93,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		opts.DefaultReplicas = min(3, opts.Nodes)
 	}
 	ms, err := meta.Open(meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
-		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval})
+		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval,
+		RepairGrace: opts.RepairGrace})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -98,6 +107,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	ms.SetMetaAddr(c.MetaAddr)
 	go func() { c.metaErr <- ms.Serve(ln) }()
 
+	if opts.RepairParallel >= 0 {
+		if c.repair, err = StartRepair(ms, c.MetaAddr, cmp.Or(opts.RepairParallel, 4), opts.Logger.With("svc", "repair")); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
 	c.ConfPath = filepath.Join(opts.Dir, config.FileName)
 	if err := config.Save(c.ConfPath, ms.ClientConf(c.MetaAddr)); err != nil {
 		c.Close()
@@ -167,5 +182,8 @@ func (c *Cluster) Close() error {
 	}
 	errs = append(errs, c.Meta.Shutdown(context.Background()))
 	errs = append(errs, c.Meta.Close())
+	if c.repair != nil {
+		errs = append(errs, c.repair.Close())
+	}
 	return errors.Join(errs...)
 }

@@ -176,6 +176,15 @@ type chunkRec struct {
 	// stored bytes are stale (a truncation inside the chunk) and read as
 	// zeros. See metaapi.ChunkLayout.ZeroFrom.
 	ZeroFrom int64 `json:"zero_from,omitempty"`
+	// Epoch is the cluster epoch at which the replica set last changed
+	// (or was last reconciled): members are fenced at it.
+	Epoch uint64 `json:"epoch,omitempty"`
+	// Reconciling: a reconciliation is under way (writes wait for it).
+	// Fresh are members it placed, which hold nothing of the chunk yet;
+	// Corrupt members the scrubber found a bad block on.
+	Reconciling bool         `json:"reconciling,omitempty"`
+	Fresh       []ids.NodeID `json:"fresh,omitempty"`
+	Corrupt     []ids.NodeID `json:"corrupt,omitempty"`
 }
 
 // nodeRec is a storage node as persisted. Liveness is not persisted: after

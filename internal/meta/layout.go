@@ -175,6 +175,15 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 			return metaapi.LayoutResp{}, err
 		}
 	}
+	if req.Write {
+		for _, c := range p.chunks {
+			if c.rec.Reconciling {
+				// Its members are being fenced and made whole; a write
+				// planned now would be refused. The client retries.
+				return metaapi.LayoutResp{}, metaapi.Errorf(metaapi.EAGAIN, "chunk %v of file %d is being repaired", c.rec.ID, p.attr.Ino)
+			}
+		}
+	}
 	return s.mintLayout(client, req.Write, &p), nil
 }
 

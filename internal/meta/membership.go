@@ -281,6 +281,7 @@ func (s *Service) Status() (metaapi.StatusResp, error) {
 			Dirs:     s.ctr.Dirs,
 			Chunks:   s.ctr.Chunks,
 		}
+		out.Redundancy, out.Repair = s.repairStatus()
 		return scan(v.reader(), []byte{pDegraded}, []byte{pDegraded + 1}, func(_, _ []byte) (bool, error) {
 			out.Degraded++
 			return out.Degraded < metaapi.MaxDegradedList, nil

@@ -75,6 +75,9 @@ type Options struct {
 	// OrphanLease is how long a file removed while open (RemoveReq.Keep)
 	// outlives its last renewal; default 10m.
 	OrphanLease time.Duration
+	// RepairGrace is how long a node may be down before meta moves its
+	// data elsewhere (a quick restart moves nothing); default 30s.
+	RepairGrace time.Duration
 	// LockLease is how long a lock session (a mount holding file locks)
 	// keeps its locks without renewing them; default 30s.
 	LockLease time.Duration
@@ -110,6 +113,9 @@ func (o *Options) setDefaults() {
 	if o.OrphanLease <= 0 {
 		o.OrphanLease = 10 * time.Minute
 	}
+	if o.RepairGrace <= 0 {
+		o.RepairGrace = 30 * time.Second
+	}
 	if o.LockLease <= 0 {
 		o.LockLease = 30 * time.Second
 	}
@@ -141,6 +147,8 @@ type Service struct {
 	stop     chan struct{}
 	wg       sync.WaitGroup // background goroutines
 	inflight sync.WaitGroup // mutations applied but not yet synced
+
+	repairs *repairQueue
 }
 
 // Open opens (creating on first start) the meta service's state in
@@ -179,6 +187,7 @@ func Open(opts Options) (*Service, error) {
 		rng:      rand.New(rand.NewPCG(seed, seed^0x5eed)),
 		metaAddr: opts.MetaAddr,
 		openedAt: opts.Now(),
+		repairs:  newRepairQueue(),
 		stop:     make(chan struct{}),
 	}
 	s.dur.init()

@@ -26,6 +26,7 @@ const (
 	OpRelease   = "Release"
 	OpLock      = "Lock"
 	OpLockSess  = "LockSession"
+	OpReconcile = "Reconcile"
 	OpSetXattr  = "SetXattr"
 	OpGetXattr  = "GetXattr"
 	OpListXattr = "ListXattr"

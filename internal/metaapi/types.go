@@ -615,6 +615,69 @@ type StatusResp struct {
 	// Degraded counts erasure-coded stripe groups recorded as degraded
 	// (at most MaxDegradedList is counted).
 	Degraded int64 `json:"degraded"`
+	// Redundancy counts chunks and stripe groups by how many of their
+	// members are on live nodes, as of the last scan.
+	Redundancy RedundancyTally `json:"redundancy"`
+	Repair     RepairStats     `json:"repair"`
+}
+
+// RedundancyCounts sorts chunks (or stripe groups) by live members:
+// Full, all of them; Reduced, fewer but more than the minimum to read
+// them (1 replica, K units); Critical, exactly that minimum (one more
+// loss loses data); Unavailable, fewer (unreadable until nodes return).
+type RedundancyCounts struct {
+	Full        int64 `json:"full"`
+	Reduced     int64 `json:"reduced"`
+	Critical    int64 `json:"critical"`
+	Unavailable int64 `json:"unavailable"`
+}
+
+type RedundancyTally struct {
+	Replicated RedundancyCounts `json:"replicated"`
+	Striped    RedundancyCounts `json:"striped"`
+	ScannedAt  int64            `json:"scanned_at"` // unix ns; 0: no scan yet
+}
+
+// Count adds one chunk with live of total members, minimum needed.
+func (t *RedundancyTally) Count(striped bool, live, total, minimum int) {
+	c := &t.Replicated
+	if striped {
+		c = &t.Striped
+	}
+	switch {
+	case live >= total:
+		c.Full++
+	case live > minimum:
+		c.Reduced++
+	case live == minimum:
+		c.Critical++
+	default:
+		c.Unavailable++
+	}
+}
+
+// RepairStats describe the repair queue: chunks waiting (Pending, of
+// which Running are being reconciled), and since meta started the
+// reconciliations Done, attempts Failed (retried later) and Bytes copied
+// or rebuilt; Rate is bytes per second over the last minute.
+type RepairStats struct {
+	Queued  int64   `json:"queued"`
+	Pending int64   `json:"pending"`
+	Running int64   `json:"running"`
+	Done    int64   `json:"done"`
+	Failed  int64   `json:"failed"`
+	Bytes   int64   `json:"bytes"`
+	Rate    float64 `json:"rate"`
+}
+
+// ReconcileReq asks meta to reconcile one chunk now: a write to it
+// failed on a node (see docs/failures.md). Meta answers at once; write
+// layouts of the chunk answer EAGAIN until it is done.
+type ReconcileReq struct {
+	Ino   ids.Ino     `json:"ino"`
+	Index int64       `json:"index"`
+	Chunk ids.ChunkID `json:"chunk"`
+	Who   Who         `json:"who"`
 }
 
 // RegisterReq is sent by a storage node at start. ID is 0 on its first

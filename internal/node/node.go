@@ -72,6 +72,7 @@ type Node struct {
 	wg     sync.WaitGroup
 
 	registered  atomic.Bool
+	interval    atomic.Int64                          // heartbeat interval meta asked for, ns
 	peers       atomic.Pointer[map[ids.NodeID]string] // the cluster map, from heartbeats
 	refresh     chan struct{}                         // asks the control loop to heartbeat now
 	refreshMu   sync.Mutex
@@ -342,15 +343,26 @@ func (n *Node) register(ctx context.Context) error {
 		}
 		n.id.Store(uint32(resp.ID))
 	}
+	if d := time.Duration(resp.HeartbeatInterval); d > 0 {
+		n.interval.Store(int64(min(max(d, 10*time.Millisecond), time.Minute)))
+	}
 	n.registered.Store(true)
 	return nil
+}
+
+// heartbeatInterval is how often meta asked to hear from this node
+// (1s until it says).
+func (n *Node) heartbeatInterval() time.Duration {
+	if d := n.interval.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return time.Second
 }
 
 // controlLoop heartbeats to meta and applies deletions. A node restarted
 // with a known id registers here, while it already serves.
 func (n *Node) controlLoop(ctx context.Context) {
 	defer n.wg.Done()
-	interval := time.Second
 	for {
 		if !n.registered.Load() {
 			if err := n.register(ctx); err != nil {
@@ -370,7 +382,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(interval):
+		case <-time.After(n.heartbeatInterval()):
 		case <-n.refresh:
 		}
 	}

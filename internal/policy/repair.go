@@ -114,7 +114,7 @@ func (x *repairer) completion(r *engine.Request) {
 				return
 			}
 			r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: fs.Info.Version,
-				ChunkLen: uint64(fs.Info.Length), Partial: fs.Doubt, Skipped: fs.Fence}, nil, ""))
+				ChunkLen: uint64(fs.Info.Length), Partial: fs.Doubt}, nil, ""))
 		}()
 		return
 	}

@@ -25,7 +25,7 @@ const (
 	RepairGather RepairMode = 1
 	// RepairFence: raise the member's fence to the capability's epoch and
 	// report its committed state: Reply.Version and ChunkLen, Partial if
-	// it holds an unresolved write, Skipped = its fence. No survivors.
+	// it holds an unresolved write. No survivors.
 	// A non-zero Version also clears an unresolved write if the member
 	// is at that version (every member is: the reconciliation is over).
 	RepairFence RepairMode = 2

@@ -1,0 +1,168 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/store"
+)
+
+// waitRedundancy waits until a scan of meta's after since finds every
+// chunk and stripe group at full redundancy with nothing left to repair.
+func waitRedundancy(t *testing.T, cl *client.Client, since time.Time, timeout time.Duration) metaapi.StatusResp {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var st metaapi.StatusResp
+	var err error
+	for time.Now().Before(deadline) {
+		if st, err = cl.Status(context.Background()); err == nil {
+			r := st.Redundancy
+			if r.ScannedAt > since.UnixNano() && st.Repair.Pending == 0 && r.Replicated.Reduced+r.Replicated.Critical+r.Replicated.Unavailable+
+				r.Striped.Reduced+r.Striped.Critical+r.Striped.Unavailable == 0 {
+				return st
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("redundancy not restored within %s: %+v %+v (err %v)", timeout, st.Redundancy, st.Repair, err)
+	return st
+}
+
+// copies lists, for every chunk the live nodes hold, the nodes holding
+// it with its version and bytes.
+func copies(t *testing.T, c *cluster.Cluster, live map[int]bool) map[ids.ChunkID]map[ids.NodeID]string {
+	t.Helper()
+	out := map[ids.ChunkID]map[ids.NodeID]string{}
+	for i, n := range c.Nodes {
+		if !live[i] {
+			continue
+		}
+		s := n.Store()
+		var list []ids.ChunkID
+		s.List(func(id ids.ChunkID, _ store.Info) bool { list = append(list, id); return true })
+		for _, id := range list {
+			rd, err := s.OpenRead(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info := rd.Info()
+			data := make([]byte, info.Length)
+			if _, err := rd.ReadAt(data, 0); err != nil && err != io.EOF {
+				t.Fatal(err)
+			}
+			rd.Close()
+			if out[id] == nil {
+				out[id] = map[ids.NodeID]string{}
+			}
+			out[id][n.ID()] = fmt.Sprintf("v%d:%x", info.Version, data)
+		}
+	}
+	return out
+}
+
+// TestRepairAfterNodeLoss: a node dies for good; once its grace period
+// is over meta moves its replicas and stripe units to the other nodes by
+// itself, and every chunk is whole again — three identical replicas or
+// a complete stripe group on live nodes — with the data intact.
+func TestRepairAfterNodeLoss(t *testing.T) {
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 5, MetaListen: "127.0.0.1:0",
+		ChunkSize: testChunk, NodeTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond, RepairGrace: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	dirWithPolicy(t, cl, "/r3", 3)
+	ecDir(t, cl, "/ec", 2, 2, 4096)
+	rng := rand.New(rand.NewPCG(6, 1))
+	files := map[string][]byte{}
+	for i := range 4 {
+		files[fmt.Sprintf("/r3/f%d", i)] = randBytes(rng, 2*testChunk+rng.IntN(testChunk))
+		files[fmt.Sprintf("/ec/f%d", i)] = randBytes(rng, 2*testChunk+rng.IntN(testChunk))
+	}
+	for p, data := range files {
+		if _, err := cl.Put(ctx, p, bytes.NewReader(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := waitRedundancy(t, cl, time.Now(), 10*time.Second)
+	t.Logf("before: %+v", before.Redundancy)
+	if r := before.Redundancy; r.Replicated.Full < 8 || r.Striped.Full < 4 {
+		t.Fatalf("tallies before the loss: %+v, want every chunk and group of the files", r)
+	}
+
+	victim := 1
+	gone := c.Nodes[victim].ID()
+	c.Nodes[victim].Close()
+	start := time.Now()
+	st := waitRedundancy(t, cl, start.Add(2*time.Second), 60*time.Second)
+	t.Logf("redundancy restored %s after the node's death: %+v, repair %+v", time.Since(start).Round(100*time.Millisecond), st.Redundancy, st.Repair)
+	if st.Repair.Done == 0 || st.Repair.Bytes == 0 {
+		t.Fatalf("nothing was repaired: %+v", st.Repair)
+	}
+
+	live := map[int]bool{0: true, 2: true, 3: true, 4: true}
+	held := copies(t, c, live)
+	for p, data := range files {
+		var out bytes.Buffer
+		if _, err := cl.Get(ctx, p, &out); err != nil || !bytes.Equal(out.Bytes(), data) {
+			t.Fatalf("%s after repair: %v", p, err)
+		}
+	}
+	// Every replicated chunk: exactly three identical copies on live
+	// nodes, none meant for the dead one.
+	for id, byNode := range held {
+		if _, ok := byNode[gone]; ok {
+			t.Fatalf("chunk %v on the dead node %v", id, gone)
+		}
+	}
+	n3 := 0
+	for p := range files {
+		if p[:3] != "/r3" {
+			continue
+		}
+		a, err := cl.Stat(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lay metaapi.LayoutResp
+		if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &lay); err != nil {
+			t.Fatal(err)
+		}
+		for _, ch := range lay.Chunks {
+			reps := held[ch.Chunk]
+			if len(reps) != 3 {
+				t.Errorf("%s chunk %d (%v): %d copies on live nodes, want 3", p, ch.Index, ch.Chunk, len(reps))
+			}
+			var first string
+			for _, r := range ch.Replicas {
+				if r.Node == gone {
+					t.Errorf("%s chunk %d still lists the dead node", p, ch.Index)
+				}
+				got, ok := reps[r.Node]
+				switch {
+				case !ok:
+					t.Errorf("%s chunk %d: replica node %v holds no copy", p, ch.Index, r.Node)
+				case first == "":
+					first = got
+				case got != first:
+					t.Errorf("%s chunk %d: replicas differ", p, ch.Index)
+				}
+			}
+			n3++
+		}
+	}
+	if n3 == 0 {
+		t.Fatal("no replicated chunks checked")
+	}
+}

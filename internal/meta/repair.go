@@ -1,0 +1,478 @@
+package meta
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/placement"
+	"github.com/sluicefs/sluice/internal/repairplan"
+)
+
+// Repair: meta finds chunks below their policy and reconciles them, a
+// bounded number at a time (docs/failures.md). A scan of the chunk
+// records finds those with a member on a node down past the grace period
+// (or a reconciliation left unfinished by a restart); a client whose
+// write failed asks for its chunk at once (Reconcile). Each
+// reconciliation replaces the members it must, at a new epoch, then has
+// the Repairer fence the members, copy or rebuild what is missing, and
+// reports back.
+
+// Repairer carries out a reconciliation's node requests (the client SDK
+// does, over the fabric); the layout's capability is minted for it.
+type Repairer interface {
+	FenceMembers(ctx context.Context, l *metaapi.ChunkLayout, resolveAt uint64) ([]repairplan.Member, []error)
+	CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target, source int, version uint64, length int64) error
+	RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64) error
+}
+
+// chunkRef names a chunk by its place in a file.
+type chunkRef struct {
+	ino   ids.Ino
+	index int64
+}
+
+// repairJob is a chunk waiting for (or in) reconciliation.
+type repairJob struct {
+	ref       chunkRef
+	failover  bool         // a writer is waiting: replace down or unreachable members now
+	suspects  []ids.NodeID // members that did not answer the last attempt
+	margin    int          // copies it can still lose (lower goes first)
+	notBefore time.Time
+	attempts  int
+	running   bool
+}
+
+// repairQueue is the scheduler's state.
+type repairQueue struct {
+	mu      sync.Mutex
+	jobs    map[chunkRef]*repairJob
+	wake    chan struct{}
+	rescan  bool
+	tallies metaapi.RedundancyTally
+	stats   metaapi.RepairStats
+}
+
+func newRepairQueue() *repairQueue {
+	return &repairQueue{jobs: map[chunkRef]*repairJob{}, wake: make(chan struct{}, 1), rescan: true}
+}
+
+func (q *repairQueue) poke() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// add queues ref, or updates its job.
+func (q *repairQueue) add(ref chunkRef, margin int, failover bool) {
+	q.mu.Lock()
+	j := q.jobs[ref]
+	if j == nil {
+		j = &repairJob{ref: ref, margin: margin}
+		q.jobs[ref] = j
+		q.stats.Queued++
+	}
+	j.margin = min(j.margin, margin)
+	if failover {
+		j.failover, j.notBefore = true, time.Time{}
+	}
+	q.mu.Unlock()
+	q.poke()
+}
+
+// next takes the most urgent job that is due.
+func (q *repairQueue) next(now time.Time) *repairJob {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var best *repairJob
+	for _, j := range q.jobs {
+		if j.running || now.Before(j.notBefore) {
+			continue
+		}
+		if best == nil || j.failover && !best.failover || j.failover == best.failover && j.margin < best.margin {
+			best = j
+		}
+	}
+	if best != nil {
+		best.running = true
+	}
+	return best
+}
+
+// StartRepair starts the scheduler and parallel workers (at least 1)
+// that reconcile chunks through r. Without it, meta repairs nothing.
+func (s *Service) StartRepair(r Repairer, parallel int) {
+	parallel = max(parallel, 1)
+	s.wg.Add(1 + parallel)
+	go s.repairScanner()
+	for range parallel {
+		go s.repairWorker(r)
+	}
+}
+
+// Reconcile asks for a chunk to be reconciled now: a client's write to
+// it failed. The caller needs write access to the file.
+func (s *Service) Reconcile(req metaapi.ReconcileReq) error {
+	err := s.read(func(v view) error {
+		in, err := fileForData(v, req.Ino, req.Who, mayWrite)
+		if err != nil {
+			return err
+		}
+		var rec chunkRec
+		found, err := getJSON(v.r, chunkKey(in.Ino, req.Index), &rec)
+		if err != nil {
+			return err
+		}
+		if !found || rec.ID != req.Chunk {
+			return metaapi.Errorf(metaapi.EINVAL, "chunk %v is not chunk %d of file %d", req.Chunk, req.Index, in.Ino)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.repairs.add(chunkRef{req.Ino, req.Index}, 0, true)
+	s.log.Info("reconciling a chunk a write failed on", "ino", req.Ino, "index", req.Index, "chunk", req.Chunk)
+	return nil
+}
+
+// repairScanner rescans the chunk records when membership changed, and
+// every scanEvery anyway (for the tallies, and for grace periods ending).
+func (s *Service) repairScanner() {
+	defer s.wg.Done()
+	const scanEvery = 5 * time.Second
+	t := time.NewTicker(min(scanEvery, s.opts.RepairGrace))
+	defer t.Stop()
+	for {
+		s.scanForRepair()
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// scanForRepair walks every chunk record, queues those below their
+// policy whose lost members may be replaced (down past the grace period)
+// or whose reconciliation is unfinished, and counts redundancy.
+func (s *Service) scanForRepair() {
+	now := s.opts.Now()
+	var tally metaapi.RedundancyTally
+	var due []*repairJob
+	err := s.read(func(v view) error {
+		state := map[ids.NodeID]bool{} // up
+		past := map[ids.NodeID]bool{}  // down past the grace period
+		for id, m := range s.nodes {
+			state[id] = m.state == metaapi.NodeUp
+			past[id] = m.state != metaapi.NodeUp && now.Sub(s.downSince(m)) >= s.opts.RepairGrace
+		}
+		policies := map[ids.Ino]*metaapi.Policy{}
+		return scan(v.r, []byte{pChunk}, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
+			if len(k) != 17 {
+				return true, nil
+			}
+			var rec chunkRec
+			if err := json.Unmarshal(val, &rec); err != nil {
+				return false, fmt.Errorf("decoding chunk record %q: %w", k, err)
+			}
+			ino := ids.Ino(beUint64(k[1:]))
+			pol, ok := policies[ino]
+			if !ok {
+				in, err := v.inode(ino)
+				if err != nil {
+					return true, nil // checked elsewhere
+				}
+				pol = in.Policy
+				policies[ino] = pol
+			}
+			minimum := 1
+			if pol != nil && pol.EC != nil {
+				minimum = pol.EC.Data
+			}
+			live, replaceable := 0, false
+			for _, n := range rec.Nodes {
+				if state[n] && !slices.Contains(rec.Fresh, n) {
+					live++
+				} else if past[n] {
+					replaceable = true
+				}
+			}
+			tally.Count(pol != nil && pol.EC != nil, live, len(rec.Nodes), minimum)
+			if replaceable || rec.Reconciling {
+				due = append(due, &repairJob{ref: chunkRef{ino, int64(beUint64(k[9:]))}, margin: repairplan.Margin(live, minimum)})
+			}
+			return true, nil
+		})
+	})
+	if err != nil {
+		s.log.Warn("scanning chunks for repair", "err", err)
+		return
+	}
+	s.repairs.mu.Lock()
+	s.repairs.tallies = tally
+	s.repairs.tallies.ScannedAt = now.UnixNano()
+	s.repairs.mu.Unlock()
+	for _, j := range due {
+		s.repairs.add(j.ref, j.margin, false)
+	}
+}
+
+// downSince is when a node stopped being heard from.
+func (s *Service) downSince(m *member) time.Time {
+	if !m.heard {
+		return s.openedAt // not heard since meta started: its grace starts then
+	}
+	return time.Unix(0, m.rec.LastHeartbeat)
+}
+
+// repairWorker reconciles queued chunks one at a time.
+func (s *Service) repairWorker(r Repairer) {
+	defer s.wg.Done()
+	for {
+		j := s.repairs.next(s.opts.Now())
+		if j == nil {
+			select {
+			case <-s.stop:
+				return
+			case <-s.repairs.wake:
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		go func() { // stop with the service
+			select {
+			case <-s.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		done, bytes, err := s.reconcile(ctx, r, j)
+		cancel()
+		s.finishJob(j, done, bytes, err)
+	}
+}
+
+// finishJob drops a job that is done, or requeues it with backoff.
+func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
+	q := s.repairs
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j.running = false
+	if done {
+		delete(q.jobs, j.ref)
+		q.stats.Done++
+		q.stats.Bytes += bytes
+		return
+	}
+	j.attempts++
+	q.stats.Failed++
+	wait := min(time.Duration(1<<min(j.attempts, 6))*250*time.Millisecond, 15*time.Second)
+	j.notBefore = s.opts.Now().Add(wait)
+	if err != nil {
+		s.log.Warn("reconciling a chunk; will retry", "ino", j.ref.ino, "index", j.ref.index, "attempt", j.attempts, "retry_in", wait, "err", err)
+	}
+}
+
+// reconcileJob is what meta planned for one attempt.
+type reconcilePlan struct {
+	layout  metaapi.ChunkLayout
+	epoch   uint64
+	ec      *metaapi.ErasureCode
+	fresh   map[int]bool
+	corrupt map[int]bool
+}
+
+// reconcile makes one attempt at a job. done: the chunk is whole (or
+// gone); bytes: what was copied or rebuilt.
+func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done bool, bytes int64, err error) {
+	p, skip, err := s.beginReconcile(j)
+	if err != nil || skip {
+		return skip, 0, err
+	}
+	l := &p.layout
+	ms, errs := r.FenceMembers(ctx, l, 0)
+	var unreachable []ids.NodeID
+	for i, e := range errs {
+		if e != nil {
+			unreachable = append(unreachable, l.Replicas[i].Node)
+		}
+	}
+	if len(unreachable) > 0 {
+		j.suspects = unreachable
+		return false, 0, fmt.Errorf("fencing chunk %v: %w", l.Chunk, errors.Join(errs...))
+	}
+	for i := range ms {
+		ms[i].Fresh, ms[i].Corrupt = p.fresh[i], p.corrupt[i]
+	}
+	var plan repairplan.Plan
+	if p.ec != nil {
+		plan, err = repairplan.Striped(ms, p.ec.Data)
+	} else {
+		plan, err = repairplan.Replicated(ms)
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("planning chunk %v: %w", l.Chunk, err)
+	}
+	if len(plan.Targets) > 0 {
+		bytes = plan.Length * int64(len(plan.Targets))
+		if p.ec != nil {
+			err = r.RebuildUnits(ctx, l, plan.Targets, plan.Sources, plan.Version, plan.Length)
+		} else {
+			errs := make([]error, len(plan.Targets))
+			var wg sync.WaitGroup
+			for i, t := range plan.Targets {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[i] = r.CopyReplica(ctx, l, t, plan.Sources[i%len(plan.Sources)], plan.Version, plan.Length)
+				}()
+			}
+			wg.Wait()
+			err = errors.Join(errs...)
+		}
+		if err != nil {
+			return false, 0, fmt.Errorf("restoring chunk %v at version %d: %w", l.Chunk, plan.Version, err)
+		}
+	}
+	if len(plan.Resolve) > 0 {
+		if _, errs := r.FenceMembers(ctx, l, plan.Version); errors.Join(errs...) != nil {
+			return false, bytes, fmt.Errorf("resolving chunk %v's unfinished write: %w", l.Chunk, errors.Join(errs...))
+		}
+	}
+	if err := s.endReconcile(j.ref, l.Chunk, p.epoch, plan.Version); err != nil {
+		return false, bytes, err
+	}
+	if len(plan.Targets) > 0 || len(plan.Resolve) > 0 {
+		s.log.Info("chunk reconciled", "ino", j.ref.ino, "index", j.ref.index, "chunk", l.Chunk, "version", plan.Version,
+			"copied_to", plan.Targets, "resolved", plan.Resolve, "epoch", p.epoch)
+	}
+	return true, bytes, nil
+}
+
+// beginReconcile replaces the members it must, at a new epoch, marks the
+// chunk reconciling and mints the layout the repairer works with. skip:
+// nothing to do (the chunk is gone, or healthy and not reconciling).
+func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err error) {
+	s.Sweep()
+	now := s.opts.Now()
+	var plan layoutPlan
+	err = s.update(func(tx *txn) error {
+		in, err := tx.inode(j.ref.ino)
+		if metaapi.IsCode(err, metaapi.ENOENT) {
+			skip = true
+			return nil
+		} else if err != nil {
+			return err
+		}
+		key := chunkKey(in.Ino, j.ref.index)
+		var rec chunkRec
+		found, err := getJSON(tx.b, key, &rec)
+		if err != nil {
+			return err
+		}
+		if !found {
+			skip = true
+			return nil
+		}
+		var replace []int
+		for i, n := range rec.Nodes {
+			m := s.nodes[n]
+			down := m == nil || m.state != metaapi.NodeUp
+			switch {
+			case down && now.Sub(s.downSince(m)) >= s.opts.RepairGrace:
+			case down && j.failover:
+			case slices.Contains(j.suspects, n) && (down || now.Sub(time.Unix(0, m.rec.LastHeartbeat)) > 3*s.opts.HeartbeatInterval):
+			default:
+				continue
+			}
+			replace = append(replace, i)
+		}
+		if len(replace) == 0 && !rec.Reconciling && !j.failover && len(rec.Corrupt) == 0 {
+			skip = true
+			return nil
+		}
+		if len(replace) > 0 {
+			nodes, err := placement.Choose(s.nodeInfosLocked(), len(replace), rec.Nodes, s.rng)
+			if err != nil {
+				return fmt.Errorf("placing %d replacement(s) for chunk %v: %w", len(replace), rec.ID, s.placementError(err))
+			}
+			for k, i := range replace {
+				old := rec.Nodes[i]
+				rec.Nodes[i] = nodes[k]
+				if err := tx.b.Set(gcKey(old, rec.ID), nil, nil); err != nil {
+					return err
+				}
+				if err := tx.b.Delete(gcKey(nodes[k], rec.ID), nil); err != nil {
+					return err
+				}
+				rec.Fresh = append(rec.Fresh, nodes[k])
+			}
+		}
+		tx.ctr.Epoch++
+		rec.Epoch, rec.Reconciling = tx.ctr.Epoch, true
+		if err := tx.setJSON(key, &rec); err != nil {
+			return err
+		}
+		p = reconcilePlan{epoch: rec.Epoch, fresh: map[int]bool{}, corrupt: map[int]bool{}}
+		for i, n := range rec.Nodes {
+			p.fresh[i] = slices.Contains(rec.Fresh, n)
+			p.corrupt[i] = slices.Contains(rec.Corrupt, n)
+		}
+		if in.Policy != nil {
+			p.ec = in.Policy.EC
+		}
+		plan = layoutPlan{attr: in.Attr, epoch: tx.ctr.Epoch, chunks: []indexedChunk{{index: j.ref.index, rec: rec}}, addrs: s.addrsLocked()}
+		return nil
+	})
+	if err != nil || skip {
+		return p, skip, err
+	}
+	resp := s.mintLayout(0, true, &plan)
+	p.layout = resp.Chunks[0]
+	return p, false, nil
+}
+
+// endReconcile records a finished reconciliation, unless the chunk was
+// reconciled again (a newer epoch) or replaced meanwhile.
+func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint64) error {
+	return s.update(func(tx *txn) error {
+		key := chunkKey(ref.ino, ref.index)
+		var rec chunkRec
+		found, err := getJSON(tx.b, key, &rec)
+		if err != nil || !found || rec.ID != id || rec.Epoch != epoch {
+			return err
+		}
+		rec.Reconciling, rec.Fresh, rec.Corrupt = false, nil, nil
+		rec.Version = max(rec.Version, version)
+		if err := tx.b.Delete(degradedKey(ref.ino, ref.index), nil); err != nil {
+			return err
+		}
+		return tx.setJSON(key, &rec)
+	})
+}
+
+// repairStatus reports the redundancy tallies of the last scan and the
+// repair queue.
+func (s *Service) repairStatus() (metaapi.RedundancyTally, metaapi.RepairStats) {
+	q := s.repairs
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	st := q.stats
+	st.Pending = 0
+	for _, j := range q.jobs {
+		st.Pending++
+		if j.running {
+			st.Running++
+		}
+	}
+	return q.tallies, st
+}
