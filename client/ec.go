@@ -85,10 +85,14 @@ func (f *File) ecWriteMsg(ctx context.Context, g ecGeom, p []byte, off int64, ze
 	end := min(o+int64(len(p)), min(s0+maxS, g.stripes)*g.width)
 	n := end - o
 	s1 := (end + g.width - 1) / g.width
+	var fo failover
 	for attempt := 0; ; attempt++ {
 		ls, _, err := c.chunkLayouts(ctx, a.Ino, g.group, off, n, true)
 		if err != nil {
-			return 0, metaapi.ChunkVersion{}, err
+			if fo.waitRepair(ctx, err) {
+				continue
+			}
+			return 0, metaapi.ChunkVersion{}, fo.explain(err)
 		}
 		l, ok := ls[idx]
 		if !ok {
@@ -118,6 +122,9 @@ func (f *File) ecWriteMsg(ctx context.Context, g ecGeom, p []byte, off int64, ze
 			if merr := c.meta.Call(context.WithoutCancel(ctx), metaapi.OpDegraded, req, nil); merr != nil {
 				c.log.Warn("recording a degraded stripe group", "group", l.Chunk, "err", merr)
 			}
+		}
+		if err != nil && c.failover(ctx, &fo, a.Ino, &l, err) {
+			continue
 		}
 		if err != nil {
 			return 0, metaapi.ChunkVersion{}, err

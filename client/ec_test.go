@@ -367,8 +367,10 @@ func TestECRepair(t *testing.T) {
 // it (status counts it), and repair --degraded rebuilds the missing unit
 // on a live node, after which the group is whole and writable.
 func TestECDegradedWriteIsRecordedAndRepaired(t *testing.T) {
+	// Meta repairs nothing by itself here, so a write does not fail over:
+	// this is the `sluice repair --degraded` path.
 	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 6, MetaListen: "127.0.0.1:0",
-		ChunkSize: testChunk, NodeTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond})
+		ChunkSize: testChunk, NodeTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RepairParallel: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -195,11 +195,15 @@ func (f *File) writeOne(ctx context.Context, p []byte, off int64) (int, metaapi.
 	}
 	idx, cOff := off/cs, off%cs
 	n := min(int64(len(p)), cs-cOff, int64(c.opts.WriteMsg))
-	id, zeroID := newWriteID(), newWriteID() // kept across the retry below
+	id, zeroID := newWriteID(), newWriteID() // kept across the retries below
+	var fo failover
 	for attempt := 0; ; attempt++ {
 		ls, _, err := c.chunkLayouts(ctx, a.Ino, cs, off, n, true)
 		if err != nil {
-			return 0, metaapi.ChunkVersion{}, err
+			if fo.waitRepair(ctx, err) {
+				continue
+			}
+			return 0, metaapi.ChunkVersion{}, fo.explain(err)
 		}
 		l, ok := ls[idx]
 		if !ok {
@@ -208,15 +212,19 @@ func (f *File) writeOne(ctx context.Context, p []byte, off int64) (int, metaapi.
 		if l.ZeroFrom > 0 && cOff > l.ZeroFrom {
 			// Stale bytes lie between the old truncation point and this
 			// write: overwrite them with zeros first.
-			if _, err := c.writeChunk(ctx, &l, l.ZeroFrom, make([]byte, cOff-l.ZeroFrom), wm, zeroID); err != nil {
-				return 0, metaapi.ChunkVersion{}, err
-			}
+			_, err = c.writeChunk(ctx, &l, l.ZeroFrom, make([]byte, cOff-l.ZeroFrom), wm, zeroID)
 		}
-		ver, err := c.writeChunk(ctx, &l, cOff, p[:n], wm, id)
+		var ver uint64
+		if err == nil {
+			ver, err = c.writeChunk(ctx, &l, cOff, p[:n], wm, id)
+		}
 		if s, ok := statusOf(err); ok && s == wire.StatusAuth && attempt == 0 {
 			// The capability may have expired or the layout changed:
 			// ask meta again once.
 			c.layouts.dropChunk(a.Ino, idx)
+			continue
+		}
+		if err != nil && c.failover(ctx, &fo, a.Ino, &l, err) {
 			continue
 		}
 		if err != nil {

@@ -2,9 +2,12 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/repairplan"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -23,6 +26,9 @@ func layoutAddrs(l *metaapi.ChunkLayout) []string {
 	return addrs
 }
 
+// fenceTimeout bounds fencing one member.
+const fenceTimeout = 5 * time.Second
+
 // FenceMembers fences every member of l's chunk at its capability's
 // epoch, all at once, and reports what each holds (a member that could
 // not be reached has Answered false and its error in errs). With
@@ -36,6 +42,9 @@ func (c *Client) FenceMembers(ctx context.Context, l *metaapi.ChunkLayout, resol
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// A member cut off must not hold the reconciliation long.
+			ctx, cancel := context.WithTimeout(ctx, fenceTimeout)
+			defer cancel()
 			h := wire.RepairHeader{Mode: wire.RepairFence, Unit: uint8(i), Chunk: l.Chunk, Version: resolveAt, Cap: l.Cap}
 			hdr, err := wire.AppendRepair(nil, &h, addrs)
 			var rep wire.Reply
@@ -80,4 +89,79 @@ func (c *Client) CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target
 func (c *Client) RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64) error {
 	_, err := c.rebuildUnits(ctx, l, lost, survivors, version, uint64(length), nil, wire.RepairDistributed)
 	return err
+}
+
+// Write fail-over. A write a node failed (it died, was cut off, or its
+// replicas were left apart by an earlier failure) asks meta to reconcile
+// the chunk — replace members on dead nodes, fence, make the members
+// whole — and is retried on the new replica set once meta is done; a
+// write refused as fenced (the set changed since its layout) is retried
+// on a fresh layout. A write therefore succeeds only with its whole
+// policy met on live nodes.
+const (
+	maxFailovers = 3
+	// failoverWait bounds how long a writer waits for meta to finish
+	// reconciling its chunk (meta answers EAGAIN meanwhile).
+	failoverWait = 45 * time.Second
+)
+
+// failover is one write's fail-over state.
+type failover struct {
+	n         int
+	since     time.Time // when the last reconciliation was asked for
+	nodeErr   error     // the failure that started it
+	repairing error     // meta's last answer while it was at it
+}
+
+// failover decides whether a write to chunk l that failed with err is
+// tried again, asking meta to reconcile the chunk if a node failed it.
+func (c *Client) failover(ctx context.Context, fo *failover, ino ids.Ino, l *metaapi.ChunkLayout, err error) bool {
+	if fo.n >= maxFailovers || ctx.Err() != nil {
+		return false
+	}
+	s, isStatus := statusOf(err)
+	var ne *NodeError
+	switch {
+	case isStatus && s == wire.StatusFenced:
+	case isStatus && (s == wire.StatusAuth || s == wire.StatusBadRequest || s == wire.StatusUnknownOp):
+		return false
+	case !errors.As(err, &ne):
+		return false
+	default:
+		req := metaapi.ReconcileReq{Ino: ino, Index: l.Index, Chunk: l.Chunk, Who: c.whoOf(ctx)}
+		if rerr := c.meta.Call(ctx, metaapi.OpReconcile, req, nil); rerr != nil {
+			c.log.Warn("asking meta to repair a chunk a write failed on", "chunk", l.Chunk, "err", rerr)
+			return false
+		}
+		c.log.Info("write failed on a node; meta is repairing the chunk", "chunk", l.Chunk, "err", err)
+		fo.since, fo.nodeErr = time.Now(), err
+	}
+	fo.n++
+	c.layouts.dropChunk(ino, l.Index)
+	return true
+}
+
+// waitRepair reports whether a layout request that failed with err is
+// tried again: meta answers EAGAIN while it reconciles the chunk this
+// write asked it to.
+func (fo *failover) waitRepair(ctx context.Context, err error) bool {
+	if fo.nodeErr == nil || !metaapi.IsCode(err, metaapi.EAGAIN) || time.Since(fo.since) > failoverWait {
+		return false
+	}
+	fo.repairing = err
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(200 * time.Millisecond):
+		return true
+	}
+}
+
+// explain turns a layout failure after a fail-over into the node failure
+// that started it, with what meta said.
+func (fo *failover) explain(err error) error {
+	if fo.nodeErr == nil {
+		return err
+	}
+	return fmt.Errorf("%w (meta could not repair the chunk: %v)", fo.nodeErr, err)
 }

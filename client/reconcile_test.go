@@ -166,3 +166,109 @@ func TestRepairAfterNodeLoss(t *testing.T) {
 		t.Fatal("no replicated chunks checked")
 	}
 }
+
+// TestWriteFailsOver: a write to a chunk one of whose replicas is dead
+// (and not yet marked down) succeeds: meta replaces the dead member, the
+// write lands on the new set, and all three replicas agree.
+func TestWriteFailsOver(t *testing.T) {
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 4, MetaListen: "127.0.0.1:0",
+		ChunkSize: testChunk, NodeTimeout: 10 * time.Second, HeartbeatInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	for _, strategy := range []metaapi.Strategy{metaapi.StrategyRing, metaapi.StrategyTree, metaapi.StrategyFlat} {
+		dir := "/" + string(strategy)
+		if err := cl.MkdirAll(ctx, dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.SetPolicy(ctx, dir, metaapi.Policy{Replicas: 3, Strategy: strategy}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One file per strategy, every chunk on node 0's... any three nodes.
+	rng := rand.New(rand.NewPCG(3, 3))
+	data := map[string][]byte{}
+	for _, strategy := range []metaapi.Strategy{metaapi.StrategyRing, metaapi.StrategyTree, metaapi.StrategyFlat} {
+		p := "/" + string(strategy) + "/f"
+		data[p] = randBytes(rng, 2*testChunk)
+		if _, err := cl.Put(ctx, p, bytes.NewReader(data[p]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ecDir(t, cl, "/ec", 2, 1, 4096)
+	data["/ec/f"] = randBytes(rng, 2*testChunk)
+	if _, err := cl.Put(ctx, "/ec/f", bytes.NewReader(data["/ec/f"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Kill the head of the ring file's first chunk: meta still thinks it
+	// is up (10 s timeout).
+	_, first := firstGroup(t, cl, "/ring/f", false)
+	gone := first.Replicas[0].Node
+	victim, live := -1, map[int]bool{}
+	for i, n := range c.Nodes {
+		if n.ID() == gone {
+			victim = i
+		} else {
+			live[i] = true
+		}
+	}
+	c.Nodes[victim].Close()
+	for p, want := range data {
+		f, err := cl.Open(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch := randBytes(rng, testChunk+12345) // spans both chunks
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		start := time.Now()
+		_, err = f.WriteAtContext(wctx, patch, 1000)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: write with a dead replica: %v", p, err)
+		}
+		t.Logf("%s: write with a dead replica took %s", p, time.Since(start).Round(10*time.Millisecond))
+		copy(want[1000:], patch)
+		var out bytes.Buffer
+		if _, err := cl.Get(ctx, p, &out); err != nil || !bytes.Equal(out.Bytes(), want) {
+			t.Fatalf("%s: read after the fail-over: %v", p, err)
+		}
+		a, err := cl.Stat(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lay metaapi.LayoutResp
+		if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &lay); err != nil {
+			t.Fatal(err)
+		}
+		held := copies(t, c, live)
+		for _, ch := range lay.Chunks {
+			if p == "/ec/f" {
+				for _, r := range ch.Replicas {
+					if r.Node == gone {
+						t.Errorf("%s group %d: a unit is still on the dead node after a write succeeded", p, ch.Index)
+					}
+				}
+				continue
+			}
+			var first string
+			for _, r := range ch.Replicas {
+				if r.Node == gone {
+					t.Errorf("%s chunk %d: the dead node is still a replica after a write succeeded", p, ch.Index)
+					continue
+				}
+				got, ok := held[ch.Chunk][r.Node]
+				switch {
+				case !ok:
+					t.Errorf("%s chunk %d: replica %v holds nothing", p, ch.Index, r.Node)
+				case first == "":
+					first = got
+				case got != first:
+					t.Errorf("%s chunk %d: replicas differ after the fail-over", p, ch.Index)
+				}
+			}
+		}
+	}
+}

@@ -179,7 +179,11 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 		for _, c := range p.chunks {
 			if c.rec.Reconciling {
 				// Its members are being fenced and made whole; a write
-				// planned now would be refused. The client retries.
+				// planned now would be refused. The client retries,
+				// unless the repair is stuck.
+				if err := s.repairs.stuckErr(chunkRef{p.attr.Ino, c.index}); err != nil {
+					return metaapi.LayoutResp{}, err
+				}
 				return metaapi.LayoutResp{}, metaapi.Errorf(metaapi.EAGAIN, "chunk %v of file %d is being repaired", c.rec.ID, p.attr.Ino)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
@@ -51,8 +52,12 @@ type repairJob struct {
 
 // repairQueue is the scheduler's state.
 type repairQueue struct {
+	started atomic.Bool
 	mu      sync.Mutex
 	jobs    map[chunkRef]*repairJob
+	// stuck holds why a chunk cannot be made whole now (no live node to
+	// replace a lost member): writers waiting for it are told at once.
+	stuck map[chunkRef]error
 	wake    chan struct{}
 	rescan  bool
 	tallies metaapi.RedundancyTally
@@ -60,7 +65,7 @@ type repairQueue struct {
 }
 
 func newRepairQueue() *repairQueue {
-	return &repairQueue{jobs: map[chunkRef]*repairJob{}, wake: make(chan struct{}, 1), rescan: true}
+	return &repairQueue{jobs: map[chunkRef]*repairJob{}, stuck: map[chunkRef]error{}, wake: make(chan struct{}, 1), rescan: true}
 }
 
 func (q *repairQueue) poke() {
@@ -110,6 +115,7 @@ func (q *repairQueue) next(now time.Time) *repairJob {
 // that reconcile chunks through r. Without it, meta repairs nothing.
 func (s *Service) StartRepair(r Repairer, parallel int) {
 	parallel = max(parallel, 1)
+	s.repairs.started.Store(true)
 	s.wg.Add(1 + parallel)
 	go s.repairScanner()
 	for range parallel {
@@ -120,6 +126,9 @@ func (s *Service) StartRepair(r Repairer, parallel int) {
 // Reconcile asks for a chunk to be reconciled now: a client's write to
 // it failed. The caller needs write access to the file.
 func (s *Service) Reconcile(req metaapi.ReconcileReq) error {
+	if !s.repairs.started.Load() {
+		return metaapi.Errorf(metaapi.ENOTSUP, "this meta service repairs nothing by itself (started with --repair-parallel 0)")
+	}
 	err := s.read(func(v view) error {
 		in, err := fileForData(v, req.Ino, req.Who, mayWrite)
 		if err != nil {
@@ -267,6 +276,12 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j.running = false
+	var me *metaapi.Error
+	if errors.As(err, &me) && me.Code == metaapi.ENOSPC {
+		q.stuck[j.ref] = err
+	} else {
+		delete(q.stuck, j.ref)
+	}
 	if done {
 		delete(q.jobs, j.ref)
 		q.stats.Done++
@@ -403,7 +418,11 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 		if len(replace) > 0 {
 			nodes, err := placement.Choose(s.nodeInfosLocked(), len(replace), rec.Nodes, s.rng)
 			if err != nil {
-				return fmt.Errorf("placing %d replacement(s) for chunk %v: %w", len(replace), rec.ID, s.placementError(err))
+				err = s.placementError(err)
+				if me, ok := err.(*metaapi.Error); ok {
+					return metaapi.Errorf(me.Code, "chunk %v lost %d member(s) and no live node can take their place: %s", rec.ID, len(replace), me.Message)
+				}
+				return err
 			}
 			for k, i := range replace {
 				old := rec.Nodes[i]
@@ -458,6 +477,13 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 		}
 		return tx.setJSON(key, &rec)
 	})
+}
+
+// stuckErr is why chunk ref cannot be made whole now, if it cannot.
+func (q *repairQueue) stuckErr(ref chunkRef) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.stuck[ref]
 }
 
 // repairStatus reports the redundancy tallies of the last scan and the
