@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -124,6 +125,11 @@ func (c *Client) failover(ctx context.Context, fo *failover, ino ids.Ino, l *met
 	switch {
 	case isStatus && s == wire.StatusFenced:
 	case isStatus && (s == wire.StatusAuth || s == wire.StatusBadRequest || s == wire.StatusUnknownOp):
+		return false
+	case isStatus && s == wire.StatusBusy && !strings.Contains(err.Error(), "unresolved write"):
+		// Another writer holds the chunk (or the node is loaded): not a
+		// failure to repair. An unresolved write (store.ErrInDoubt),
+		// whose writer may be gone, is.
 		return false
 	case !errors.As(err, &ne):
 		return false
