@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -128,6 +129,7 @@ func (a *app) statusCmd() *cobra.Command {
 				if st.Degraded > 0 {
 					fmt.Fprintf(a.stdout, "degraded stripe groups: %d (sluice repair --degraded)\n", st.Degraded)
 				}
+				a.printRedundancy(st)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tCAPACITY\tCHUNKS\tLAST HEARTBEAT")
 				for _, n := range st.Nodes {
@@ -143,6 +145,38 @@ func (a *app) statusCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
 	return cmd
+}
+
+// printRedundancy prints the redundancy tallies and the repair queue,
+// with a progress bar and an ETA while repairs are under way.
+func (a *app) printRedundancy(st metaapi.StatusResp) {
+	r, rp := st.Redundancy, st.Repair
+	if r.ScannedAt == 0 {
+		fmt.Fprintln(a.stdout, "redundancy: not scanned yet")
+	} else {
+		tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "REDUNDANCY (%s ago)\tFULL\tREDUCED\tCRITICAL\tUNAVAILABLE\n", time.Since(time.Unix(0, r.ScannedAt)).Round(time.Second))
+		for _, row := range []struct {
+			name string
+			c    metaapi.RedundancyCounts
+		}{{"replicated chunks", r.Replicated}, {"stripe groups", r.Striped}} {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", row.name, row.c.Full, row.c.Reduced, row.c.Critical, row.c.Unavailable)
+		}
+		tw.Flush()
+	}
+	if rp.Pending == 0 {
+		fmt.Fprintf(a.stdout, "repair: idle (%d chunks repaired, %s copied since meta started)\n", rp.Done, human(rp.Bytes))
+		return
+	}
+	total := rp.WaveDone + rp.Pending
+	const width = 30
+	filled := int(int64(width) * rp.WaveDone / max(total, 1))
+	eta := "unknown"
+	if rp.ETA >= 0 {
+		eta = (time.Duration(rp.ETA) * time.Second).String()
+	}
+	fmt.Fprintf(a.stdout, "repair: [%s%s] %d%% %d/%d chunks, %d running, %s/s, ETA %s\n",
+		strings.Repeat("#", filled), strings.Repeat(".", width-filled), 100*rp.WaveDone/max(total, 1), rp.WaveDone, total, rp.Running, human(int64(rp.Rate)), eta)
 }
 
 func human(b int64) string {

@@ -182,7 +182,9 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 				// planned now would be refused. The client retries,
 				// unless the repair is stuck.
 				if err := s.repairs.stuckErr(chunkRef{p.attr.Ino, c.index}); err != nil {
-					return metaapi.LayoutResp{}, err
+					// A lost member nothing can replace: the writer's data
+					// cannot meet its policy (an I/O error, not a full disk).
+					return metaapi.LayoutResp{}, metaapi.Errorf(metaapi.EIO, "%v", err)
 				}
 				return metaapi.LayoutResp{}, metaapi.Errorf(metaapi.EAGAIN, "chunk %v of file %d is being repaired", c.rec.ID, p.attr.Ino)
 			}

@@ -62,7 +62,17 @@ type repairQueue struct {
 	rescan  bool
 	tallies metaapi.RedundancyTally
 	stats   metaapi.RepairStats
+	recent  []completion // the last minute's, for the rate
 }
+
+// completion is a finished reconciliation, for the repair rate.
+type completion struct {
+	at    time.Time
+	bytes int64
+}
+
+// rateWindow is how far back the repair rate looks.
+const rateWindow = time.Minute
 
 func newRepairQueue() *repairQueue {
 	return &repairQueue{jobs: map[chunkRef]*repairJob{}, stuck: map[chunkRef]error{}, wake: make(chan struct{}, 1), rescan: true}
@@ -285,7 +295,16 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	if done {
 		delete(q.jobs, j.ref)
 		q.stats.Done++
+		q.stats.WaveDone++
 		q.stats.Bytes += bytes
+		now := s.opts.Now()
+		q.recent = append(q.recent, completion{now, bytes})
+		for len(q.recent) > 0 && now.Sub(q.recent[0].at) > rateWindow {
+			q.recent = q.recent[1:]
+		}
+		if len(q.jobs) == 0 {
+			q.stats.WaveDone = 0 // the wave is over
+		}
 		return
 	}
 	j.attempts++
@@ -499,6 +518,27 @@ func (s *Service) repairStatus() (metaapi.RedundancyTally, metaapi.RepairStats) 
 		if j.running {
 			st.Running++
 		}
+	}
+	st.ETA = -1
+	now := s.opts.Now()
+	var bytes int64
+	var first time.Time
+	for _, c := range q.recent {
+		if now.Sub(c.at) <= rateWindow {
+			if first.IsZero() {
+				first = c.at
+			}
+			bytes += c.bytes
+		}
+	}
+	if span := now.Sub(first); !first.IsZero() && span > 0 {
+		st.Rate = float64(bytes) / max(span.Seconds(), 1)
+	}
+	switch {
+	case st.Pending == 0:
+		st.ETA = 0
+	case st.Rate > 0 && st.Done > 0:
+		st.ETA = float64(st.Pending) * float64(st.Bytes) / float64(st.Done) / st.Rate
 	}
 	return q.tallies, st
 }

@@ -658,16 +658,21 @@ func (t *RedundancyTally) Count(striped bool, live, total, minimum int) {
 
 // RepairStats describe the repair queue: chunks waiting (Pending, of
 // which Running are being reconciled), and since meta started the
-// reconciliations Done, attempts Failed (retried later) and Bytes copied
-// or rebuilt; Rate is bytes per second over the last minute.
+// chunks Queued, reconciliations Done, attempts Failed (retried later)
+// and Bytes copied or rebuilt. Rate is bytes per second over the last
+// minute. The current wave of repairs (since the queue was last empty)
+// has WaveDone of WaveDone+Pending chunks done; ETA estimates the rest
+// in seconds (-1: unknown).
 type RepairStats struct {
-	Queued  int64   `json:"queued"`
-	Pending int64   `json:"pending"`
-	Running int64   `json:"running"`
-	Done    int64   `json:"done"`
-	Failed  int64   `json:"failed"`
-	Bytes   int64   `json:"bytes"`
-	Rate    float64 `json:"rate"`
+	Queued   int64   `json:"queued"`
+	Pending  int64   `json:"pending"`
+	Running  int64   `json:"running"`
+	Done     int64   `json:"done"`
+	Failed   int64   `json:"failed"`
+	Bytes    int64   `json:"bytes"`
+	Rate     float64 `json:"rate"`
+	WaveDone int64   `json:"wave_done"`
+	ETA      float64 `json:"eta"`
 }
 
 // ReconcileReq asks meta to reconcile one chunk now: a write to it
