@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// waitRepaired polls `sluice status --json` until a scan after since
+// finds every chunk and stripe group at full redundancy and nothing is
+// left to repair.
+func waitRepaired(t *testing.T, conf string, since time.Time, timeout time.Duration) metaapi.StatusResp {
+	t.Helper()
+	var st metaapi.StatusResp
+	eventually(t, timeout, 200*time.Millisecond, func() (bool, string) {
+		st = status(t, conf)
+		r := st.Redundancy
+		bad := r.Replicated.Reduced + r.Replicated.Critical + r.Replicated.Unavailable + r.Striped.Reduced + r.Striped.Critical + r.Striped.Unavailable
+		return r.ScannedAt > since.UnixNano() && bad == 0 && st.Repair.Pending == 0,
+			fmt.Sprintf("redundancy %+v, repair %+v", r, st.Repair)
+	})
+	return st
+}
+
+// TestRepairAfterNodeKill: with separate processes, a node killed for
+// good has its replicas and stripe units rebuilt elsewhere once the grace
+// period is over, `sluice status` says so, every file reads back intact,
+// and when the node returns its stale copies are garbage-collected.
+func TestRepairAfterNodeKill(t *testing.T) {
+	c := startMeta(t, baseDir(t), "--repair-grace", "2s")
+	for i := 1; i <= 5; i++ {
+		c.startNode(t, fmt.Sprintf("n%d", i))
+	}
+	waitNodesUp(t, c.conf, 5, 15*time.Second)
+	mustRun(t, c.conf, nil, "mkdir", "-p", "/r", "/e")
+	mustRun(t, c.conf, nil, "policy", "set", "/r", "--replicas", "3")
+	mustRun(t, c.conf, nil, "policy", "set", "/e", "--ec", "2+2")
+	files := map[string][]byte{}
+	for i := range 3 {
+		for _, dir := range []string{"/r", "/e"} {
+			p := fmt.Sprintf("%s/f%d", dir, i)
+			files[p] = randomBytes(t, 5<<20+i*7919)
+			mustRun(t, c.conf, bytes.NewReader(files[p]), "put", "-", p)
+		}
+	}
+	before := waitRepaired(t, c.conf, time.Now(), 20*time.Second)
+	if before.Redundancy.Replicated.Full == 0 || before.Redundancy.Striped.Full == 0 {
+		t.Fatalf("tallies count nothing: %+v", before.Redundancy)
+	}
+
+	// Kill the node holding the most chunks.
+	var victim *nodeProc
+	for _, n := range before.Nodes {
+		if np := c.nodes[n.ID]; victim == nil || n.Chunks > 0 && np != nil && n.Chunks >= nodeChunks(before, victim.id) {
+			victim = np
+		}
+	}
+	held := nodeChunks(before, victim.id)
+	victim.proc.kill()
+	killed := time.Now()
+	after := waitRepaired(t, c.conf, killed.Add(4*time.Second), 90*time.Second)
+	t.Logf("node %v (%d chunks) killed; full redundancy again after %s: %+v, repair %+v",
+		victim.id, held, time.Since(killed).Round(100*time.Millisecond), after.Redundancy, after.Repair)
+	if after.Repair.Done == 0 {
+		t.Fatalf("status reports no repair: %+v", after.Repair)
+	}
+	text := string(mustRun(t, c.conf, nil, "status").stdout)
+	for _, want := range []string{"REDUNDANCY", "replicated chunks", "stripe groups", "repair: idle"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("status text lacks %q:\n%s", want, text)
+		}
+	}
+	for p, want := range files {
+		if got := mustRun(t, c.conf, nil, "cat", p).stdout; !bytes.Equal(got, want) {
+			t.Fatalf("%s after repair: %d bytes, want %d", p, len(got), len(want))
+		}
+	}
+
+	// The node comes back: it holds only copies meta moved elsewhere,
+	// and deletes them.
+	np := c.startNode(t, filepath.Base(victim.dir))
+	if np.id != victim.id {
+		t.Fatalf("restarted node has id %v, was %v", np.id, victim.id)
+	}
+	eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+		st := status(t, c.conf)
+		n := nodeChunks(st, victim.id)
+		return n == 0, fmt.Sprintf("returned node %v still holds %d chunks", victim.id, n)
+	})
+	entries, _ := os.ReadDir(filepath.Join(victim.dir, "chunks"))
+	t.Logf("returned node's chunk directory has %d subdirectories left", len(entries))
+}
+
+func nodeChunks(st metaapi.StatusResp, id ids.NodeID) int64 {
+	for _, n := range st.Nodes {
+		if n.ID == id {
+			return n.Chunks
+		}
+	}
+	return -1
+}
