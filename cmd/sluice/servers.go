@@ -222,6 +222,8 @@ func (a *app) nodeCmd() *cobra.Command {
 		dir, metaAddr, secretFile, listen, advertise, domain string
 		ef                                                   engineFlags
 		allowRaw                                             bool
+		scrubEvery                                           time.Duration
+		scrubRate                                            int64
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -235,6 +237,8 @@ func (a *app) nodeCmd() *cobra.Command {
 				return errors.New("--meta is required")
 			case secretFile == "":
 				return errors.New("--secret-file is required (the meta service's DIR/cluster.secret)")
+			case scrubEvery < 0 || scrubRate < 0:
+				return fmt.Errorf("--scrub-interval %s and --scrub-rate %d must not be negative", scrubEvery, scrubRate)
 			}
 			fo, eo, err := ef.options()
 			if err != nil {
@@ -247,6 +251,7 @@ func (a *app) nodeCmd() *cobra.Command {
 			n, err := node.Start(cmd.Context(), node.Options{
 				DataDir: dir, MetaAddr: metaAddr, Secret: sec, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
+				ScrubInterval: scrubEvery, ScrubRate: scrubRate,
 			})
 			if err != nil {
 				return err
@@ -267,6 +272,8 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "fabric listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address registered with meta (default: the listen address)")
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
+	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", 24*time.Hour, "re-read every chunk against its checksums this often (0: never)")
+	cmd.Flags().Int64Var(&scrubRate, "scrub-rate", 32<<20, "scrub at most this many bytes a second (0: unlimited)")
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)

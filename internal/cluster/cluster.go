@@ -48,6 +48,10 @@ type Options struct {
 	// reconciled at once (default 4; negative: meta repairs nothing).
 	RepairGrace    time.Duration
 	RepairParallel int
+	// ScrubInterval and ScrubRate of each node (node.Options); 0: the
+	// nodes do not scrub.
+	ScrubInterval time.Duration
+	ScrubRate     int64
 	// Accumulators and ReserveTimeout of each node (policy.Deps); 0 for
 	// the defaults.
 	Accumulators   int
@@ -138,6 +142,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			AllowRaw:       opts.AllowRaw,
 			Accumulators:   opts.Accumulators,
 			ReserveTimeout: opts.ReserveTimeout,
+			ScrubInterval:  opts.ScrubInterval,
+			ScrubRate:      opts.ScrubRate,
 			Logger:         opts.Logger.With("svc", "node"+strconv.Itoa(i)),
 		})
 		if err != nil {

@@ -134,6 +134,9 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 	if len(req.Deleted) > maxDeletedAcks {
 		return out, metaapi.Errorf(metaapi.EINVAL, "%d deletion acknowledgements, at most %d", len(req.Deleted), maxDeletedAcks)
 	}
+	if len(req.Corrupt) > maxCorruptReports {
+		return out, metaapi.Errorf(metaapi.EINVAL, "%d corrupt chunks reported, at most %d", len(req.Corrupt), maxCorruptReports)
+	}
 	err := s.update(func(tx *txn) error {
 		m := s.nodes[req.ID]
 		if m == nil {
@@ -182,6 +185,9 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 		})
 		return nil
 	})
+	if err == nil {
+		s.repairs.noteCorrupt(req.ID, req.Corrupt)
+	}
 	return out, err
 }
 

@@ -57,12 +57,33 @@ type repairQueue struct {
 	jobs    map[chunkRef]*repairJob
 	// stuck holds why a chunk cannot be made whole now (no live node to
 	// replace a lost member): writers waiting for it are told at once.
-	stuck map[chunkRef]error
+	stuck   map[chunkRef]error
 	wake    chan struct{}
 	rescan  bool
 	tallies metaapi.RedundancyTally
 	stats   metaapi.RepairStats
 	recent  []completion // the last minute's, for the rate
+	// corrupt are chunks nodes' scrubs reported, until the scan finds
+	// their records (nodes report chunk ids; records are by file).
+	corrupt map[ids.ChunkID][]ids.NodeID
+}
+
+// maxCorruptReports bounds the corrupt chunks one heartbeat reports and
+// the reports meta holds before the next scan.
+const maxCorruptReports = 1024
+
+// noteCorrupt records a node's scrub findings for the next scan.
+func (q *repairQueue) noteCorrupt(node ids.NodeID, chunks []ids.ChunkID) {
+	if len(chunks) == 0 {
+		return
+	}
+	q.mu.Lock()
+	for _, c := range chunks {
+		if len(q.corrupt) < maxCorruptReports && !slices.Contains(q.corrupt[c], node) {
+			q.corrupt[c] = append(q.corrupt[c], node)
+		}
+	}
+	q.mu.Unlock()
 }
 
 // completion is a finished reconciliation, for the repair rate.
@@ -75,7 +96,8 @@ type completion struct {
 const rateWindow = time.Minute
 
 func newRepairQueue() *repairQueue {
-	return &repairQueue{jobs: map[chunkRef]*repairJob{}, stuck: map[chunkRef]error{}, wake: make(chan struct{}, 1), rescan: true}
+	return &repairQueue{jobs: map[chunkRef]*repairJob{}, stuck: map[chunkRef]error{}, corrupt: map[ids.ChunkID][]ids.NodeID{},
+		wake: make(chan struct{}, 1), rescan: true}
 }
 
 func (q *repairQueue) poke() {
@@ -186,6 +208,16 @@ func (s *Service) scanForRepair() {
 	now := s.opts.Now()
 	var tally metaapi.RedundancyTally
 	var due []*repairJob
+	s.repairs.mu.Lock()
+	reported := s.repairs.corrupt
+	s.repairs.corrupt = map[ids.ChunkID][]ids.NodeID{}
+	s.repairs.mu.Unlock()
+	type finding struct {
+		ref   chunkRef
+		id    ids.ChunkID
+		nodes []ids.NodeID
+	}
+	var found []finding
 	err := s.read(func(v view) error {
 		state := map[ids.NodeID]bool{} // up
 		past := map[ids.NodeID]bool{}  // down past the grace period
@@ -224,6 +256,11 @@ func (s *Service) scanForRepair() {
 					replaceable = true
 				}
 			}
+			ref := chunkRef{ino, int64(beUint64(k[9:]))}
+			if bad := reported[rec.ID]; len(bad) > 0 {
+				found = append(found, finding{ref, rec.ID, bad})
+				live -= len(bad)
+			}
 			tally.Count(pol != nil && pol.EC != nil, live, len(rec.Nodes), minimum)
 			if replaceable || rec.Reconciling {
 				due = append(due, &repairJob{ref: chunkRef{ino, int64(beUint64(k[9:]))}, margin: repairplan.Margin(live, minimum)})
@@ -235,6 +272,14 @@ func (s *Service) scanForRepair() {
 		s.log.Warn("scanning chunks for repair", "err", err)
 		return
 	}
+	for _, f := range found {
+		if err := s.markCorrupt(f.ref, f.id, f.nodes); err != nil {
+			s.log.Warn("recording a corrupt chunk copy", "chunk", f.id, "err", err)
+			continue
+		}
+		s.log.Warn("scrub found a corrupt copy; rebuilding it", "ino", f.ref.ino, "index", f.ref.index, "chunk", f.id, "nodes", f.nodes)
+		due = append(due, &repairJob{ref: f.ref})
+	}
 	s.repairs.mu.Lock()
 	s.repairs.tallies = tally
 	s.repairs.tallies.ScannedAt = now.UnixNano()
@@ -242,6 +287,29 @@ func (s *Service) scanForRepair() {
 	for _, j := range due {
 		s.repairs.add(j.ref, j.margin, false)
 	}
+}
+
+// markCorrupt records that nodes hold a corrupt copy of chunk id, if it
+// is still ref and they are still its members.
+func (s *Service) markCorrupt(ref chunkRef, id ids.ChunkID, nodes []ids.NodeID) error {
+	return s.update(func(tx *txn) error {
+		key := chunkKey(ref.ino, ref.index)
+		var rec chunkRec
+		found, err := getJSON(tx.b, key, &rec)
+		if err != nil || !found || rec.ID != id {
+			return err
+		}
+		changed := false
+		for _, n := range nodes {
+			if slices.Contains(rec.Nodes, n) && !slices.Contains(rec.Corrupt, n) {
+				rec.Corrupt, changed = append(rec.Corrupt, n), true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		return tx.setJSON(key, &rec)
+	})
 }
 
 // downSince is when a node stopped being heard from.

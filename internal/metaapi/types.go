@@ -710,6 +710,8 @@ type HeartbeatReq struct {
 	Used     int64         `json:"used"`
 	Chunks   int64         `json:"chunks"`
 	Deleted  []ids.ChunkID `json:"deleted,omitempty"`
+	// Corrupt are chunks the node's scrub found a bad block in.
+	Corrupt []ids.ChunkID `json:"corrupt,omitempty"`
 }
 
 // HeartbeatResp carries the cluster map and garbage to collect.

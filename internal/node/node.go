@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,7 +53,12 @@ type Options struct {
 	// AllowRaw accepts unauthenticated "raw" writes: only for benchmarks
 	// measuring the cost of authentication; never in a normal cluster.
 	AllowRaw bool
-	Logger   *slog.Logger
+	// ScrubInterval is how often the node re-reads all its chunks
+	// against their checksums (0: never), at most ScrubRate bytes a
+	// second (0: as fast as it can).
+	ScrubInterval time.Duration
+	ScrubRate     int64
+	Logger        *slog.Logger
 }
 
 // Node is a running storage node.
@@ -82,6 +88,7 @@ type Node struct {
 	closeErr    error
 	mu          sync.Mutex
 	deleted     []ids.ChunkID // deletions to report with the next heartbeat
+	corrupt     []ids.ChunkID // chunks the scrub found corrupt, not yet reported
 }
 
 type identity struct {
@@ -129,6 +136,10 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	n.cancel = cancel
 	n.wg.Add(1)
 	go n.controlLoop(lctx)
+	if opts.ScrubInterval > 0 {
+		n.wg.Add(1)
+		go n.scrubLoop(lctx)
+	}
 	n.log.Info("storage node serving", "id", n.ID(), "addr", n.addr, "domain", opts.Domain, "meta", opts.MetaAddr)
 	return n, nil
 }
@@ -393,8 +404,9 @@ func (n *Node) heartbeat(ctx context.Context) error {
 	n.mu.Lock()
 	deleted := n.deleted
 	n.deleted = nil
+	corrupt := slices.Clone(n.corrupt)
 	n.mu.Unlock()
-	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Chunks: chunks, Deleted: deleted}
+	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Chunks: chunks, Deleted: deleted, Corrupt: corrupt}
 	var resp metaapi.HeartbeatResp
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -406,6 +418,12 @@ func (n *Node) heartbeat(ctx context.Context) error {
 			n.registered.Store(false)
 		}
 		return err
+	}
+	if len(corrupt) > 0 {
+		// Meta has them: report each once.
+		n.mu.Lock()
+		n.corrupt = slices.DeleteFunc(n.corrupt, func(id ids.ChunkID) bool { return slices.Contains(corrupt, id) })
+		n.mu.Unlock()
 	}
 	peers := make(map[ids.NodeID]string, len(resp.Nodes))
 	for _, p := range resp.Nodes {

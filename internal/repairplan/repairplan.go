@@ -96,6 +96,11 @@ func Striped(ms []Member, k int) (Plan, error) {
 // doubts to resolve, for the version and length p carries.
 func classify(p Plan, ms []Member, want int) (Plan, error) {
 	if p.Version == 0 {
+		for i, m := range ms {
+			if m.Version > 0 {
+				return Plan{}, fmt.Errorf("no intact copy is left (member %d holds version %d, but it is fresh or corrupt)", i, m.Version)
+			}
+		}
 		// Never written anywhere: no member holds data; fencing told the
 		// fresh ones the chunk's epoch, and nobody needs a copy.
 		for i, m := range ms {

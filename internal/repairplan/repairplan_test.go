@@ -33,6 +33,7 @@ func TestReplicated(t *testing.T) {
 		{"corrupt copies are replaced", []Member{corrupt, at(5, 120), fresh}, 5, []int{1}, []int{0, 2}, nil, false},
 		{"never written", []Member{at(0, 0), fresh, at(0, 0)}, 0, nil, nil, nil, false},
 		{"a member did not answer", []Member{at(5, 120), {}, fresh}, 0, nil, nil, nil, true},
+		{"no intact copy", []Member{corrupt, fresh, fresh}, 0, nil, nil, nil, true},
 	} {
 		p, err := Replicated(c.ms)
 		if (err != nil) != c.err {
