@@ -141,6 +141,11 @@ func (c *Client) Stats() Stats { return Stats{BusyRetries: c.busyRetries.Load()}
 // Meta gives access to the raw control-plane client (for tools).
 func (c *Client) Meta() *metaapi.Client { return c.meta }
 
+// Drain has meta move every chunk off node (cancel: stop doing so).
+func (c *Client) Drain(ctx context.Context, node ids.NodeID, cancel bool) error {
+	return c.meta.Call(ctx, metaapi.OpDrain, metaapi.DrainReq{Node: node, Cancel: cancel, Who: c.whoOf(ctx)}, nil)
+}
+
 // ---- paths ----
 
 // clean validates and normalises an absolute path.

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
@@ -131,13 +133,20 @@ func (a *app) statusCmd() *cobra.Command {
 				}
 				a.printRedundancy(st)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tCAPACITY\tCHUNKS\tLAST HEARTBEAT")
+				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tCAPACITY\tCHUNKS\tPLACED\tLAST HEARTBEAT")
 				for _, n := range st.Nodes {
 					hb := "never"
 					if n.LastHeartbeat > 0 {
 						hb = time.Since(time.Unix(0, n.LastHeartbeat)).Round(time.Second).String() + " ago"
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", n.ID, n.Addr, n.Domain, n.State, human(n.Used), human(n.Capacity), n.Chunks, hb)
+					state, placed := string(n.State), "-"
+					if n.Draining {
+						state += ",draining"
+					}
+					if n.Members >= 0 {
+						placed = strconv.FormatInt(n.Members, 10)
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Domain, state, human(n.Used), human(n.Capacity), n.Chunks, placed, hb)
 				}
 				return tw.Flush()
 			})
@@ -246,5 +255,74 @@ group a failed write recorded as degraded (sluice status counts them).`,
 	}
 	cmd.Flags().StringVar(&mode, "mode", client.RepairDistributed, "distributed or gather")
 	cmd.Flags().BoolVar(&degraded, "degraded", false, "repair every stripe group recorded as degraded")
+	return cmd
+}
+
+// parseNodeID accepts a node id as status prints it ("n3") or bare ("3").
+func parseNodeID(s string) (ids.NodeID, error) {
+	n, err := strconv.ParseUint(strings.TrimPrefix(s, "n"), 10, 32)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("node %q: want a node id such as n3 (see sluice status)", s)
+	}
+	return ids.NodeID(n), nil
+}
+
+func (a *app) drainCmd() *cobra.Command {
+	var cancel, noWait bool
+	cmd := &cobra.Command{
+		Use:   "drain NODE",
+		Short: "Move every chunk off a storage node before it is removed (progress until it holds none)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseNodeID(args[0])
+			if err != nil {
+				return err
+			}
+			return a.withClient(func(c *client.Client) error {
+				ctx := cmd.Context()
+				if err := c.Drain(ctx, id, cancel); err != nil {
+					return fmt.Errorf("drain %v: %w", id, err)
+				}
+				if cancel {
+					fmt.Fprintf(a.stdout, "sluice: %v is no longer draining\n", id)
+					return nil
+				}
+				fmt.Fprintf(a.stdout, "sluice: draining %v: its data moves to the other nodes; it gets no new data\n", id)
+				if noWait {
+					return nil
+				}
+				asked := time.Now()
+				last := int64(-2)
+				for {
+					st, err := c.Status(ctx)
+					if err != nil {
+						return err
+					}
+					left := int64(-1)
+					for _, n := range st.Nodes {
+						if n.ID == id {
+							left = n.Members
+						}
+					}
+					fresh := st.Redundancy.ScannedAt > asked.UnixNano()
+					if fresh && left == 0 && st.Repair.Pending == 0 {
+						fmt.Fprintf(a.stdout, "sluice: %v holds no data any more: it can be stopped and removed\n", id)
+						return nil
+					}
+					if left != last && left >= 0 {
+						fmt.Fprintf(a.stdout, "sluice: %v: %d chunks and units left, %d repairs pending\n", id, left, st.Repair.Pending)
+						last = left
+					}
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(time.Second):
+					}
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&cancel, "cancel", false, "stop draining the node (data already moved stays where it is)")
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return at once instead of following the progress")
 	return cmd
 }

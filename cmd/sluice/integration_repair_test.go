@@ -167,3 +167,75 @@ func TestScrubRepairsCorruption(t *testing.T) {
 		t.Fatal("read after the repair differs")
 	}
 }
+
+// TestNodeDrain: `sluice node drain` moves every chunk and unit off a
+// node while it stays up, new data avoids it, and the files read back.
+func TestNodeDrain(t *testing.T) {
+	c := startMeta(t, baseDir(t))
+	for i := 1; i <= 5; i++ {
+		c.startNode(t, fmt.Sprintf("n%d", i))
+	}
+	waitNodesUp(t, c.conf, 5, 15*time.Second)
+	mustRun(t, c.conf, nil, "mkdir", "-p", "/r", "/e")
+	mustRun(t, c.conf, nil, "policy", "set", "/r", "--replicas", "3")
+	mustRun(t, c.conf, nil, "policy", "set", "/e", "--ec", "2+2")
+	files := map[string][]byte{}
+	for i := range 4 {
+		for _, dir := range []string{"/r", "/e"} {
+			p := fmt.Sprintf("%s/f%d", dir, i)
+			files[p] = randomBytes(t, 3<<20+i*101)
+			mustRun(t, c.conf, bytes.NewReader(files[p]), "put", "-", p)
+		}
+	}
+	st := waitRepaired(t, c.conf, time.Now(), 20*time.Second)
+	var victim ids.NodeID
+	for _, n := range st.Nodes {
+		if victim == 0 || n.Members > nodeMembers(st, victim) {
+			victim = n.ID
+		}
+	}
+	if nodeMembers(st, victim) <= 0 {
+		t.Fatalf("no node holds anything: %+v", st.Nodes)
+	}
+	mustFail(t, c.conf, []string{"node", "n99"}, "node", "drain", "n99")
+	out := string(mustRun(t, c.conf, nil, "node", "drain", victim.String()).stdout)
+	t.Logf("drain output:\n%s", out)
+	if !strings.Contains(out, "holds no data any more") {
+		t.Fatalf("drain did not report completion:\n%s", out)
+	}
+	st = status(t, c.conf)
+	if n := nodeMembers(st, victim); n != 0 {
+		t.Fatalf("drained node still has %d members", n)
+	}
+	text := string(mustRun(t, c.conf, nil, "status").stdout)
+	if !strings.Contains(text, "up,draining") {
+		t.Errorf("status does not show the node draining:\n%s", text)
+	}
+	// New data avoids it.
+	mustRun(t, c.conf, bytes.NewReader(randomBytes(t, 1<<20)), "put", "-", "/r/new")
+	st = waitRepaired(t, c.conf, time.Now(), 20*time.Second)
+	if n := nodeMembers(st, victim); n != 0 {
+		t.Errorf("a new file was placed on the draining node (%d members)", n)
+	}
+	for p, want := range files {
+		if got := mustRun(t, c.conf, nil, "cat", p).stdout; !bytes.Equal(got, want) {
+			t.Fatalf("%s after the drain differs", p)
+		}
+	}
+	// It can be stopped now without any chunk losing a copy.
+	c.nodes[victim].proc.kill()
+	for p, want := range files {
+		if got := mustRun(t, c.conf, nil, "cat", p).stdout; !bytes.Equal(got, want) {
+			t.Fatalf("%s with the drained node stopped differs", p)
+		}
+	}
+}
+
+func nodeMembers(st metaapi.StatusResp, id ids.NodeID) int64 {
+	for _, n := range st.Nodes {
+		if n.ID == id {
+			return n.Members
+		}
+	}
+	return -1
+}

@@ -107,6 +107,9 @@ var ops = map[string]op{
 	metaapi.OpRelease: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReleaseReq) (empty, error) {
 		return empty{}, s.Release(r)
 	}),
+	metaapi.OpDrain: endpoint(true, false, func(s *Service, _ caller, r metaapi.DrainReq) (empty, error) {
+		return empty{}, s.Drain(r)
+	}),
 	metaapi.OpReconcile: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReconcileReq) (empty, error) {
 		return empty{}, s.Reconcile(r)
 	}),

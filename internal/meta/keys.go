@@ -197,6 +197,7 @@ type nodeRec struct {
 	Used          int64      `json:"used"`
 	Chunks        int64      `json:"chunks"`
 	LastHeartbeat int64      `json:"last_heartbeat"`
+	Draining      bool       `json:"draining,omitempty"`
 }
 
 // counters are the singletons every mutation may touch.

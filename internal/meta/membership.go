@@ -36,7 +36,7 @@ func (m *member) info() metaapi.NodeInfo {
 	return metaapi.NodeInfo{
 		ID: m.rec.ID, Addr: m.rec.Addr, Domain: m.rec.Domain, State: m.state,
 		Capacity: m.rec.Capacity, Used: m.rec.Used, Chunks: m.rec.Chunks,
-		LastHeartbeat: m.rec.LastHeartbeat,
+		LastHeartbeat: m.rec.LastHeartbeat, Draining: m.rec.Draining, Members: -1,
 	}
 }
 
@@ -102,6 +102,9 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 			ID: id, Addr: req.Addr, Domain: req.Domain,
 			Capacity: req.Capacity, Used: req.Used, Chunks: req.Chunks,
 			LastHeartbeat: tx.now,
+		}
+		if old != nil {
+			rec.Draining = old.rec.Draining // an operator's decision outlives restarts
 		}
 		if old == nil || old.state != metaapi.NodeUp || old.rec.Addr != rec.Addr || old.rec.Domain != rec.Domain {
 			tx.ctr.Epoch++
@@ -233,6 +236,35 @@ func (s *Service) sweepTx(tx *txn, except ids.NodeID) {
 	}
 }
 
+// Drain has everything moved off a node (see metaapi.DrainReq).
+func (s *Service) Drain(req metaapi.DrainReq) error {
+	if req.Who.UID != 0 {
+		return metaapi.Errorf(metaapi.EPERM, "only root may drain a node")
+	}
+	err := s.update(func(tx *txn) error {
+		m := s.nodes[req.Node]
+		if m == nil {
+			return metaapi.Errorf(metaapi.ENOENT, "no storage node %v", req.Node)
+		}
+		rec := m.rec
+		if rec.Draining == !req.Cancel {
+			return nil
+		}
+		rec.Draining = !req.Cancel
+		tx.ctr.Epoch++
+		if err := tx.setJSON(nodeKey(rec.ID), &rec); err != nil {
+			return err
+		}
+		tx.after = append(tx.after, func() { m.rec.Draining = rec.Draining })
+		return nil
+	})
+	if err == nil {
+		s.log.Info("drain", "node", req.Node, "draining", !req.Cancel)
+		s.repairs.poke()
+	}
+	return err
+}
+
 func (s *Service) sweeper() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.SweepInterval)
@@ -288,6 +320,14 @@ func (s *Service) Status() (metaapi.StatusResp, error) {
 			Chunks:   s.ctr.Chunks,
 		}
 		out.Redundancy, out.Repair = s.repairStatus()
+		members := s.repairs.memberCounts()
+		for i := range out.Nodes {
+			if n, ok := members[out.Nodes[i].ID]; ok {
+				out.Nodes[i].Members = n
+			} else if members != nil {
+				out.Nodes[i].Members = 0
+			}
+		}
 		return scan(v.reader(), []byte{pDegraded}, []byte{pDegraded + 1}, func(_, _ []byte) (bool, error) {
 			out.Degraded++
 			return out.Degraded < metaapi.MaxDegradedList, nil

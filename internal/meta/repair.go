@@ -63,6 +63,9 @@ type repairQueue struct {
 	tallies metaapi.RedundancyTally
 	stats   metaapi.RepairStats
 	recent  []completion // the last minute's, for the rate
+	// members counts, per node, the chunks and units placed on it (last
+	// scan; nil before the first).
+	members map[ids.NodeID]int64
 	// corrupt are chunks nodes' scrubs reported, until the scan finds
 	// their records (nodes report chunk ids; records are by file).
 	corrupt map[ids.ChunkID][]ids.NodeID
@@ -218,12 +221,14 @@ func (s *Service) scanForRepair() {
 		nodes []ids.NodeID
 	}
 	var found []finding
+	members := map[ids.NodeID]int64{}
 	err := s.read(func(v view) error {
 		state := map[ids.NodeID]bool{} // up
-		past := map[ids.NodeID]bool{}  // down past the grace period
+		past := map[ids.NodeID]bool{}  // down past the grace period, or draining: its members move
 		for id, m := range s.nodes {
 			state[id] = m.state == metaapi.NodeUp
-			past[id] = m.state != metaapi.NodeUp && now.Sub(s.downSince(m)) >= s.opts.RepairGrace
+			past[id] = m.rec.Draining || m.state != metaapi.NodeUp && now.Sub(s.downSince(m)) >= s.opts.RepairGrace
+			members[id] = 0
 		}
 		policies := map[ids.Ino]*metaapi.Policy{}
 		return scan(v.r, []byte{pChunk}, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
@@ -250,11 +255,11 @@ func (s *Service) scanForRepair() {
 			}
 			live, replaceable := 0, false
 			for _, n := range rec.Nodes {
+				members[n]++
 				if state[n] && !slices.Contains(rec.Fresh, n) {
 					live++
-				} else if past[n] {
-					replaceable = true
 				}
+				replaceable = replaceable || past[n]
 			}
 			ref := chunkRef{ino, int64(beUint64(k[9:]))}
 			if bad := reported[rec.ID]; len(bad) > 0 {
@@ -281,6 +286,7 @@ func (s *Service) scanForRepair() {
 		due = append(due, &repairJob{ref: f.ref})
 	}
 	s.repairs.mu.Lock()
+	s.repairs.members = members
 	s.repairs.tallies = tally
 	s.repairs.tallies.ScannedAt = now.UnixNano()
 	s.repairs.mu.Unlock()
@@ -310,6 +316,13 @@ func (s *Service) markCorrupt(ref chunkRef, id ids.ChunkID, nodes []ids.NodeID) 
 		}
 		return tx.setJSON(key, &rec)
 	})
+}
+
+// memberCounts returns the last scan's per-node member counts.
+func (q *repairQueue) memberCounts() map[ids.NodeID]int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.members
 }
 
 // downSince is when a node stopped being heard from.
@@ -490,6 +503,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			m := s.nodes[n]
 			down := m == nil || m.state != metaapi.NodeUp
 			switch {
+			case m != nil && m.rec.Draining:
 			case down && now.Sub(s.downSince(m)) >= s.opts.RepairGrace:
 			case down && j.failover:
 			case slices.Contains(j.suspects, n) && (down || now.Sub(time.Unix(0, m.rec.LastHeartbeat)) > 3*s.opts.HeartbeatInterval):

@@ -27,6 +27,7 @@ const (
 	OpLock      = "Lock"
 	OpLockSess  = "LockSession"
 	OpReconcile = "Reconcile"
+	OpDrain     = "Drain"
 	OpSetXattr  = "SetXattr"
 	OpGetXattr  = "GetXattr"
 	OpListXattr = "ListXattr"

@@ -603,6 +603,19 @@ type NodeInfo struct {
 	Used          int64      `json:"used"`     // bytes
 	Chunks        int64      `json:"chunks"`
 	LastHeartbeat int64      `json:"last_heartbeat"` // unix nanoseconds
+	// Draining: `sluice node drain` asked for everything to move off it;
+	// it gets no new data. Members is how many chunks and stripe units
+	// meta places on it, as of the last scan (-1: not scanned yet).
+	Draining bool  `json:"draining,omitempty"`
+	Members  int64 `json:"members"`
+}
+
+// DrainReq moves all data off a node (or, with Cancel, stops doing so).
+// Only root may ask.
+type DrainReq struct {
+	Node   ids.NodeID `json:"node"`
+	Cancel bool       `json:"cancel,omitempty"`
+	Who    Who        `json:"who"`
 }
 
 type StatusResp struct {

@@ -41,7 +41,7 @@ func Choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, rng *rand.Ran
 	up, full := 0, 0
 	for i := range nodes {
 		n := &nodes[i]
-		if n.State != metaapi.NodeUp || n.ID == 0 || seen[n.ID] || contains(exclude, n.ID) {
+		if n.State != metaapi.NodeUp || n.Draining || n.ID == 0 || seen[n.ID] || contains(exclude, n.ID) {
 			continue
 		}
 		seen[n.ID] = true // a duplicated id would break distinctness
