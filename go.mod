@@ -8,6 +8,7 @@ require (
 	github.com/klauspost/reedsolomon v1.14.2
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.30.0
+	golang.org/x/time v0.16.0
 	gonum.org/v1/plot v0.17.0
 )
 

@@ -272,3 +272,42 @@ func TestWriteFailsOver(t *testing.T) {
 		}
 	}
 }
+
+// TestRepairRateLimit: with a repair rate set, restoring redundancy
+// after a node's loss takes at least as long as the rate allows (a lower
+// bound only: a slow machine is never wrong).
+func TestRepairRateLimit(t *testing.T) {
+	const rate = 4 << 20
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 4, MetaListen: "127.0.0.1:0",
+		ChunkSize: testChunk, NodeTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond, RepairGrace: time.Second,
+		RepairRate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	dirWithPolicy(t, cl, "/r3", 3)
+	data := randBytes(rand.New(rand.NewPCG(9, 9)), 36*testChunk)
+	if _, err := cl.Put(ctx, "/r3/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitRedundancy(t, cl, time.Now(), 10*time.Second)
+	c.Nodes[2].Close()
+	start := time.Now()
+	st := waitRedundancy(t, cl, start.Add(time.Second), 60*time.Second)
+	took := time.Since(start)
+	// The first 4 MiB are a burst; the rest wait for the rate.
+	floor := time.Duration(float64(st.Repair.Bytes-4<<20) / rate * float64(time.Second))
+	t.Logf("repaired %d bytes in %s at a limit of %d B/s (no faster than %s)", st.Repair.Bytes, took.Round(100*time.Millisecond), rate, floor.Round(100*time.Millisecond))
+	if st.Repair.Bytes < 20*testChunk {
+		t.Fatalf("only %d bytes repaired: the node held too little to measure", st.Repair.Bytes)
+	}
+	if took < floor {
+		t.Fatalf("repaired %d bytes in %s, faster than the %d B/s limit allows (%s)", st.Repair.Bytes, took, rate, floor)
+	}
+	var out bytes.Buffer
+	if _, err := cl.Get(ctx, "/r3/f", &out); err != nil || !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("read after the repair: %v", err)
+	}
+}

@@ -152,6 +152,7 @@ func (a *app) metaCmd() *cobra.Command {
 		nodeTimeout time.Duration
 		lockLease   time.Duration
 		repairGrace time.Duration
+		repairRate  int64
 		repairPar   int
 		replicas    int
 	)
@@ -170,7 +171,7 @@ func (a *app) metaCmd() *cobra.Command {
 				return fmt.Errorf("--repair-grace %s: must be positive", repairGrace)
 			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
-				RepairGrace: repairGrace, DefaultReplicas: replicas})
+				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas})
 			if err != nil {
 				return err
 			}
@@ -211,6 +212,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", cluster.DefaultMetaListen, "listen address")
 	cmd.Flags().DurationVar(&nodeTimeout, "node-timeout", 10*time.Second, "mark a storage node down after this much silence")
 	cmd.Flags().DurationVar(&repairGrace, "repair-grace", 30*time.Second, "move a down node's data elsewhere once it has been down this long")
+	cmd.Flags().Int64Var(&repairRate, "repair-rate", 0, "repair at most this many bytes a second (0: as fast as it can), to keep clients' throughput")
 	cmd.Flags().IntVar(&repairPar, "repair-parallel", 4, "chunks repaired at once (0: meta repairs nothing by itself)")
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")

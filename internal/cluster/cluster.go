@@ -48,6 +48,7 @@ type Options struct {
 	// reconciled at once (default 4; negative: meta repairs nothing).
 	RepairGrace    time.Duration
 	RepairParallel int
+	RepairRate     int64 // bytes a second; 0: unlimited
 	// ScrubInterval and ScrubRate of each node (node.Options); 0: the
 	// nodes do not scrub.
 	ScrubInterval time.Duration
@@ -98,7 +99,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	ms, err := meta.Open(meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
 		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval,
-		RepairGrace: opts.RepairGrace})
+		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

@@ -41,6 +41,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"golang.org/x/time/rate"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
@@ -78,6 +79,10 @@ type Options struct {
 	// RepairGrace is how long a node may be down before meta moves its
 	// data elsewhere (a quick restart moves nothing); default 30s.
 	RepairGrace time.Duration
+	// RepairRate bounds the bytes a second repairs copy or rebuild (0:
+	// no bound): the trade-off between restoring redundancy and
+	// clients' throughput.
+	RepairRate int64
 	// LockLease is how long a lock session (a mount holding file locks)
 	// keeps its locks without renewing them; default 30s.
 	LockLease time.Duration
@@ -148,7 +153,8 @@ type Service struct {
 	wg       sync.WaitGroup // background goroutines
 	inflight sync.WaitGroup // mutations applied but not yet synced
 
-	repairs *repairQueue
+	repairs     *repairQueue
+	repairLimit *rate.Limiter // nil: repairs unthrottled
 }
 
 // Open opens (creating on first start) the meta service's state in

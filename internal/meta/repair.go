@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/placement"
@@ -146,10 +148,31 @@ func (q *repairQueue) next(now time.Time) *repairJob {
 	return best
 }
 
+// rateBurst is the most bytes the repair rate limit grants at once.
+const rateBurst = 4 << 20
+
+// throttle waits until n more bytes of repair traffic fit the rate.
+func (s *Service) throttle(ctx context.Context, n int64) error {
+	if s.repairLimit == nil {
+		return nil
+	}
+	for n > 0 {
+		step := min(n, rateBurst)
+		if err := s.repairLimit.WaitN(ctx, int(step)); err != nil {
+			return err
+		}
+		n -= step
+	}
+	return nil
+}
+
 // StartRepair starts the scheduler and parallel workers (at least 1)
 // that reconcile chunks through r. Without it, meta repairs nothing.
 func (s *Service) StartRepair(r Repairer, parallel int) {
 	parallel = max(parallel, 1)
+	if s.opts.RepairRate > 0 {
+		s.repairLimit = rate.NewLimiter(rate.Limit(s.opts.RepairRate), rateBurst)
+	}
 	s.repairs.started.Store(true)
 	s.wg.Add(1 + parallel)
 	go s.repairScanner()
@@ -439,6 +462,9 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 	}
 	if len(plan.Targets) > 0 {
 		bytes = plan.Length * int64(len(plan.Targets))
+		if err := s.throttle(ctx, bytes); err != nil {
+			return false, 0, err
+		}
 		if p.ec != nil {
 			err = r.RebuildUnits(ctx, l, plan.Targets, plan.Sources, plan.Version, plan.Length)
 		} else {
