@@ -590,6 +590,13 @@ func (c *Client) Get(ctx context.Context, p string, w io.Writer) (int64, error) 
 			res.release()
 		}
 	}
+	if firstErr == nil && total < a.Size {
+		// The pieces stopped coming: the context ended (never report a
+		// short read as the whole file).
+		if firstErr = ctx.Err(); firstErr == nil {
+			firstErr = fmt.Errorf("read %d of %d bytes", total, a.Size)
+		}
+	}
 	if firstErr != nil {
 		return total, pathErr("get", p, firstErr)
 	}

@@ -311,3 +311,29 @@ func TestRepairRateLimit(t *testing.T) {
 		t.Fatalf("read after the repair: %v", err)
 	}
 }
+
+// TestGetCancelledIsAnError: a Get whose context ends before the file is
+// read returns an error, never a short file as if it were whole (the
+// chaos run found this: a reader stopped mid-Get saw an empty file).
+func TestGetCancelledIsAnError(t *testing.T) {
+	c := startCluster(t, 3)
+	cl := newClient(t, c, client.Options{})
+	data := randBytes(rand.New(rand.NewPCG(5, 5)), 3*testChunk)
+	if _, err := cl.Put(context.Background(), "/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		if i == 0 {
+			cancel()
+		} else {
+			go func() { time.Sleep(time.Duration(i) * 100 * time.Microsecond); cancel() }()
+		}
+		var out bytes.Buffer
+		n, err := cl.Get(ctx, "/f", &out)
+		cancel()
+		if err == nil && (n != int64(len(data)) || !bytes.Equal(out.Bytes(), data)) {
+			t.Fatalf("cancelled Get %d returned %d bytes and no error", i, n)
+		}
+	}
+}

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluicefs/sluice/internal/bench"
+	"github.com/sluicefs/sluice/internal/chaos"
 )
 
 func (a *app) benchCmd() *cobra.Command {
@@ -63,5 +65,57 @@ Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 	cmd.Flags().IntVar(&cfg.Warmup, "warmup", 0, "unmeasured operations per point (default 5)")
 	cmd.Flags().StringSliceVar(&links, "link", nil, "link settings to run (repeatable; default none, 10Gbit+5us and, for replication and goodput, 1Gbit+5us)")
 	cmd.Flags().IntVar(&cfg.MTU, "mtu", 0, "MTU of the client (nodes use their default)")
+	cmd.AddCommand(a.benchChaosCmd())
+	return cmd
+}
+
+func (a *app) benchChaosCmd() *cobra.Command {
+	var o chaos.Options
+	var keep bool
+	cmd := &cobra.Command{
+		Use:   "chaos",
+		Short: "Fault injection: a workload on replicas 3 and RS(3,2) while nodes and meta are killed -9 and restarted; reports bytes lost (must be 0)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			o.Binary = exe
+			if o.Duration <= 0 || o.Nodes < 5 || o.MaxDown < 1 || o.MaxDown > 2 {
+				return fmt.Errorf("--duration must be positive, --nodes at least 5 and --max-down 1 or 2")
+			}
+			if o.Dir == "" {
+				base := "/dev/shm"
+				if _, err := os.Stat(base); err != nil {
+					base = os.TempDir()
+				}
+				if o.Dir, err = os.MkdirTemp(base, "sluice-chaos-"); err != nil {
+					return err
+				}
+				if !keep {
+					defer os.RemoveAll(o.Dir)
+				}
+			}
+			o.Logf = func(format string, args ...any) { fmt.Fprintf(a.stdout, format+"\n", args...) }
+			fmt.Fprintf(a.stdout, "sluice: chaos for %s in %s (%d nodes, seed %d)\n", o.Duration, o.Dir, o.Nodes, o.Seed)
+			rep, err := chaos.Run(cmd.Context(), o)
+			fmt.Fprintf(a.stdout, "sluice: chaos: %s\n", rep)
+			if err != nil {
+				return fmt.Errorf("chaos: %w (logs in %s)", err, o.Dir)
+			}
+			if rep.BytesLost > 0 || rep.WrongReads > 0 {
+				return fmt.Errorf("chaos: %d bytes lost, %d wrong reads (logs in %s)", rep.BytesLost, rep.WrongReads, o.Dir)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&o.Duration, "duration", time.Minute, "how long faults are injected")
+	cmd.Flags().IntVar(&o.Nodes, "nodes", 5, "storage nodes")
+	cmd.Flags().IntVar(&o.MaxDown, "max-down", 1, "nodes down at once at most (the policies tolerate 2)")
+	cmd.Flags().DurationVar(&o.MetaEvery, "meta-every", 20*time.Second, "kill -9 and restart meta this often (0: never)")
+	cmd.Flags().Uint64Var(&o.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
+	cmd.Flags().StringVar(&o.Dir, "dir", "", "data and logs (default a fresh directory in /dev/shm, removed after)")
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the data and logs")
 	return cmd
 }
