@@ -58,6 +58,8 @@ type Options struct {
 // Client is a connection to a cluster. It is safe for concurrent use.
 type Client struct {
 	busyRetries atomic.Uint64
+	failovers   atomic.Uint64
+	fenced      atomic.Uint64
 
 	opts    Options
 	meta    *metaapi.Client
@@ -133,10 +135,18 @@ type Stats struct {
 	// BusyRetries counts requests a node refused busy (request table
 	// full, chunk locked) that the client retried.
 	BusyRetries uint64
+	// Failovers counts writes a node failed that the client had meta
+	// reconcile and retried; Fenced, writes a node refused because the
+	// chunk's replica set changed after their layout (retried on a
+	// fresh one).
+	Failovers uint64
+	Fenced    uint64
 }
 
 // Stats returns the client's counters.
-func (c *Client) Stats() Stats { return Stats{BusyRetries: c.busyRetries.Load()} }
+func (c *Client) Stats() Stats {
+	return Stats{BusyRetries: c.busyRetries.Load(), Failovers: c.failovers.Load(), Fenced: c.fenced.Load()}
+}
 
 // Meta gives access to the raw control-plane client (for tools).
 func (c *Client) Meta() *metaapi.Client { return c.meta }

@@ -124,6 +124,7 @@ func (c *Client) failover(ctx context.Context, fo *failover, ino ids.Ino, l *met
 	var ne *NodeError
 	switch {
 	case isStatus && s == wire.StatusFenced:
+		c.fenced.Add(1)
 	case isStatus && (s == wire.StatusAuth || s == wire.StatusBadRequest || s == wire.StatusUnknownOp):
 		return false
 	case isStatus && s == wire.StatusBusy && !strings.Contains(err.Error(), "unresolved write"):
@@ -140,6 +141,7 @@ func (c *Client) failover(ctx context.Context, fo *failover, ino ids.Ino, l *met
 			return false
 		}
 		c.log.Info("write failed on a node; meta is repairing the chunk", "chunk", l.Chunk, "err", err)
+		c.failovers.Add(1)
 		fo.since, fo.nodeErr = time.Now(), err
 	}
 	fo.n++

@@ -186,13 +186,20 @@ func startProc(t *testing.T, logDir, name string, args ...string) *proc {
 // startProcWith is startProc with the child's stdin (nil: /dev/null).
 func startProcWith(t *testing.T, logDir, name string, stdin *os.File, args ...string) *proc {
 	t.Helper()
+	return startCmd(t, logDir, name, stdin, sluiceBin, args...)
+}
+
+// startCmd is startProcWith for any program (sluice under `ip netns
+// exec`, say).
+func startCmd(t *testing.T, logDir, name string, stdin *os.File, bin string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, out: &lineBuffer{notify: make(chan struct{}, 1)}, done: make(chan struct{})}
 	p.stderrPath = filepath.Join(logDir, name+".stderr")
 	ef, err := os.OpenFile(p.stderrPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmd = exec.Command(sluiceBin, args...)
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout = p.out
 	p.cmd.Stderr = ef
 	if stdin != nil {
