@@ -23,7 +23,7 @@ import (
 // 10.X.Y.2 inside, 10.X.Y.1 (meta) and 10.X.Y.3 (everything else)
 // outside.
 type netPartition struct {
-	ns, outer            string
+	ns, outer             string
 	inner, metaIP, hostIP string
 }
 
