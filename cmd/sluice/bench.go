@@ -37,6 +37,11 @@ Experiments:
 Run by name only (not by "all"):
   fuse           fio and a metadata test through a FUSE mount vs the SDK vs a local tmpfs directory,
                  replicas 1 and 3 (needs /dev/fuse and fio); writes OUT/fuse.csv
+  repair         time to restore full redundancy after losing a node of a 7-node cluster holding 1 GiB,
+                 replicas 3 and RS(4,2), repair rate unlimited and 64 MiB/s, with clients' write
+                 throughput during repair against before; writes OUT/repair.csv
+
+Also: sluice bench chaos (fault injection; see its --help).
 
 Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -118,8 +118,9 @@ type Point struct {
 // Experiments lists the experiment names in run order: those "all" runs.
 var Experiments = []string{"write-latency", "replication", "goodput", "table-fill", "ec-latency", "ec-bandwidth", "ec-recovery"}
 
-// Extra lists experiments run only by name: fuse needs FUSE and fio.
-var Extra = []string{"fuse"}
+// Extra lists experiments run only by name: fuse needs FUSE and fio;
+// repair kills nodes and takes several GiB of tmpfs.
+var Extra = []string{"fuse", "repair"}
 
 // Run runs the named experiments ("all" for every one).
 func Run(ctx context.Context, cfg Config, names []string) error {
@@ -155,6 +156,7 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 			"ec-bandwidth":  ecBandwidth,
 			"ec-recovery":   ecRecovery,
 			"fuse":          fuseBench,
+			"repair":        repairBench,
 		}[name]
 		if !ok {
 			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(slices.Concat(Experiments, Extra), ", "))

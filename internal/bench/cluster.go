@@ -24,6 +24,7 @@ import (
 type procCluster struct {
 	dir   string
 	procs []*proc
+	nodes map[string]*proc // by address
 	conf  config.ClientConf
 }
 
@@ -42,12 +43,18 @@ var (
 // startCluster starts meta and n nodes with nodeArgs and waits until they
 // are all up. Data lives in a fresh directory on tmpfs when there is one.
 func startCluster(ctx context.Context, exe string, n int, nodeArgs []string) (*procCluster, error) {
+	return startClusterWith(ctx, exe, n, nil, nodeArgs)
+}
+
+// startClusterWith is startCluster with extra meta arguments.
+func startClusterWith(ctx context.Context, exe string, n int, metaArgs, nodeArgs []string) (*procCluster, error) {
 	dir, err := os.MkdirTemp(tmpfsBase(), "sluice-bench-")
 	if err != nil {
 		return nil, err
 	}
-	c := &procCluster{dir: dir}
-	metaAddr, err := c.start(ctx, exe, "meta", metaLine, "meta", "--data", filepath.Join(dir, "meta"), "--listen", "127.0.0.1:0", "--default-replicas", "1")
+	c := &procCluster{dir: dir, nodes: map[string]*proc{}}
+	args := append([]string{"meta", "--data", filepath.Join(dir, "meta"), "--listen", "127.0.0.1:0", "--default-replicas", "1"}, metaArgs...)
+	metaAddr, err := c.start(ctx, exe, "meta", metaLine, args...)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -55,10 +62,12 @@ func startCluster(ctx context.Context, exe string, n int, nodeArgs []string) (*p
 	for i := 1; i <= n; i++ {
 		args := append([]string{"node", "--data", filepath.Join(dir, fmt.Sprintf("n%d", i)), "--meta", metaAddr,
 			"--secret-file", filepath.Join(dir, "meta", "cluster.secret")}, nodeArgs...)
-		if _, err := c.start(ctx, exe, fmt.Sprintf("n%d", i), nodeLine, args...); err != nil {
+		addr, err := c.start(ctx, exe, fmt.Sprintf("n%d", i), nodeLine, args...)
+		if err != nil {
 			c.Close()
 			return nil, err
 		}
+		c.nodes[addr] = c.procs[len(c.procs)-1]
 	}
 	if c.conf, err = config.Load(filepath.Join(dir, "meta", config.FileName)); err != nil {
 		c.Close()
@@ -142,6 +151,15 @@ func (c *procCluster) start(ctx context.Context, exe, name string, ready *regexp
 	case <-time.After(30 * time.Second):
 		return "", fmt.Errorf("bench: %s did not start within 30s (log %s)", name, logf.Name())
 	}
+}
+
+// killNode kills -9 the node listening on addr.
+func (c *procCluster) killNode(addr string) error {
+	p := c.nodes[addr]
+	if p == nil {
+		return fmt.Errorf("bench: no node at %s", addr)
+	}
+	return p.cmd.Process.Kill()
 }
 
 // Close stops every process and removes the data.
