@@ -115,17 +115,20 @@ func (r *runner) repairRun(ctx context.Context, name string, pol metaapi.Policy,
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		start := time.Now()
-		for range 2 {
+		for w := range 2 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for {
+				for i := 0; ; i++ {
 					select {
 					case <-stop:
 						return
 					default:
 					}
-					if _, err := cl.Put(ctx, r.fileName("/load", "l"), bytes.NewReader(buf[:16<<20]), 0o644); err != nil {
+					// A few names, rewritten: the space the load takes stays
+					// bounded (each Put replaces a file, whose chunks go).
+					p := fmt.Sprintf("/load/w%d-%d", w, i%4)
+					if _, err := cl.Put(ctx, p, bytes.NewReader(buf[:16<<20]), 0o644); err != nil {
 						mu.Lock()
 						firstErr = err
 						mu.Unlock()
