@@ -1,0 +1,59 @@
+package meta
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// TestRepairQueueOrder: a writer waiting comes first, then the chunks
+// with the fewest copies to spare; a job backing off or running is not
+// handed out; a job queued again keeps its most urgent margin.
+func TestRepairQueueOrder(t *testing.T) {
+	q := newRepairQueue()
+	now := time.Unix(1000, 0)
+	q.add(chunkRef{1, 0}, 2, false)
+	q.add(chunkRef{2, 0}, 0, false)
+	q.add(chunkRef{3, 0}, 1, false)
+	q.add(chunkRef{3, 0}, 3, false) // requeued: keeps margin 1
+	q.add(chunkRef{4, 0}, 5, true)  // a writer waits for it
+	var got []chunkRef
+	for j := q.next(now); j != nil; j = q.next(now) {
+		got = append(got, j.ref)
+	}
+	want := []chunkRef{{4, 0}, {2, 0}, {3, 0}, {1, 0}}
+	if len(got) != len(want) {
+		t.Fatalf("handed out %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("handed out %v, want %v", got, want)
+		}
+	}
+	// All running now: nothing more. One finishes with a failure and
+	// backs off; it is due again only later.
+	s := &Service{opts: Options{Now: func() time.Time { return now }}, repairs: q}
+	s.log = testLogger()
+	j := q.jobs[chunkRef{2, 0}]
+	s.finishJob(j, false, 0, metaapi.Errorf(metaapi.EIO, "node unreachable"))
+	if j := q.next(now); j != nil {
+		t.Fatalf("a job backing off was handed out: %+v", j.ref)
+	}
+	if j := q.next(now.Add(time.Second)); j == nil || j.ref != (chunkRef{2, 0}) {
+		t.Fatalf("the job was not due again after its backoff: %v", j)
+	}
+	// A job that cannot be placed marks its chunk stuck until it succeeds.
+	s.finishJob(q.jobs[chunkRef{2, 0}], false, 0, metaapi.Errorf(metaapi.ENOSPC, "no spare node"))
+	if q.stuckErr(chunkRef{2, 0}) == nil {
+		t.Fatal("an unplaceable chunk is not reported stuck")
+	}
+	q.jobs[chunkRef{2, 0}].running = true
+	s.finishJob(q.jobs[chunkRef{2, 0}], true, 100, nil)
+	if q.stuckErr(chunkRef{2, 0}) != nil || q.jobs[chunkRef{2, 0}] != nil {
+		t.Fatal("a repaired chunk is still stuck or queued")
+	}
+	if _, st := s.repairStatus(); st.Done != 1 || st.Bytes != 100 || st.Pending != 3 || st.Running != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}
