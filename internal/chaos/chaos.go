@@ -59,7 +59,7 @@ type Report struct {
 	NodeKills     int
 	NodeRestarts  int
 	MetaRestarts  int
-	Repairs       int64 // chunks reconciled by meta (its last incarnation)
+	Repairs       int64 // chunks reconciled by meta (all its incarnations)
 	RepairedBytes int64
 	Files         int
 	FilesLost     int   // files not readable as any acknowledged state at the end
@@ -89,6 +89,10 @@ type cluster struct {
 	mu                  sync.Mutex
 	nodes               []*proc // by index; nil or exited: down
 	kills, restarts, mr int
+	// repairs and repaired count what earlier meta incarnations
+	// reported (a restart starts meta's counters over).
+	repairs, repaired int64
+	cl                *client.Client
 }
 
 func (c *cluster) startMeta(ctx context.Context, listen string) error {
@@ -199,6 +203,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		return Report{}, err
 	}
 	defer cl.Close()
+	c.cl = cl
 	if err := waitUp(ctx, cl, o.Nodes, 30*time.Second); err != nil {
 		return Report{}, err
 	}
@@ -245,7 +250,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	healStart := time.Now()
 	st, err := waitHealed(ctx, cl, o.Nodes, 3*time.Minute)
 	rep.RepairTime = time.Since(healStart)
-	rep.Repairs, rep.RepairedBytes = st.Repair.Done, st.Repair.Bytes
+	rep.Repairs, rep.RepairedBytes = c.repairs+st.Repair.Done, c.repaired+st.Repair.Bytes
 	if err != nil {
 		return rep, err
 	}
@@ -266,6 +271,10 @@ func (c *cluster) faults(ctx context.Context, d time.Duration) error {
 		case <-time.After(time.Duration(1500+rng.IntN(3000)) * time.Millisecond):
 		}
 		if c.o.MetaEvery > 0 && time.Now().After(nextMeta) {
+			if st, err := c.cl.Status(ctx); err == nil {
+				c.repairs += st.Repair.Done
+				c.repaired += st.Repair.Bytes
+			}
 			c.o.Logf("chaos: kill -9 meta")
 			c.meta.kill()
 			time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
