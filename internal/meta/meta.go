@@ -154,6 +154,7 @@ type Service struct {
 	inflight sync.WaitGroup // mutations applied but not yet synced
 
 	repairs     *repairQueue
+	scanPage    int           // chunk records per read lock in the repair scan (tests shrink it)
 	repairLimit *rate.Limiter // nil: repairs unthrottled
 }
 

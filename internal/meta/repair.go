@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -245,57 +246,74 @@ func (s *Service) scanForRepair() {
 	}
 	var found []finding
 	members := map[ids.NodeID]int64{}
-	err := s.read(func(v view) error {
-		state := map[ids.NodeID]bool{} // up
-		past := map[ids.NodeID]bool{}  // down past the grace period, or draining: its members move
-		for id, m := range s.nodes {
-			state[id] = m.state == metaapi.NodeUp
-			past[id] = m.rec.Draining || m.state != metaapi.NodeUp && now.Sub(s.downSince(m)) >= s.opts.RepairGrace
-			members[id] = 0
-		}
-		policies := map[ids.Ino]*metaapi.Policy{}
-		return scan(v.r, []byte{pChunk}, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
-			if len(k) != 17 {
+	policies := map[ids.Ino]*metaapi.Policy{}
+	// A page of records at a time, each under its own read lock, so that
+	// a large namespace does not hold off mutations for the whole scan.
+	page := cmp.Or(s.scanPage, 4096)
+	cursor := []byte{pChunk}
+	var err error
+	for cursor != nil && err == nil {
+		err = s.read(func(v view) error {
+			state := map[ids.NodeID]bool{} // up
+			past := map[ids.NodeID]bool{}  // down past the grace period, or draining: its members move
+			for id, m := range s.nodes {
+				state[id] = m.state == metaapi.NodeUp
+				past[id] = m.rec.Draining || m.state != metaapi.NodeUp && now.Sub(s.downSince(m)) >= s.opts.RepairGrace
+				if _, ok := members[id]; !ok {
+					members[id] = 0
+				}
+			}
+			n := 0
+			lower := cursor
+			cursor = nil
+			return scan(v.r, lower, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
+				if n == page {
+					cursor = append([]byte(nil), k...)
+					return false, nil
+				}
+				n++
+				if len(k) != 17 {
+					return true, nil
+				}
+				var rec chunkRec
+				if err := json.Unmarshal(val, &rec); err != nil {
+					return false, fmt.Errorf("decoding chunk record %q: %w", k, err)
+				}
+				ino := ids.Ino(beUint64(k[1:]))
+				pol, ok := policies[ino]
+				if !ok {
+					in, err := v.inode(ino)
+					if err != nil {
+						return true, nil // checked elsewhere
+					}
+					pol = in.Policy
+					policies[ino] = pol
+				}
+				minimum := 1
+				if pol != nil && pol.EC != nil {
+					minimum = pol.EC.Data
+				}
+				live, replaceable := 0, false
+				for _, n := range rec.Nodes {
+					members[n]++
+					if state[n] && !slices.Contains(rec.Fresh, n) {
+						live++
+					}
+					replaceable = replaceable || past[n]
+				}
+				ref := chunkRef{ino, int64(beUint64(k[9:]))}
+				if bad := reported[rec.ID]; len(bad) > 0 {
+					found = append(found, finding{ref, rec.ID, bad})
+					live -= len(bad)
+				}
+				tally.Count(pol != nil && pol.EC != nil, live, len(rec.Nodes), minimum)
+				if replaceable || rec.Reconciling {
+					due = append(due, &repairJob{ref: chunkRef{ino, int64(beUint64(k[9:]))}, margin: repairplan.Margin(live, minimum)})
+				}
 				return true, nil
-			}
-			var rec chunkRec
-			if err := json.Unmarshal(val, &rec); err != nil {
-				return false, fmt.Errorf("decoding chunk record %q: %w", k, err)
-			}
-			ino := ids.Ino(beUint64(k[1:]))
-			pol, ok := policies[ino]
-			if !ok {
-				in, err := v.inode(ino)
-				if err != nil {
-					return true, nil // checked elsewhere
-				}
-				pol = in.Policy
-				policies[ino] = pol
-			}
-			minimum := 1
-			if pol != nil && pol.EC != nil {
-				minimum = pol.EC.Data
-			}
-			live, replaceable := 0, false
-			for _, n := range rec.Nodes {
-				members[n]++
-				if state[n] && !slices.Contains(rec.Fresh, n) {
-					live++
-				}
-				replaceable = replaceable || past[n]
-			}
-			ref := chunkRef{ino, int64(beUint64(k[9:]))}
-			if bad := reported[rec.ID]; len(bad) > 0 {
-				found = append(found, finding{ref, rec.ID, bad})
-				live -= len(bad)
-			}
-			tally.Count(pol != nil && pol.EC != nil, live, len(rec.Nodes), minimum)
-			if replaceable || rec.Reconciling {
-				due = append(due, &repairJob{ref: chunkRef{ino, int64(beUint64(k[9:]))}, margin: repairplan.Margin(live, minimum)})
-			}
-			return true, nil
+			})
 		})
-	})
+	}
 	if err != nil {
 		s.log.Warn("scanning chunks for repair", "err", err)
 		return

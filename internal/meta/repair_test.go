@@ -57,3 +57,19 @@ func TestRepairQueueOrder(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestRepairScanPages: the scan reads the chunk records a page at a time
+// and still counts every one.
+func TestRepairScanPages(t *testing.T) {
+	f := newFixture(t)
+	f.addNodes(3)
+	f.tree("/a", "/b")
+	f.layout("/a", 0, 7*testChunkSize, true)
+	f.layout("/b", 0, 3*testChunkSize, true)
+	f.s.scanPage = 3
+	f.s.scanForRepair()
+	tally, _ := f.s.repairStatus()
+	if got := tally.Replicated.Full; got != 10 {
+		t.Fatalf("scan in pages of 3 counted %d full chunks of 10: %+v", got, tally)
+	}
+}
