@@ -124,7 +124,10 @@ func (c *Client) failover(ctx context.Context, fo *failover, ino ids.Ino, l *met
 	var ne *NodeError
 	switch {
 	case isStatus && s == wire.StatusFenced:
+		// The set changed: the chunk may still be being reconciled, so
+		// wait for it like a fail-over of our own.
 		c.fenced.Add(1)
+		fo.since, fo.nodeErr = time.Now(), err
 	case isStatus && (s == wire.StatusAuth || s == wire.StatusBadRequest || s == wire.StatusUnknownOp):
 		return false
 	case isStatus && s == wire.StatusBusy && !strings.Contains(err.Error(), "unresolved write"):

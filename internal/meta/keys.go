@@ -185,6 +185,9 @@ type chunkRec struct {
 	Reconciling bool         `json:"reconciling,omitempty"`
 	Fresh       []ids.NodeID `json:"fresh,omitempty"`
 	Corrupt     []ids.NodeID `json:"corrupt,omitempty"`
+	// Replaced are former members a reconciliation under way took out;
+	// their copies are collected when it is done.
+	Replaced []ids.NodeID `json:"replaced,omitempty"`
 }
 
 // nodeRec is a storage node as persisted. Liveness is not persisted: after

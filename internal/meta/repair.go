@@ -442,6 +442,7 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 type reconcilePlan struct {
 	layout  metaapi.ChunkLayout
 	epoch   uint64
+	version uint64 // the last version meta recorded a commit of
 	ec      *metaapi.ErasureCode
 	fresh   map[int]bool
 	corrupt map[int]bool
@@ -463,7 +464,9 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		}
 	}
 	if len(unreachable) > 0 {
+		s.repairs.mu.Lock()
 		j.suspects = unreachable
+		s.repairs.mu.Unlock()
 		return false, 0, fmt.Errorf("fencing chunk %v: %w", l.Chunk, errors.Join(errs...))
 	}
 	for i := range ms {
@@ -474,6 +477,11 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		plan, err = repairplan.Striped(ms, p.ec.Data)
 	} else {
 		plan, err = repairplan.Replicated(ms)
+	}
+	if err == nil && plan.Version < p.version {
+		// Meta recorded a commit of a later version than any member
+		// holds: the copies that have it are not reachable. Wait for them.
+		err = fmt.Errorf("no reachable member holds version %d, which meta recorded (the newest held is %d)", p.version, plan.Version)
 	}
 	if err != nil {
 		return false, 0, fmt.Errorf("planning chunk %v: %w", l.Chunk, err)
@@ -523,6 +531,9 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err error) {
 	s.Sweep()
 	now := s.opts.Now()
+	s.repairs.mu.Lock() // add() may set it meanwhile
+	failover, suspects := j.failover, slices.Clone(j.suspects)
+	s.repairs.mu.Unlock()
 	var plan layoutPlan
 	err = s.update(func(tx *txn) error {
 		in, err := tx.inode(j.ref.ino)
@@ -542,21 +553,41 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			skip = true
 			return nil
 		}
+		minimum := 1
+		if in.Policy != nil && in.Policy.EC != nil {
+			minimum = in.Policy.EC.Data
+		}
 		var replace []int
+		sound := 0 // members that hold the chunk and stay
 		for i, n := range rec.Nodes {
 			m := s.nodes[n]
 			down := m == nil || m.state != metaapi.NodeUp
 			switch {
-			case m != nil && m.rec.Draining:
+			case m == nil:
+			case m.rec.Draining:
 			case down && now.Sub(s.downSince(m)) >= s.opts.RepairGrace:
-			case down && j.failover:
-			case slices.Contains(j.suspects, n) && (down || now.Sub(time.Unix(0, m.rec.LastHeartbeat)) > 3*s.opts.HeartbeatInterval):
+			// A writer waiting, or a member that did not answer: replace
+			// it now if meta has heard it go silent (not merely not yet
+			// heard since meta started).
+			case down && failover && m.heard:
+			case slices.Contains(suspects, n) && m.heard && (down || now.Sub(time.Unix(0, m.rec.LastHeartbeat)) > 3*s.opts.HeartbeatInterval):
 			default:
+				if !down && !slices.Contains(rec.Fresh, n) && !slices.Contains(rec.Corrupt, n) {
+					sound++
+				}
 				continue
 			}
 			replace = append(replace, i)
 		}
-		if len(replace) == 0 && !rec.Reconciling && !j.failover && len(rec.Corrupt) == 0 {
+		// Never replace so many members that fewer than the chunk needs
+		// would hold it: their copies are the only source (a drain of a
+		// single replica waits; dead members are replaced once enough
+		// others are live). The replaced copies are collected only when
+		// the reconciliation is done.
+		if len(replace) > 0 && sound < minimum {
+			return metaapi.Errorf(metaapi.ENOSPC, "chunk %v: only %d of its members are live and whole, it needs %d to be rebuilt from", rec.ID, sound, minimum)
+		}
+		if len(replace) == 0 && !rec.Reconciling && !failover && len(rec.Corrupt) == 0 {
 			skip = true
 			return nil
 		}
@@ -572,8 +603,8 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			for k, i := range replace {
 				old := rec.Nodes[i]
 				rec.Nodes[i] = nodes[k]
-				if err := tx.b.Set(gcKey(old, rec.ID), nil, nil); err != nil {
-					return err
+				if !slices.Contains(rec.Replaced, old) {
+					rec.Replaced = append(rec.Replaced, old)
 				}
 				if err := tx.b.Delete(gcKey(nodes[k], rec.ID), nil); err != nil {
 					return err
@@ -586,7 +617,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 		if err := tx.setJSON(key, &rec); err != nil {
 			return err
 		}
-		p = reconcilePlan{epoch: rec.Epoch, fresh: map[int]bool{}, corrupt: map[int]bool{}}
+		p = reconcilePlan{epoch: rec.Epoch, version: rec.Version, fresh: map[int]bool{}, corrupt: map[int]bool{}}
 		for i, n := range rec.Nodes {
 			p.fresh[i] = slices.Contains(rec.Fresh, n)
 			p.corrupt[i] = slices.Contains(rec.Corrupt, n)
@@ -615,7 +646,16 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 		if err != nil || !found || rec.ID != id || rec.Epoch != epoch {
 			return err
 		}
-		rec.Reconciling, rec.Fresh, rec.Corrupt = false, nil, nil
+		// The members it replaced may now drop their copies (not before:
+		// until the new ones were whole, theirs were the other copies).
+		for _, old := range rec.Replaced {
+			if !slices.Contains(rec.Nodes, old) {
+				if err := tx.b.Set(gcKey(old, rec.ID), nil, nil); err != nil {
+					return err
+				}
+			}
+		}
+		rec.Reconciling, rec.Fresh, rec.Corrupt, rec.Replaced = false, nil, nil, nil
 		rec.Version = max(rec.Version, version)
 		if err := tx.b.Delete(degradedKey(ref.ino, ref.index), nil); err != nil {
 			return err

@@ -151,9 +151,15 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 			return store.Info{}, err
 		}
 	}
-	// No write planned before this repair may land here from now on.
-	if _, err := x.d.Store.Fence(h.Chunk, c.Epoch); err != nil {
+	// No write planned before this repair may land here from now on; and
+	// a repair planned before the member's fence (a newer one has run)
+	// must not touch its copy.
+	fs, err := x.d.Store.Fence(h.Chunk, c.Epoch)
+	if err != nil {
 		return store.Info{}, storeError(err)
+	}
+	if c.Epoch < fs.Fence {
+		return store.Info{}, wire.Errorf(wire.StatusFenced, "chunk %v is fenced at epoch %d, this repair was planned on %d", h.Chunk, fs.Fence, c.Epoch)
 	}
 	// What this node holds of the unit (stale, corrupt or half-written)
 	// is replaced whole.

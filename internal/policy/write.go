@@ -638,6 +638,10 @@ func wrapReplicaErr(rank int, addr string, err error) error {
 		switch we.Status {
 		case wire.StatusBusy:
 			return wire.Errorf(wire.StatusBusy, "replica rank %d (%s): %s", rank, addr, we.Msg)
+		case wire.StatusFenced:
+			// The layout is stale, not a replica broken: the client
+			// fetches a fresh one.
+			return wire.Errorf(wire.StatusFenced, "replica rank %d (%s): %s", rank, addr, we.Msg)
 		case wire.StatusReplica:
 			return wire.Errorf(wire.StatusReplica, "replica rank %d (%s): %s", rank, addr, we.Msg)
 		}

@@ -16,7 +16,7 @@ import (
 // old layout can no longer commit anywhere. A write declares its epoch
 // (Write.Planned); it is refused with ErrFenced when it begins and, in
 // case the fence came meanwhile, when it commits. Fences are durable, and
-// outlive Delete (a rebuild deletes the copy it replaces), but not Drop.
+// outlive Delete (a rebuild deletes the copy it replaces) and Drop.
 //
 //	e <id>   -> fence epoch (u64)
 
@@ -44,12 +44,6 @@ func (fs *fences) set(id ids.ChunkID, epoch uint64) {
 		fs.m = map[ids.ChunkID]uint64{}
 	}
 	fs.m[id] = epoch
-}
-
-func (fs *fences) clear(id ids.ChunkID) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	delete(fs.m, id)
 }
 
 // checkFence refuses a write planned on an epoch below id's fence.
@@ -98,18 +92,11 @@ func (s *Store) Fence(id ids.ChunkID, epoch uint64) (FenceState, error) {
 	return FenceState{Info: info, Doubt: doubt, Fence: s.fences.get(id)}, nil
 }
 
-// Drop deletes id for good: its data, metadata and fence (garbage
-// collection of a copy meta moved elsewhere).
-func (s *Store) Drop(id ids.ChunkID) error {
-	if err := s.Delete(id); err != nil {
-		return err
-	}
-	if err := s.db.Delete(fenceKey(id), pebble.Sync); err != nil {
-		return fmt.Errorf("store: drop %v: fence: %w", id, err)
-	}
-	s.fences.clear(id)
-	return nil
-}
+// Drop deletes id for good (garbage collection of a copy meta moved
+// elsewhere). Its fence stays: a writer holding a layout from before the
+// move must still be refused here, not create the chunk anew where
+// nobody will look for it.
+func (s *Store) Drop(id ids.ChunkID) error { return s.Delete(id) }
 
 // loadFences reads every fence record into memory at open.
 func (s *Store) loadFences() error {

@@ -100,11 +100,16 @@ func TestFenceAbsentChunkAndDrop(t *testing.T) {
 	if err := s.Drop(7); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := headWrite(t, s, 0, 10, 0); err != nil {
-		t.Fatalf("a write after Drop: %v", err)
+	// A writer with a layout from before the copy moved away is still
+	// refused; one planned since is not.
+	if _, err := headWrite(t, s, 0, 10, 2); !errors.Is(err, ErrFenced) {
+		t.Fatalf("a stale write after Drop: %v", err)
+	}
+	if _, err := headWrite(t, s, 0, 10, 3); err != nil {
+		t.Fatalf("a current write after Drop: %v", err)
 	}
 	s = reopen(t, s)
-	if st, err := s.Fence(7, 0); err != nil || st.Fence != 0 || st.Info.Version != 1 {
+	if st, err := s.Fence(7, 0); err != nil || st.Fence != 3 || st.Info.Version != 1 {
 		t.Fatalf("after Drop and a restart: %+v %v", st, err)
 	}
 }
