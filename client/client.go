@@ -151,6 +151,26 @@ func (c *Client) Stats() Stats {
 // Meta gives access to the raw control-plane client (for tools).
 func (c *Client) Meta() *metaapi.Client { return c.meta }
 
+// WaitRepaired polls meta until a scan after since finds everything at
+// full redundancy and nothing left to repair (StatusResp.Repaired), or
+// ctx ends; it returns the last status.
+func (c *Client) WaitRepaired(ctx context.Context, since time.Time) (metaapi.StatusResp, error) {
+	for {
+		st, err := c.Status(ctx)
+		if err == nil && st.Repaired(since) {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = fmt.Errorf("redundancy %+v, repair %+v", st.Redundancy, st.Repair)
+			}
+			return st, fmt.Errorf("waiting for full redundancy: %w (%v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // Drain has meta move every chunk off node (cancel: stop doing so).
 func (c *Client) Drain(ctx context.Context, node ids.NodeID, cancel bool) error {
 	return c.meta.Call(ctx, metaapi.OpDrain, metaapi.DrainReq{Node: node, Cancel: cancel, Who: c.whoOf(ctx)}, nil)

@@ -20,21 +20,28 @@ import (
 // chunk and stripe group at full redundancy with nothing left to repair.
 func waitRedundancy(t *testing.T, cl *client.Client, since time.Time, timeout time.Duration) metaapi.StatusResp {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var st metaapi.StatusResp
-	var err error
-	for time.Now().Before(deadline) {
-		if st, err = cl.Status(context.Background()); err == nil {
-			r := st.Redundancy
-			if r.ScannedAt > since.UnixNano() && st.Repair.Pending == 0 && r.Replicated.Reduced+r.Replicated.Critical+r.Replicated.Unavailable+
-				r.Striped.Reduced+r.Striped.Critical+r.Striped.Unavailable == 0 {
-				return st
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	st, err := cl.WaitRepaired(ctx, since)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("redundancy not restored within %s: %+v %+v (err %v)", timeout, st.Redundancy, st.Repair, err)
 	return st
+}
+
+// layoutOf returns the read layout of every chunk of p.
+func layoutOf(t *testing.T, cl *client.Client, p string) metaapi.LayoutResp {
+	t.Helper()
+	ctx := context.Background()
+	a, err := cl.Stat(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lay metaapi.LayoutResp
+	if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &lay); err != nil {
+		t.Fatal(err)
+	}
+	return lay
 }
 
 // copies lists, for every chunk the live nodes hold, the nodes holding
@@ -131,14 +138,7 @@ func TestRepairAfterNodeLoss(t *testing.T) {
 		if p[:3] != "/r3" {
 			continue
 		}
-		a, err := cl.Stat(ctx, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var lay metaapi.LayoutResp
-		if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &lay); err != nil {
-			t.Fatal(err)
-		}
+		lay := layoutOf(t, cl, p)
 		for _, ch := range lay.Chunks {
 			reps := held[ch.Chunk]
 			if len(reps) != 3 {
@@ -235,14 +235,7 @@ func TestWriteFailsOver(t *testing.T) {
 		if _, err := cl.Get(ctx, p, &out); err != nil || !bytes.Equal(out.Bytes(), want) {
 			t.Fatalf("%s: read after the fail-over: %v", p, err)
 		}
-		a, err := cl.Stat(ctx, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var lay metaapi.LayoutResp
-		if err := cl.Meta().Call(ctx, metaapi.OpLayout, metaapi.LayoutReq{Ino: a.Ino, Len: a.Size}, &lay); err != nil {
-			t.Fatal(err)
-		}
+		lay := layoutOf(t, cl, p)
 		held := copies(t, c, live)
 		for _, ch := range lay.Chunks {
 			if p == "/ec/f" {

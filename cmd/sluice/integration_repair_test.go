@@ -21,20 +21,17 @@ func waitRepaired(t *testing.T, conf string, since time.Time, timeout time.Durat
 	var st metaapi.StatusResp
 	eventually(t, timeout, 200*time.Millisecond, func() (bool, string) {
 		st = status(t, conf)
-		r := st.Redundancy
-		bad := r.Replicated.Reduced + r.Replicated.Critical + r.Replicated.Unavailable + r.Striped.Reduced + r.Striped.Critical + r.Striped.Unavailable
-		return r.ScannedAt > since.UnixNano() && bad == 0 && st.Repair.Pending == 0,
-			fmt.Sprintf("redundancy %+v, repair %+v", r, st.Repair)
+		return st.Repaired(since), fmt.Sprintf("redundancy %+v, repair %+v", st.Redundancy, st.Repair)
 	})
 	return st
 }
 
-// TestRepairAfterNodeKill: with separate processes, a node killed for
-// good has its replicas and stripe units rebuilt elsewhere once the grace
-// period is over, `sluice status` says so, every file reads back intact,
-// and when the node returns its stale copies are garbage-collected.
-func TestRepairAfterNodeKill(t *testing.T) {
-	c := startMeta(t, baseDir(t), "--repair-grace", "2s")
+// fiveNodesWithFiles starts meta (with metaArgs) and five nodes, and
+// writes n files of about size bytes into /r (replicas 3) and n into /e
+// (RS(2,2)); it returns what each holds.
+func fiveNodesWithFiles(t *testing.T, n, size int, metaArgs ...string) (*splitCluster, map[string][]byte) {
+	t.Helper()
+	c := startMeta(t, baseDir(t), metaArgs...)
 	for i := 1; i <= 5; i++ {
 		c.startNode(t, fmt.Sprintf("n%d", i))
 	}
@@ -43,13 +40,22 @@ func TestRepairAfterNodeKill(t *testing.T) {
 	mustRun(t, c.conf, nil, "policy", "set", "/r", "--replicas", "3")
 	mustRun(t, c.conf, nil, "policy", "set", "/e", "--ec", "2+2")
 	files := map[string][]byte{}
-	for i := range 3 {
+	for i := range n {
 		for _, dir := range []string{"/r", "/e"} {
 			p := fmt.Sprintf("%s/f%d", dir, i)
-			files[p] = randomBytes(t, 5<<20+i*7919)
+			files[p] = randomBytes(t, size+i*7919)
 			mustRun(t, c.conf, bytes.NewReader(files[p]), "put", "-", p)
 		}
 	}
+	return c, files
+}
+
+// TestRepairAfterNodeKill: with separate processes, a node killed for
+// good has its replicas and stripe units rebuilt elsewhere once the grace
+// period is over, `sluice status` says so, every file reads back intact,
+// and when the node returns its stale copies are garbage-collected.
+func TestRepairAfterNodeKill(t *testing.T) {
+	c, files := fiveNodesWithFiles(t, 3, 5<<20, "--repair-grace", "2s")
 	before := waitRepaired(t, c.conf, time.Now(), 20*time.Second)
 	if before.Redundancy.Replicated.Full == 0 || before.Redundancy.Striped.Full == 0 {
 		t.Fatalf("tallies count nothing: %+v", before.Redundancy)
@@ -171,22 +177,7 @@ func TestScrubRepairsCorruption(t *testing.T) {
 // TestNodeDrain: `sluice node drain` moves every chunk and unit off a
 // node while it stays up, new data avoids it, and the files read back.
 func TestNodeDrain(t *testing.T) {
-	c := startMeta(t, baseDir(t))
-	for i := 1; i <= 5; i++ {
-		c.startNode(t, fmt.Sprintf("n%d", i))
-	}
-	waitNodesUp(t, c.conf, 5, 15*time.Second)
-	mustRun(t, c.conf, nil, "mkdir", "-p", "/r", "/e")
-	mustRun(t, c.conf, nil, "policy", "set", "/r", "--replicas", "3")
-	mustRun(t, c.conf, nil, "policy", "set", "/e", "--ec", "2+2")
-	files := map[string][]byte{}
-	for i := range 4 {
-		for _, dir := range []string{"/r", "/e"} {
-			p := fmt.Sprintf("%s/f%d", dir, i)
-			files[p] = randomBytes(t, 3<<20+i*101)
-			mustRun(t, c.conf, bytes.NewReader(files[p]), "put", "-", p)
-		}
-	}
+	c, files := fiveNodesWithFiles(t, 4, 3<<20)
 	st := waitRepaired(t, c.conf, time.Now(), 20*time.Second)
 	var victim ids.NodeID
 	for _, n := range st.Nodes {

@@ -217,25 +217,13 @@ func (r *runner) repairRun(ctx context.Context, name string, pol metaapi.Policy,
 // waitRedundant waits for a scan after since that finds every chunk and
 // group whole and nothing pending.
 func waitRedundant(ctx context.Context, cl *client.Client, since time.Time, timeout time.Duration) (metaapi.StatusResp, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		st, err := cl.Status(ctx)
-		if err == nil {
-			rd := st.Redundancy
-			bad := rd.Replicated.Reduced + rd.Replicated.Critical + rd.Replicated.Unavailable + rd.Striped.Reduced + rd.Striped.Critical + rd.Striped.Unavailable
-			if rd.ScannedAt > since.UnixNano() && bad == 0 && st.Repair.Pending == 0 {
-				return st, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return st, fmt.Errorf("bench: redundancy not full within %s: %+v, repair %+v (%v)", timeout, st.Redundancy, st.Repair, err)
-		}
-		select {
-		case <-ctx.Done():
-			return st, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	st, err := cl.WaitRepaired(ctx, since)
+	if err != nil {
+		err = fmt.Errorf("bench: %w", err)
 	}
+	return st, err
 }
 
 func (r *runner) writeRepair(rows []repairRow) error {

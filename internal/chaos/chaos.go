@@ -334,24 +334,13 @@ func waitHealed(ctx context.Context, cl *client.Client, n int, timeout time.Dura
 	if err := waitUp(ctx, cl, n, timeout); err != nil {
 		return metaapi.StatusResp{}, err
 	}
-	since := time.Now()
-	deadline := since.Add(timeout)
-	for {
-		st, err := cl.Status(ctx)
-		if err == nil {
-			r := st.Redundancy
-			bad := r.Replicated.Reduced + r.Replicated.Critical + r.Replicated.Unavailable + r.Striped.Reduced + r.Striped.Critical + r.Striped.Unavailable
-			if r.ScannedAt > since.UnixNano() && bad == 0 && st.Repair.Pending == 0 {
-				return st, nil
-			}
-			if time.Now().After(deadline) {
-				return st, fmt.Errorf("chaos: full redundancy not restored within %s: %+v, repair %+v", timeout, r, st.Repair)
-			}
-		} else if time.Now().After(deadline) {
-			return st, fmt.Errorf("chaos: status: %w", err)
-		}
-		time.Sleep(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	st, err := cl.WaitRepaired(ctx, time.Now())
+	if err != nil {
+		err = fmt.Errorf("chaos: %w", err)
 	}
+	return st, err
 }
 
 // ---- the workload ----

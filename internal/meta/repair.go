@@ -62,7 +62,6 @@ type repairQueue struct {
 	// replace a lost member): writers waiting for it are told at once.
 	stuck   map[chunkRef]error
 	wake    chan struct{}
-	rescan  bool
 	tallies metaapi.RedundancyTally
 	stats   metaapi.RepairStats
 	recent  []completion // the last minute's, for the rate
@@ -103,7 +102,7 @@ const rateWindow = time.Minute
 
 func newRepairQueue() *repairQueue {
 	return &repairQueue{jobs: map[chunkRef]*repairJob{}, stuck: map[chunkRef]error{}, corrupt: map[ids.ChunkID][]ids.NodeID{},
-		wake: make(chan struct{}, 1), rescan: true}
+		wake: make(chan struct{}, 1)}
 }
 
 func (q *repairQueue) poke() {
@@ -211,8 +210,8 @@ func (s *Service) Reconcile(req metaapi.ReconcileReq) error {
 	return nil
 }
 
-// repairScanner rescans the chunk records when membership changed, and
-// every scanEvery anyway (for the tallies, and for grace periods ending).
+// repairScanner scans the chunk records every scanEvery (or grace
+// period, if shorter): for the tallies, and for grace periods ending.
 func (s *Service) repairScanner() {
 	defer s.wg.Done()
 	const scanEvery = 5 * time.Second
@@ -438,7 +437,7 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	}
 }
 
-// reconcileJob is what meta planned for one attempt.
+// reconcilePlan is what meta planned for one attempt.
 type reconcilePlan struct {
 	layout  metaapi.ChunkLayout
 	epoch   uint64

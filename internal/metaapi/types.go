@@ -15,6 +15,7 @@ package metaapi
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
 )
@@ -643,6 +644,16 @@ type RedundancyCounts struct {
 	Reduced     int64 `json:"reduced"`
 	Critical    int64 `json:"critical"`
 	Unavailable int64 `json:"unavailable"`
+}
+
+// Short counts the chunks below full redundancy.
+func (c RedundancyCounts) Short() int64 { return c.Reduced + c.Critical + c.Unavailable }
+
+// Repaired reports whether a scan after since found every chunk and
+// stripe group at full redundancy, with nothing left to repair.
+func (s StatusResp) Repaired(since time.Time) bool {
+	r := s.Redundancy
+	return r.ScannedAt > since.UnixNano() && r.Replicated.Short()+r.Striped.Short() == 0 && s.Repair.Pending == 0
 }
 
 type RedundancyTally struct {
