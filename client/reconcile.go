@@ -153,13 +153,20 @@ func (c *Client) failover(ctx context.Context, fo *failover, ino ids.Ino, l *met
 }
 
 // waitRepair reports whether a layout request that failed with err is
-// tried again: meta answers EAGAIN while it reconciles the chunk this
-// write asked it to.
+// tried again: meta answers EAGAIN while it reconciles the chunk (one this
+// write asked it to, or one its own scan found). A writer waits for that
+// as for a slow disk, up to failoverWait; EAGAIN never reaches write(2).
 func (fo *failover) waitRepair(ctx context.Context, err error) bool {
-	if fo.nodeErr == nil || !metaapi.IsCode(err, metaapi.EAGAIN) || time.Since(fo.since) > failoverWait {
+	if !metaapi.IsCode(err, metaapi.EAGAIN) {
 		return false
 	}
+	if fo.since.IsZero() {
+		fo.since = time.Now()
+	}
 	fo.repairing = err
+	if time.Since(fo.since) > failoverWait {
+		return false
+	}
 	select {
 	case <-ctx.Done():
 		return false
@@ -169,8 +176,12 @@ func (fo *failover) waitRepair(ctx context.Context, err error) bool {
 }
 
 // explain turns a layout failure after a fail-over into the node failure
-// that started it, with what meta said.
+// that started it, with what meta said; a repair that outlasted the wait
+// is an I/O error, not "try again".
 func (fo *failover) explain(err error) error {
+	if metaapi.IsCode(err, metaapi.EAGAIN) && fo.repairing != nil {
+		err = metaapi.Errorf(metaapi.EIO, "waited %s for meta to repair the chunk: %v", failoverWait, err)
+	}
 	if fo.nodeErr == nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -352,18 +353,34 @@ func waitHealed(ctx context.Context, cl *client.Client, n int, timeout time.Dura
 type fileState struct {
 	mu    sync.Mutex
 	sizes map[[32]byte]int64
+	// past numbers every content ever written (from 1), to tell a stale
+	// read from garbage when a read is wrong.
+	past map[[32]byte]int
+}
+
+func newFileState(h [32]byte, n int64) *fileState {
+	return &fileState{sizes: map[[32]byte]int64{h: n}, past: map[[32]byte]int{h: 1}}
 }
 
 func (f *fileState) set(h [32]byte, n int64) {
 	f.mu.Lock()
 	f.sizes = map[[32]byte]int64{h: n}
+	f.past[h] = len(f.past) + 1
 	f.mu.Unlock()
 }
 
 func (f *fileState) add(h [32]byte, n int64) {
 	f.mu.Lock()
 	f.sizes[h] = n
+	f.past[h] = len(f.past) + 1
 	f.mu.Unlock()
+}
+
+// which says which write (1 = the first) produced content h, 0 if none.
+func (f *fileState) which(h [32]byte) (n, of int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.past[h], len(f.past)
 }
 
 func (f *fileState) certain() ([32]byte, bool) {
@@ -422,7 +439,7 @@ func (w *workload) writer(ctx context.Context, id int) {
 		cancel()
 		switch {
 		case err == nil && fs == nil:
-			fs = &fileState{sizes: map[[32]byte]int64{h: int64(len(data))}}
+			fs = newFileState(h, int64(len(data)))
 			w.mu.Lock()
 			w.files[p] = fs
 			w.names = append(w.names, p)
@@ -482,10 +499,57 @@ func (w *workload) reader(ctx context.Context, id uint64) {
 		// write produced is wrong.
 		if got := sha256.Sum256(buf.Bytes()); got != want && !fs.allows(got) {
 			w.wrong.Add(1)
-			w.o.Logf("chaos: WRONG read of %s: %d bytes matching no write", p, buf.Len())
+			w.o.Logf("chaos: WRONG read of %s: %s", p, w.explainWrong(ctx, p, fs, buf.Bytes()))
 		}
 		w.reads.Add(1)
 	}
+}
+
+// explainWrong describes a wrong read: whether it is an older write's
+// content, and how it differs from what a second read returns.
+func (w *workload) explainWrong(ctx context.Context, p string, fs *fileState, got []byte) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d bytes", len(got))
+	if n, of := fs.which(sha256.Sum256(got)); n > 0 {
+		fmt.Fprintf(&b, ", the content of write %d of %d (stale)", n, of)
+	} else {
+		fmt.Fprintf(&b, ", matching none of its %d writes", of)
+	}
+	var again bytes.Buffer
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	_, err := w.cl.Get(rctx, p, &again)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(&b, "; a second read failed: %v", err)
+		return b.String()
+	}
+	a := again.Bytes()
+	fmt.Fprintf(&b, "; a second read has %d bytes", len(a))
+	if n, _ := fs.which(sha256.Sum256(a)); n > 0 {
+		fmt.Fprintf(&b, " (write %d)", n)
+	}
+	// The byte ranges that differ, at most a few, and whether they are zeros.
+	var runs []string
+	zeros := true
+	for i := 0; i < min(len(a), len(got)); {
+		if a[i] == got[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < min(len(a), len(got)) && (a[j] != got[j] || j-i < 64) {
+			if got[j] != 0 && a[j] != got[j] {
+				zeros = false
+			}
+			j++
+		}
+		if len(runs) < 6 {
+			runs = append(runs, fmt.Sprintf("[%d,%d)", i, j))
+		}
+		i = j
+	}
+	fmt.Fprintf(&b, "; differing at %v (wrong bytes all zero: %v)", runs, zeros && len(runs) > 0)
+	return b.String()
 }
 
 // verifyAll reads every file once the cluster has healed.

@@ -401,6 +401,10 @@ func (s *Service) repairWorker(r Repairer) {
 	}
 }
 
+// stuckAfter is how many failed attempts (about 8 s of backoff) make a
+// chunk's writers get EIO with the reason instead of waiting.
+const stuckAfter = 4
+
 // finishJob drops a job that is done, or requeues it with backoff.
 func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	q := s.repairs
@@ -408,10 +412,16 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	defer q.mu.Unlock()
 	j.running = false
 	var me *metaapi.Error
-	if errors.As(err, &me) && me.Code == metaapi.ENOSPC {
-		q.stuck[j.ref] = err
-	} else {
+	switch {
+	case done || err == nil:
 		delete(q.stuck, j.ref)
+	case errors.As(err, &me) && me.Code == metaapi.ENOSPC:
+		q.stuck[j.ref] = err
+	case j.attempts+1 >= stuckAfter:
+		// No intact copy, too few units at one version, a member that
+		// heartbeats but does not answer: retrying goes on (a node may
+		// return), but writers are told now rather than left waiting.
+		q.stuck[j.ref] = fmt.Errorf("repair failed %d times, last: %w", j.attempts+1, err)
 	}
 	if done {
 		delete(q.jobs, j.ref)

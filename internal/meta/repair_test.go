@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +44,24 @@ func TestRepairQueueOrder(t *testing.T) {
 	if j := q.next(now.Add(time.Second)); j == nil || j.ref != (chunkRef{2, 0}) {
 		t.Fatalf("the job was not due again after its backoff: %v", j)
 	}
+	if q.stuckErr(chunkRef{2, 0}) != nil {
+		t.Fatal("one failed attempt marked the chunk stuck")
+	}
+	// Failing again and again for another reason (no intact copy, a
+	// member that does not answer) marks it stuck too, with the reason,
+	// so its writers get EIO instead of waiting; it is still retried.
+	for i := range stuckAfter - 1 {
+		if i > 0 {
+			if j := q.next(now.Add(time.Hour)); j == nil || j.ref != (chunkRef{2, 0}) {
+				t.Fatalf("the failing job was not retried: %v", j)
+			}
+		}
+		s.finishJob(q.jobs[chunkRef{2, 0}], false, 0, metaapi.Errorf(metaapi.EIO, "no intact copy"))
+	}
+	if err := q.stuckErr(chunkRef{2, 0}); err == nil || !strings.Contains(err.Error(), "no intact copy") {
+		t.Fatalf("after %d failed attempts the chunk is not stuck with the reason: %v", stuckAfter, err)
+	}
+	q.jobs[chunkRef{2, 0}].running = true
 	// A job that cannot be placed marks its chunk stuck until it succeeds.
 	s.finishJob(q.jobs[chunkRef{2, 0}], false, 0, metaapi.Errorf(metaapi.ENOSPC, "no spare node"))
 	if q.stuckErr(chunkRef{2, 0}) == nil {
