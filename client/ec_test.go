@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -408,6 +409,14 @@ func TestECDegradedWriteIsRecordedAndRepaired(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// `sluice repair` has meta do the work (fenced, with a repair right
+	// only meta mints): start its repair workers now. The repair grace
+	// period keeps its own scan from getting there first.
+	rc, err := cluster.StartRepair(c.Meta, c.MetaAddr, 2, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); rc.Close() })
 	reps, err := cl.RepairDegraded(ctx, client.RepairDistributed)
 	moved := 0
 	for _, u := range reps[a.Ino].Rebuilt {

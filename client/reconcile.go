@@ -85,11 +85,15 @@ func (c *Client) CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target
 }
 
 // RebuildUnits has the units lost of l's stripe group rebuild themselves
-// from the units survivors (the first K at version) by distributed
-// repair, all at once.
-func (c *Client) RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64) error {
-	_, err := c.rebuildUnits(ctx, l, lost, survivors, version, uint64(length), nil, wire.RepairDistributed)
-	return err
+// from the units survivors (the first K at version), all at once: by
+// distributed repair, or with gather by sending the survivors' units
+// whole to each rebuilder.
+func (c *Client) RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64, gather bool) error {
+	mode := wire.RepairDistributed
+	if gather {
+		mode = wire.RepairGather
+	}
+	return c.rebuildUnits(ctx, l, lost, survivors, version, uint64(length), mode)
 }
 
 // Write fail-over. A write a node failed (it died, was cut off, or its

@@ -209,14 +209,19 @@ func (a *app) repairCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "repair (PATH | --degraded)",
 		Short: "Rebuild the lost, stale or unreadable units of an erasure-coded file",
-		Long: `Check every stripe group of the erasure-coded file PATH and rebuild the
-units that are lost (node down, chunk missing), stale or unreadable, each at
-the node that will hold it: in place when its node is up, on another live
-node (chosen by meta) when it is down. --mode distributed (the default) has
+		Long: `Have meta reconcile every stripe group of the erasure-coded file PATH now
+and wait: each group's units are fenced at a new epoch and checked, and the
+units that are lost (node down, chunk missing), stale or left by an
+unfinished write are rebuilt, each at the node that will hold it: in place
+when its node is up, on another live node (chosen by meta) when it is down.
+Meta repairs such groups by itself too, after --repair-grace; this does it
+at once and reports what it rebuilt. --mode distributed (the default) has
 each of K survivors send its unit times its decoding coefficient, which the
 rebuilding node XORs; --mode gather has them send their units whole for the
 rebuilding node to decode alone. --degraded repairs every file with a stripe
-group a failed write recorded as degraded (sluice status counts them).`,
+group a failed write recorded as degraded (sluice status counts them).
+Needs write permission on the file, and a meta that repairs (not started
+with --repair-parallel 0).`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if degraded != (len(args) == 0) || len(args) > 1 {
 				return fmt.Errorf("give one PATH, or --degraded")

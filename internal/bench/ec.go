@@ -218,12 +218,17 @@ func ecRecovery(ctx context.Context, r *runner) error {
 			for i := 0; i < 1+reps; i++ {
 				for j := range modes {
 					mode := modes[(i+j)%len(modes)]
-					start := time.Now()
-					if _, err := cl.Rebuild(ctx, path, 0, lost, mode); err != nil {
+					// Meta fences the group, then has the lost units'
+					// nodes rebuild them; the time is the rebuild step's.
+					units, err := cl.Rebuild(ctx, path, 0, lost, mode)
+					if err != nil {
 						return fmt.Errorf("%s rebuild of %d-byte units: %w", mode, unit, err)
 					}
+					if len(units) != len(lost) {
+						return fmt.Errorf("%s rebuild of %d-byte units rebuilt %d units, not %d", mode, unit, len(units), len(lost))
+					}
 					if i > 0 {
-						lat[mode] = append(lat[mode], time.Since(start))
+						lat[mode] = append(lat[mode], units[0].Elapsed)
 					}
 				}
 			}

@@ -45,18 +45,25 @@ const (
 	Read Rights = 1 << 0
 	// Write allows writing the range.
 	Write Rights = 1 << 1
+	// Repair allows a node to fence its copy, and to replace it by one
+	// copied or rebuilt from the other members (OpRepair). Only meta's
+	// own reconciliation mints it, at the epoch it fenced the chunk at:
+	// a client's read or write capability cannot change a replica set's
+	// contents behind meta's back (docs/failures.md).
+	Repair Rights = 1 << 2
 )
 
 func (r Rights) String() string {
-	switch r {
-	case Read:
-		return "r"
-	case Write:
-		return "w"
-	case Read | Write:
-		return "rw"
+	if r == 0 || r&^(Read|Write|Repair) != 0 {
+		return fmt.Sprintf("rights(%d)", uint8(r))
 	}
-	return fmt.Sprintf("rights(%d)", uint8(r))
+	var b []byte
+	for i, c := range "rwR" {
+		if r&(1<<i) != 0 {
+			b = append(b, byte(c))
+		}
+	}
+	return string(b)
 }
 
 // MaxReplicas bounds the replica set a capability can name (replicas or the

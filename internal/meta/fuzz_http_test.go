@@ -17,7 +17,7 @@ import (
 func FuzzHTTP(f *testing.F) {
 	ops := []string{metaapi.OpResolve, metaapi.OpLookup, metaapi.OpGetAttr, metaapi.OpCreate, metaapi.OpLink,
 		metaapi.OpRemove, metaapi.OpRename, metaapi.OpReaddir, metaapi.OpSetAttr, metaapi.OpSetPolicy,
-		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpReplace, metaapi.OpDegraded, metaapi.OpListDeg, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat,
+		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpDegraded, metaapi.OpListDeg, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat,
 		metaapi.OpRelease, metaapi.OpSetXattr, metaapi.OpGetXattr, metaapi.OpListXattr, metaapi.OpRmXattr,
 		metaapi.OpLock, metaapi.OpLockSess}
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"a","type":"file","mode":420}`))

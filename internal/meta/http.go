@@ -110,8 +110,8 @@ var ops = map[string]op{
 	metaapi.OpDrain: endpoint(true, false, func(s *Service, _ caller, r metaapi.DrainReq) (empty, error) {
 		return empty{}, s.Drain(r)
 	}),
-	metaapi.OpReconcile: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReconcileReq) (empty, error) {
-		return empty{}, s.Reconcile(r)
+	metaapi.OpReconcile: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReconcileReq) (metaapi.ReconcileResp, error) {
+		return s.Reconcile(r)
 	}),
 	metaapi.OpLock: endpoint(true, false, func(s *Service, c caller, r metaapi.LockReq) (metaapi.LockResp, error) {
 		return s.Lock(c.client, r)
@@ -148,9 +148,6 @@ var ops = map[string]op{
 	}),
 	metaapi.OpCommit: endpoint(true, false, func(s *Service, _ caller, r metaapi.CommitReq) (metaapi.AttrResp, error) {
 		return attrResp(s.Commit(r))
-	}),
-	metaapi.OpReplace: endpoint(true, false, func(s *Service, c caller, r metaapi.ReplaceUnitReq) (metaapi.LayoutResp, error) {
-		return s.ReplaceUnit(c.client, r)
 	}),
 	metaapi.OpDegraded: endpoint(true, false, func(s *Service, _ caller, r metaapi.MarkDegradedReq) (empty, error) {
 		return empty{}, s.MarkDegraded(r)

@@ -190,15 +190,15 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 			}
 		}
 	}
-	return s.mintLayout(client, req.Write, &p), nil
+	rights := capability.Read
+	if req.Write {
+		rights |= capability.Write
+	}
+	return s.mintLayout(client, rights, &p), nil
 }
 
 // mintLayout turns a plan into the reply, minting one capability per chunk.
-func (s *Service) mintLayout(client ids.ClientID, write bool, p *layoutPlan) metaapi.LayoutResp {
-	rights := capability.Read
-	if write {
-		rights |= capability.Write
-	}
+func (s *Service) mintLayout(client ids.ClientID, rights capability.Rights, p *layoutPlan) metaapi.LayoutResp {
 	expiry := s.opts.Now().Add(s.opts.CapabilityTTL).UnixNano()
 	// Only a flat file's client may write replicas other than the first.
 	fanout, data, unitLen := capability.FanoutNodes, uint8(0), p.attr.ChunkSize
@@ -350,68 +350,6 @@ func (tx *txn) zeroFrom(ino ids.Ino, index, off int64) error {
 		return tx.setJSON(key, &rec)
 	}
 	return nil
-}
-
-// ReplaceUnit moves one unit of an erasure-coded group off a node that is
-// down to a live node holding none of the group's units, and returns the
-// group's new layout. The old node is told to delete its copy (garbage)
-// if it comes back.
-func (s *Service) ReplaceUnit(client ids.ClientID, req metaapi.ReplaceUnitReq) (metaapi.LayoutResp, error) {
-	s.Sweep() // judge liveness on the freshest view
-	var p layoutPlan
-	err := s.update(func(tx *txn) error {
-		in, err := fileForData(tx, req.Ino, req.Who, mayWrite)
-		if err != nil {
-			return err
-		}
-		if in.Policy == nil || in.Policy.EC == nil {
-			return metaapi.Errorf(metaapi.EINVAL, "file %d is not erasure-coded: its replicas are not repaired unit by unit", in.Ino)
-		}
-		key := chunkKey(in.Ino, req.Index)
-		var rec chunkRec
-		found, err := getJSON(tx.b, key, &rec)
-		if err != nil {
-			return err
-		}
-		switch {
-		case !found || rec.ID != req.Chunk:
-			return metaapi.Errorf(metaapi.EINVAL, "chunk %v is not chunk %d of file %d", req.Chunk, req.Index, in.Ino)
-		case req.Unit < 0 || req.Unit >= len(rec.Nodes) || rec.Nodes[req.Unit] != req.Old:
-			return metaapi.Errorf(metaapi.EINVAL, "unit %d of chunk %v is not on node %v", req.Unit, req.Chunk, req.Old)
-		}
-		infos := s.nodeInfosLocked()
-		for _, n := range infos {
-			if n.ID == req.Old && n.State == metaapi.NodeUp {
-				return metaapi.Errorf(metaapi.EINVAL, "node %v is up: rebuild unit %d of chunk %v where it is", req.Old, req.Unit, req.Chunk)
-			}
-		}
-		nodes, err := placement.Choose(infos, 1, rec.Nodes, s.rng)
-		if err != nil {
-			err = s.placementError(err)
-			if me, ok := err.(*metaapi.Error); ok {
-				return metaapi.Errorf(me.Code, "no live node outside stripe group %v to move unit %d to: %s", rec.ID, req.Unit, me.Message)
-			}
-			return err
-		}
-		rec.Nodes[req.Unit] = nodes[0]
-		if err := tx.b.Set(gcKey(req.Old, rec.ID), nil, nil); err != nil {
-			return err
-		}
-		// A node that once held a unit of this group and was told to drop
-		// it must not drop the one it is about to rebuild.
-		if err := tx.b.Delete(gcKey(nodes[0], rec.ID), nil); err != nil {
-			return err
-		}
-		if err := tx.setJSON(key, &rec); err != nil {
-			return err
-		}
-		p = layoutPlan{attr: in.Attr, epoch: tx.ctr.Epoch, chunks: []indexedChunk{{index: req.Index, rec: rec}}, addrs: s.addrsLocked()}
-		return nil
-	})
-	if err != nil {
-		return metaapi.LayoutResp{}, err
-	}
-	return s.mintLayout(client, true, &p), nil
 }
 
 // MarkDegraded records or clears that a stripe group is degraded.

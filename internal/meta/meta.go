@@ -153,9 +153,12 @@ type Service struct {
 	wg       sync.WaitGroup // background goroutines
 	inflight sync.WaitGroup // mutations applied but not yet synced
 
-	repairs     *repairQueue
-	scanPage    int           // chunk records per read lock in the repair scan (tests shrink it)
-	repairLimit *rate.Limiter // nil: repairs unthrottled
+	repairs  *repairQueue
+	scanPage int // chunk records per read lock in the repair scan (tests shrink it)
+	// reconcileWait is how long a waiting Reconcile call is held (tests
+	// shrink it; metaapi.MaxReconcileWait otherwise).
+	reconcileWait time.Duration
+	repairLimit   *rate.Limiter // nil: repairs unthrottled
 }
 
 // Open opens (creating on first start) the meta service's state in

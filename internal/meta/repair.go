@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/placement"
@@ -33,7 +34,7 @@ import (
 type Repairer interface {
 	FenceMembers(ctx context.Context, l *metaapi.ChunkLayout, resolveAt uint64) ([]repairplan.Member, []error)
 	CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target, source int, version uint64, length int64) error
-	RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64) error
+	RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64, gather bool) error
 }
 
 // chunkRef names a chunk by its place in a file.
@@ -49,8 +50,30 @@ type repairJob struct {
 	suspects  []ids.NodeID // members that did not answer the last attempt
 	margin    int          // copies it can still lose (lower goes first)
 	notBefore time.Time
-	attempts  int
+	attempts  int // failed in a row
 	running   bool
+	gather    bool  // rebuild stripe units the baseline way (ReconcileReq.Gather)
+	rebuild   []int // members to restore even if whole (ReconcileReq.Rebuild)
+	started   int   // attempts begun
+	// restored is what the running attempt copied or rebuilt.
+	restored []metaapi.RestoredMember
+	version  uint64
+	elapsed  time.Duration
+	// waiters are Reconcile calls waiting for an attempt begun after them.
+	waiters []repairWaiter
+}
+
+// repairWaiter is a waiting Reconcile call: it wants the outcome of the
+// first attempt numbered above after.
+type repairWaiter struct {
+	after int
+	ch    chan jobOutcome // buffered: finishJob never blocks
+}
+
+// jobOutcome is what an attempt did, for its waiters.
+type jobOutcome struct {
+	resp metaapi.ReconcileResp
+	err  error
 }
 
 // repairQueue is the scheduler's state.
@@ -144,8 +167,48 @@ func (q *repairQueue) next(now time.Time) *repairJob {
 	}
 	if best != nil {
 		best.running = true
+		best.started++
+		best.restored, best.version, best.elapsed = nil, 0, 0
 	}
 	return best
+}
+
+// wait queues ref for a full reconciliation now (as a waiting writer's
+// would be) and returns where its outcome will arrive: that of the first
+// attempt numbered above after (clamped to the attempts begun, which a
+// meta restart resets) and its number.
+func (q *repairQueue) wait(ref chunkRef, after int, gather bool, rebuild []int) (<-chan jobOutcome, int) {
+	q.mu.Lock()
+	j := q.jobs[ref]
+	if j == nil {
+		j = &repairJob{ref: ref}
+		q.jobs[ref] = j
+		q.stats.Queued++
+	}
+	j.failover, j.notBefore = true, time.Time{}
+	j.gather = j.gather || gather
+	for _, u := range rebuild {
+		if !slices.Contains(j.rebuild, u) {
+			j.rebuild = append(j.rebuild, u)
+		}
+	}
+	if after <= 0 || after > j.started {
+		after = j.started
+	}
+	ch := make(chan jobOutcome, 1)
+	j.waiters = append(j.waiters, repairWaiter{after: after, ch: ch})
+	q.mu.Unlock()
+	q.poke()
+	return ch, after + 1
+}
+
+// unwait drops a waiter that stopped waiting.
+func (q *repairQueue) unwait(ref chunkRef, ch <-chan jobOutcome) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if j := q.jobs[ref]; j != nil {
+		j.waiters = slices.DeleteFunc(j.waiters, func(w repairWaiter) bool { return w.ch == ch })
+	}
 }
 
 // rateBurst is the most bytes the repair rate limit grants at once.
@@ -183,9 +246,9 @@ func (s *Service) StartRepair(r Repairer, parallel int) {
 
 // Reconcile asks for a chunk to be reconciled now: a client's write to
 // it failed. The caller needs write access to the file.
-func (s *Service) Reconcile(req metaapi.ReconcileReq) error {
+func (s *Service) Reconcile(req metaapi.ReconcileReq) (metaapi.ReconcileResp, error) {
 	if !s.repairs.started.Load() {
-		return metaapi.Errorf(metaapi.ENOTSUP, "this meta service repairs nothing by itself (started with --repair-parallel 0)")
+		return metaapi.ReconcileResp{}, metaapi.Errorf(metaapi.ENOTSUP, "this meta service repairs nothing by itself (started with --repair-parallel 0)")
 	}
 	err := s.read(func(v view) error {
 		in, err := fileForData(v, req.Ino, req.Who, mayWrite)
@@ -200,14 +263,37 @@ func (s *Service) Reconcile(req metaapi.ReconcileReq) error {
 		if !found || rec.ID != req.Chunk {
 			return metaapi.Errorf(metaapi.EINVAL, "chunk %v is not chunk %d of file %d", req.Chunk, req.Index, in.Ino)
 		}
+		for _, u := range req.Rebuild {
+			if u < 0 || u >= len(rec.Nodes) {
+				return metaapi.Errorf(metaapi.EINVAL, "chunk %v has no member %d to rebuild (it has %d)", req.Chunk, u, len(rec.Nodes))
+			}
+		}
+		if len(req.Rebuild) > 0 && !req.Wait {
+			return metaapi.Errorf(metaapi.EINVAL, "rebuilding members needs a waiting request")
+		}
 		return nil
 	})
 	if err != nil {
-		return err
+		return metaapi.ReconcileResp{}, err
 	}
-	s.repairs.add(chunkRef{req.Ino, req.Index}, 0, true)
-	s.log.Info("reconciling a chunk a write failed on", "ino", req.Ino, "index", req.Index, "chunk", req.Chunk)
-	return nil
+	ref := chunkRef{req.Ino, req.Index}
+	if !req.Wait {
+		s.repairs.add(ref, 0, true)
+		s.log.Info("reconciling a chunk a write failed on", "ino", req.Ino, "index", req.Index, "chunk", req.Chunk)
+		return metaapi.ReconcileResp{}, nil
+	}
+	ch, attempt := s.repairs.wait(ref, req.After, req.Gather, req.Rebuild)
+	t := time.NewTimer(cmp.Or(s.reconcileWait, metaapi.MaxReconcileWait))
+	defer t.Stop()
+	select {
+	case o := <-ch:
+		return o.resp, o.err
+	case <-t.C:
+		s.repairs.unwait(ref, ch)
+		return metaapi.ReconcileResp{Pending: true, After: attempt - 1}, nil
+	case <-s.stop:
+		return metaapi.ReconcileResp{}, metaapi.Errorf(metaapi.EAGAIN, "meta is stopping")
+	}
 }
 
 // repairScanner scans the chunk records every scanEvery (or grace
@@ -423,6 +509,28 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 		// return), but writers are told now rather than left waiting.
 		q.stuck[j.ref] = fmt.Errorf("repair failed %d times, last: %w", j.attempts+1, err)
 	}
+	// Answer the waiters whose calls came before this attempt began.
+	o := jobOutcome{err: err}
+	if done {
+		o.resp = metaapi.ReconcileResp{Restored: j.restored, Version: j.version, Bytes: bytes, Elapsed: j.elapsed}
+		j.rebuild, j.gather = nil, false
+	} else if err == nil {
+		o.err = metaapi.Errorf(metaapi.EAGAIN, "chunk not reconciled yet")
+	}
+	j.waiters = slices.DeleteFunc(j.waiters, func(w repairWaiter) bool {
+		if w.after < j.started {
+			w.ch <- o
+			return true
+		}
+		return false
+	})
+	if done && len(j.waiters) > 0 {
+		// Someone asked during this attempt: go again for them.
+		j.failover, j.notBefore, j.attempts = true, time.Time{}, 0
+		q.stats.Done++
+		q.stats.Bytes += bytes
+		return
+	}
 	if done {
 		delete(q.jobs, j.ref)
 		q.stats.Done++
@@ -465,6 +573,9 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		return skip, 0, err
 	}
 	l := &p.layout
+	s.repairs.mu.Lock()
+	gather, rebuild := j.gather, slices.Clone(j.rebuild)
+	s.repairs.mu.Unlock()
 	ms, errs := r.FenceMembers(ctx, l, 0)
 	var unreachable []ids.NodeID
 	for i, e := range errs {
@@ -479,7 +590,7 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		return false, 0, fmt.Errorf("fencing chunk %v: %w", l.Chunk, errors.Join(errs...))
 	}
 	for i := range ms {
-		ms[i].Fresh, ms[i].Corrupt = p.fresh[i], p.corrupt[i]
+		ms[i].Fresh, ms[i].Corrupt = p.fresh[i], p.corrupt[i] || slices.Contains(rebuild, i)
 	}
 	var plan repairplan.Plan
 	if p.ec != nil {
@@ -500,8 +611,9 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		if err := s.throttle(ctx, bytes); err != nil {
 			return false, 0, err
 		}
+		start := time.Now()
 		if p.ec != nil {
-			err = r.RebuildUnits(ctx, l, plan.Targets, plan.Sources, plan.Version, plan.Length)
+			err = r.RebuildUnits(ctx, l, plan.Targets, plan.Sources, plan.Version, plan.Length, gather)
 		} else {
 			errs := make([]error, len(plan.Targets))
 			var wg sync.WaitGroup
@@ -518,6 +630,9 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		if err != nil {
 			return false, 0, fmt.Errorf("restoring chunk %v at version %d: %w", l.Chunk, plan.Version, err)
 		}
+		s.repairs.mu.Lock()
+		j.elapsed = time.Since(start)
+		s.repairs.mu.Unlock()
 	}
 	if len(plan.Resolve) > 0 {
 		if _, errs := r.FenceMembers(ctx, l, plan.Version); errors.Join(errs...) != nil {
@@ -527,6 +642,12 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 	if err := s.endReconcile(j.ref, l.Chunk, p.epoch, plan.Version); err != nil {
 		return false, bytes, err
 	}
+	s.repairs.mu.Lock()
+	j.version = plan.Version
+	for _, t := range plan.Targets {
+		j.restored = append(j.restored, metaapi.RestoredMember{Index: t, Node: l.Replicas[t].Node, Moved: p.fresh[t]})
+	}
+	s.repairs.mu.Unlock()
 	if len(plan.Targets) > 0 || len(plan.Resolve) > 0 {
 		s.log.Info("chunk reconciled", "ino", j.ref.ino, "index", j.ref.index, "chunk", l.Chunk, "version", plan.Version,
 			"copied_to", plan.Targets, "resolved", plan.Resolve, "epoch", p.epoch)
@@ -640,7 +761,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 	if err != nil || skip {
 		return p, skip, err
 	}
-	resp := s.mintLayout(0, true, &plan)
+	resp := s.mintLayout(0, capability.Read|capability.Write|capability.Repair, &plan)
 	p.layout = resp.Chunks[0]
 	return p, false, nil
 }

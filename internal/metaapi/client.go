@@ -38,7 +38,6 @@ const (
 	OpGetPolicy = "GetPolicy"
 	OpLayout    = "Layout"
 	OpCommit    = "Commit"
-	OpReplace   = "ReplaceUnit"
 	OpDegraded  = "MarkDegraded"
 	OpListDeg   = "ListDegraded"
 	OpStatus    = "Status"

@@ -544,20 +544,6 @@ type ChunkVersion struct {
 	End int64 `json:"end,omitempty"`
 }
 
-// ReplaceUnitReq moves unit Unit of an erasure-coded file's chunk Index
-// (chunk id Chunk) off node Old, which must be down, to another live node
-// that holds none of the group's units; that node then rebuilds the unit
-// (repair). The reply is the chunk's new layout, with a read-write
-// capability.
-type ReplaceUnitReq struct {
-	Ino   ids.Ino     `json:"ino"`
-	Index int64       `json:"index"`
-	Chunk ids.ChunkID `json:"chunk"`
-	Unit  int         `json:"unit"`
-	Old   ids.NodeID  `json:"old"`
-	Who   Who         `json:"who"`
-}
-
 // MarkDegradedReq records (Degraded) or clears that an erasure-coded
 // file's stripe group Index (chunk Chunk) is degraded: a write left some
 // of its units ahead of the others (a unit's node died mid-write, say),
@@ -700,13 +686,54 @@ type RepairStats struct {
 }
 
 // ReconcileReq asks meta to reconcile one chunk now: a write to it
-// failed on a node (see docs/failures.md). Meta answers at once; write
-// layouts of the chunk answer EAGAIN until it is done.
+// failed on a node, or an operator asks (sluice repair); see
+// docs/failures.md. Without Wait meta answers at once; write layouts of
+// the chunk answer EAGAIN until it is done.
+//
+// With Wait meta reconciles the chunk even if it looks healthy (every
+// member fenced and checked, stale or missing copies restored, members on
+// nodes that are down replaced) and answers when an attempt that began
+// after the request has ended, or after MaxReconcileWait with Pending and
+// the attempt to wait past (ask again with After set to it).
 type ReconcileReq struct {
 	Ino   ids.Ino     `json:"ino"`
 	Index int64       `json:"index"`
 	Chunk ids.ChunkID `json:"chunk"`
 	Who   Who         `json:"who"`
+	Wait  bool        `json:"wait,omitempty"`
+	After int         `json:"after,omitempty"`
+	// Gather rebuilds stripe units by sending the survivors' units whole
+	// to the rebuilding node (seed 003's baseline) instead of having each
+	// survivor send its decoding product.
+	Gather bool `json:"gather,omitempty"`
+	// Rebuild lists members to restore even if whole (benchmarks of
+	// repair): they are planned as if they held nothing.
+	Rebuild []int `json:"rebuild,omitempty"`
+}
+
+// MaxReconcileWait bounds how long one waiting Reconcile call is held.
+const MaxReconcileWait = 20 * time.Second
+
+// ReconcileResp answers a waiting ReconcileReq.
+type ReconcileResp struct {
+	Pending bool `json:"pending,omitempty"` // not done yet: ask again
+	After   int  `json:"after,omitempty"`   // with this After
+	// Restored lists the members whose copies were copied or rebuilt.
+	Restored []RestoredMember `json:"restored,omitempty"`
+	Version  uint64           `json:"version,omitempty"` // the version they hold
+	Bytes    int64            `json:"bytes,omitempty"`   // what was moved
+	// Elapsed is how long the copy or rebuild step took (no fencing or
+	// planning), in nanoseconds.
+	Elapsed time.Duration `json:"elapsed,omitempty"`
+}
+
+// RestoredMember is a member of a chunk a reconciliation restored: Index
+// is its place in the replica set (the unit, for a stripe group); Moved,
+// that it replaced a member on a node that is down or draining.
+type RestoredMember struct {
+	Index int        `json:"index"`
+	Node  ids.NodeID `json:"node"`
+	Moved bool       `json:"moved,omitempty"`
 }
 
 // RegisterReq is sent by a storage node at start. ID is 0 on its first

@@ -60,7 +60,7 @@ func (x *repairer) header(r *engine.Request, hdr []byte) error {
 	if _, err := x.d.Keys.Open(h.Cap, x.d.Now(), c); err != nil {
 		return wire.Errorf(wire.StatusAuth, "%v", err)
 	}
-	if err := c.Allows(capability.Write|capability.Read, h.Chunk, 0, h.Len); err != nil {
+	if err := c.Allows(capability.Repair, h.Chunk, 0, h.Len); err != nil {
 		return wire.Errorf(wire.StatusAuth, "%v", err)
 	}
 	ec := c.Fanout == capability.FanoutEC
