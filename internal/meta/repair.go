@@ -722,11 +722,17 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			return nil
 		}
 		if len(replace) > 0 {
-			nodes, err := placement.Choose(s.nodeInfosLocked(), len(replace), rec.Nodes, s.rng)
+			var kept []ids.NodeID
+			for i, n := range rec.Nodes {
+				if !slices.Contains(replace, i) {
+					kept = append(kept, n)
+				}
+			}
+			nodes, err := placement.Replace(s.nodeInfosLocked(), len(replace), rec.Nodes, kept, s.rng)
 			if err != nil {
 				err = s.placementError(err)
 				if me, ok := err.(*metaapi.Error); ok {
-					return metaapi.Errorf(me.Code, "chunk %v lost %d member(s) and no live node can take their place: %s", rec.ID, len(replace), me.Message)
+					return metaapi.Errorf(me.Code, "chunk %v lost %d member(s) and no live node can take their place: it %s", rec.ID, len(replace), me.Message)
 				}
 				return err
 			}

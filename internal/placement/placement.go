@@ -22,6 +22,7 @@
 package placement
 
 import (
+	"fmt"
 	"math/rand/v2"
 
 	"github.com/sluicefs/sluice/internal/ids"
@@ -36,9 +37,57 @@ func Choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, rng *rand.Ran
 	if k < 1 {
 		return nil, metaapi.Errorf(metaapi.EINVAL, "placement: need at least 1 replica, got %d", k)
 	}
+	out, up, full, ok := choose(nodes, k, exclude, nil, rng)
+	if ok {
+		return out, nil
+	}
+	switch {
+	case full > 0:
+		return nil, metaapi.Errorf(metaapi.ENOSPC,
+			"policy needs %d replicas but only %d storage nodes are up with free space (%d up, %d full)",
+			k, up-full, up, full)
+	case len(exclude) > 0:
+		return nil, metaapi.Errorf(metaapi.ENOSPC,
+			"policy needs %d replicas but only %d storage nodes are up (not counting %d excluded)",
+			k, up, len(exclude))
+	default:
+		return nil, metaapi.Errorf(metaapi.ENOSPC,
+			"policy needs %d replicas but only %d storage nodes are up", k, up)
+	}
+}
+
+// Replace returns k distinct nodes to take the place of members a chunk
+// lost: never one of its members (members: the whole set, kept and
+// replaced), and in failure domains the kept members do not already
+// occupy before doubling up, as a new chunk's would be. If fewer than k
+// nodes qualify it returns an ENOSPC *metaapi.Error.
+func Replace(nodes []metaapi.NodeInfo, k int, members, kept []ids.NodeID, rng *rand.Rand) ([]ids.NodeID, error) {
+	if k < 1 {
+		return nil, metaapi.Errorf(metaapi.EINVAL, "placement: need at least 1 replacement, got %d", k)
+	}
+	occupied := map[string]bool{}
+	for i := range nodes {
+		if contains(kept, nodes[i].ID) {
+			occupied[domainOf(&nodes[i])] = true
+		}
+	}
+	out, up, full, ok := choose(nodes, k, members, occupied, rng)
+	if ok {
+		return out, nil
+	}
+	free := ""
+	if full > 0 {
+		free = fmt.Sprintf(" with free space (%d full)", full)
+	}
+	return nil, metaapi.Errorf(metaapi.ENOSPC, "needs %d live node(s) outside its %d members, but %d are up%s", k, len(members), up-full, free)
+}
+
+// choose picks k nodes from those that qualify, spreading over domains
+// not in occupied first. up counts the live nodes outside exclude, full
+// those of them that are full; ok is false if fewer than k qualify.
+func choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, occupied map[string]bool, rng *rand.Rand) (out []ids.NodeID, up, full int, ok bool) {
 	cands := make([]cand, 0, len(nodes))
 	seen := make(map[ids.NodeID]bool, len(nodes))
-	up, full := 0, 0
 	for i := range nodes {
 		n := &nodes[i]
 		if n.State != metaapi.NodeUp || n.Draining || n.ID == 0 || seen[n.ID] || contains(exclude, n.ID) {
@@ -50,29 +99,16 @@ func Choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, rng *rand.Ran
 			full++
 			continue
 		}
-		dom := n.Domain
-		if dom == "" {
-			dom = "\x00node:" + n.ID.String() // cannot collide with a configured domain name
-		}
-		cands = append(cands, cand{id: n.ID, domain: dom, ratio: ratio(n)})
+		cands = append(cands, cand{id: n.ID, domain: domainOf(n), ratio: ratio(n)})
 	}
 	if len(cands) < k {
-		switch {
-		case full > 0:
-			return nil, metaapi.Errorf(metaapi.ENOSPC,
-				"policy needs %d replicas but only %d storage nodes are up with free space (%d up, %d full)",
-				k, len(cands), up, full)
-		case len(exclude) > 0:
-			return nil, metaapi.Errorf(metaapi.ENOSPC,
-				"policy needs %d replicas but only %d storage nodes are up (not counting %d excluded)",
-				k, len(cands), len(exclude))
-		default:
-			return nil, metaapi.Errorf(metaapi.ENOSPC,
-				"policy needs %d replicas but only %d storage nodes are up", k, len(cands))
-		}
+		return nil, up, full, false
 	}
-	out := make([]ids.NodeID, 0, k)
-	used := make(map[string]bool)
+	out = make([]ids.NodeID, 0, k)
+	used := make(map[string]bool, len(occupied)+k)
+	for d := range occupied {
+		used[d] = true
+	}
 	// Pass 1: one node per domain not yet holding a replica.
 	for len(out) < k {
 		i := pick(cands, rng, func(c *cand) bool { return !c.taken && !used[c.domain] })
@@ -92,7 +128,15 @@ func Choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, rng *rand.Ran
 		cands[i].taken = true
 		out = append(out, cands[i].id)
 	}
-	return out, nil
+	return out, up, full, true
+}
+
+// domainOf is n's failure domain; a node with none is a domain of its own.
+func domainOf(n *metaapi.NodeInfo) string {
+	if n.Domain == "" {
+		return "\x00node:" + n.ID.String() // cannot collide with a configured domain name
+	}
+	return n.Domain
 }
 
 type cand struct {

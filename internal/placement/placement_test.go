@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -263,5 +264,41 @@ func TestDeterministic(t *testing.T) {
 	b, _ := Choose(nodes, 5, nil, rand.New(rand.NewPCG(9, 9)))
 	if !slices.Equal(a, b) {
 		t.Fatalf("same seed gave %v and %v", a, b)
+	}
+}
+
+// TestReplace: a chunk's replacement members avoid every member (kept or
+// lost) and go first to failure domains its kept members do not occupy;
+// only when none is left do they double up; too few candidates is
+// ENOSPC naming the numbers.
+func TestReplace(t *testing.T) {
+	// Racks a, b, c with two nodes each. The chunk is on 1 (a), 3 (b), 5
+	// (c); 5 died. Kept members occupy a and b: the replacement must be
+	// 6, rack c's other node, every time.
+	nodes := []metaapi.NodeInfo{up(1, "a"), up(2, "a"), up(3, "b"), up(4, "b"), up(5, "c"), up(6, "c")}
+	nodes[4].State = metaapi.NodeDown
+	members, kept := []ids.NodeID{1, 3, 5}, []ids.NodeID{1, 3}
+	for seed := range uint64(200) {
+		got, err := Replace(nodes, 1, members, kept, rand.New(rand.NewPCG(seed, 1)))
+		if err != nil || len(got) != 1 || got[0] != 6 {
+			t.Fatalf("seed %d: replacement %v, %v; want node 6 (the only free rack)", seed, got, err)
+		}
+	}
+	// No free rack left: it doubles up, never on a member.
+	nodes = []metaapi.NodeInfo{up(1, "a"), up(2, "a"), up(3, "b"), up(4, "b")}
+	for seed := range uint64(50) {
+		got, err := Replace(nodes, 1, []ids.NodeID{1, 3}, []ids.NodeID{1}, rand.New(rand.NewPCG(seed, 2)))
+		if err != nil || len(got) != 1 || got[0] == 1 || got[0] == 3 {
+			t.Fatalf("seed %d: replacement %v, %v", seed, got, err)
+		}
+		if got[0] != 4 {
+			t.Fatalf("seed %d: replacement %v in the kept member's rack while rack b had room", seed, got)
+		}
+	}
+	// Every live node is a member: a clear ENOSPC.
+	_, err := Replace(nodes, 1, []ids.NodeID{1, 2, 3, 4}, []ids.NodeID{1, 2, 3}, rand.New(rand.NewPCG(1, 1)))
+	var me *metaapi.Error
+	if !errors.As(err, &me) || me.Code != metaapi.ENOSPC || !strings.Contains(me.Message, "outside its 4 members, but 0 are up") {
+		t.Fatalf("no candidate: %v", err)
 	}
 }
