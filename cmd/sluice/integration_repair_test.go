@@ -178,6 +178,15 @@ func TestScrubRepairsCorruption(t *testing.T) {
 // node while it stays up, new data avoids it, and the files read back.
 func TestNodeDrain(t *testing.T) {
 	c, files := fiveNodesWithFiles(t, 4, 3<<20)
+	// Single replicas too: a drain keeps the leaving copy as a member
+	// (and the source) until its successor is whole.
+	mustRun(t, c.conf, nil, "mkdir", "-p", "/one")
+	mustRun(t, c.conf, nil, "policy", "set", "/one", "--replicas", "1")
+	for i := range 24 {
+		p := fmt.Sprintf("/one/f%d", i)
+		files[p] = randomBytes(t, 100<<10+i)
+		mustRun(t, c.conf, bytes.NewReader(files[p]), "put", "-", p)
+	}
 	st := waitRepaired(t, c.conf, time.Now(), 20*time.Second)
 	var victim ids.NodeID
 	for _, n := range st.Nodes {

@@ -188,6 +188,10 @@ type chunkRec struct {
 	// Replaced are former members a reconciliation under way took out;
 	// their copies are collected when it is done.
 	Replaced []ids.NodeID `json:"replaced,omitempty"`
+	// Leaving are members on draining nodes a reconciliation under way
+	// added a member for (the set is one larger meanwhile); they leave
+	// the set when it is done.
+	Leaving []ids.NodeID `json:"leaving,omitempty"`
 }
 
 // nodeRec is a storage node as persisted. Liveness is not persisted: after

@@ -687,13 +687,27 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 		if in.Policy != nil && in.Policy.EC != nil {
 			minimum = in.Policy.EC.Data
 		}
-		var replace []int
-		sound := 0 // members that hold the chunk and stay
+		ec := in.Policy != nil && in.Policy.EC != nil
+		var replace, grow []int
+		sound := 0 // members that hold the chunk and stay (for now)
 		for i, n := range rec.Nodes {
 			m := s.nodes[n]
 			down := m == nil || m.state != metaapi.NodeUp
+			holds := !down && !slices.Contains(rec.Fresh, n) && !slices.Contains(rec.Corrupt, n)
 			switch {
 			case m == nil:
+			case m.rec.Draining && !down && !ec:
+				// A replica leaving a live node stays a member, and a
+				// source, until the new copy is whole (the set grows by
+				// one meanwhile): a drain never lowers redundancy, and a
+				// single replica can drain.
+				if holds {
+					sound++
+				}
+				if !slices.Contains(rec.Leaving, n) {
+					grow = append(grow, i)
+				}
+				continue
 			case m.rec.Draining:
 			case down && now.Sub(s.downSince(m)) >= s.opts.RepairGrace:
 			// A writer waiting, or a member that did not answer: replace
@@ -702,7 +716,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			case down && failover && m.heard:
 			case slices.Contains(suspects, n) && m.heard && (down || now.Sub(time.Unix(0, m.rec.LastHeartbeat)) > 3*s.opts.HeartbeatInterval):
 			default:
-				if !down && !slices.Contains(rec.Fresh, n) && !slices.Contains(rec.Corrupt, n) {
+				if holds {
 					sound++
 				}
 				continue
@@ -717,22 +731,22 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 		if len(replace) > 0 && sound < minimum {
 			return metaapi.Errorf(metaapi.ENOSPC, "chunk %v: only %d of its members are live and whole, it needs %d to be rebuilt from", rec.ID, sound, minimum)
 		}
-		if len(replace) == 0 && !rec.Reconciling && !failover && len(rec.Corrupt) == 0 {
+		if len(replace) == 0 && len(grow) == 0 && !rec.Reconciling && !failover && len(rec.Corrupt) == 0 {
 			skip = true
 			return nil
 		}
-		if len(replace) > 0 {
+		if len(replace)+len(grow) > 0 {
 			var kept []ids.NodeID
 			for i, n := range rec.Nodes {
-				if !slices.Contains(replace, i) {
+				if !slices.Contains(replace, i) && !slices.Contains(grow, i) {
 					kept = append(kept, n)
 				}
 			}
-			nodes, err := placement.Replace(s.nodeInfosLocked(), len(replace), rec.Nodes, kept, s.rng)
+			nodes, err := placement.Replace(s.nodeInfosLocked(), len(replace)+len(grow), rec.Nodes, kept, s.rng)
 			if err != nil {
 				err = s.placementError(err)
 				if me, ok := err.(*metaapi.Error); ok {
-					return metaapi.Errorf(me.Code, "chunk %v lost %d member(s) and no live node can take their place: it %s", rec.ID, len(replace), me.Message)
+					return metaapi.Errorf(me.Code, "chunk %v lost %d member(s) and no live node can take their place: it %s", rec.ID, len(replace)+len(grow), me.Message)
 				}
 				return err
 			}
@@ -746,6 +760,15 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 					return err
 				}
 				rec.Fresh = append(rec.Fresh, nodes[k])
+			}
+			for k, i := range grow {
+				add := nodes[len(replace)+k]
+				rec.Leaving = append(rec.Leaving, rec.Nodes[i])
+				rec.Nodes = append(rec.Nodes, add)
+				if err := tx.b.Delete(gcKey(add, rec.ID), nil); err != nil {
+					return err
+				}
+				rec.Fresh = append(rec.Fresh, add)
 			}
 		}
 		tx.ctr.Epoch++
@@ -791,7 +814,15 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 				}
 			}
 		}
-		rec.Reconciling, rec.Fresh, rec.Corrupt, rec.Replaced = false, nil, nil, nil
+		// Members leaving a draining node go now that their copy has a
+		// whole successor.
+		for _, old := range rec.Leaving {
+			rec.Nodes = slices.DeleteFunc(rec.Nodes, func(n ids.NodeID) bool { return n == old })
+			if err := tx.b.Set(gcKey(old, rec.ID), nil, nil); err != nil {
+				return err
+			}
+		}
+		rec.Reconciling, rec.Fresh, rec.Corrupt, rec.Replaced, rec.Leaving = false, nil, nil, nil, nil
 		rec.Version = max(rec.Version, version)
 		if err := tx.b.Delete(degradedKey(ref.ino, ref.index), nil); err != nil {
 			return err
