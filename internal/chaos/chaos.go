@@ -349,10 +349,12 @@ func waitHealed(ctx context.Context, cl *client.Client, n int, timeout time.Dura
 // fileState is what a file may hold: the hashes of the contents the
 // workload's writes could have left (one after an acknowledged write;
 // two after a failed one: the old or the new). A file with more than one
-// is not written again.
+// is not written again. A read may also see a write still in flight: it
+// became visible before its writer was told (linearizable, not wrong).
 type fileState struct {
-	mu    sync.Mutex
-	sizes map[[32]byte]int64
+	mu       sync.Mutex
+	sizes    map[[32]byte]int64
+	inflight map[[32]byte]bool
 	// past numbers every content ever written (from 1), to tell a stale
 	// read from garbage when a read is wrong.
 	past map[[32]byte]int
@@ -362,8 +364,19 @@ func newFileState(h [32]byte, n int64) *fileState {
 	return &fileState{sizes: map[[32]byte]int64{h: n}, past: map[[32]byte]int{h: 1}}
 }
 
+// start records a write about to begin.
+func (f *fileState) start(h [32]byte) {
+	f.mu.Lock()
+	if f.inflight == nil {
+		f.inflight = map[[32]byte]bool{}
+	}
+	f.inflight[h] = true
+	f.mu.Unlock()
+}
+
 func (f *fileState) set(h [32]byte, n int64) {
 	f.mu.Lock()
+	delete(f.inflight, h)
 	f.sizes = map[[32]byte]int64{h: n}
 	f.past[h] = len(f.past) + 1
 	f.mu.Unlock()
@@ -371,6 +384,7 @@ func (f *fileState) set(h [32]byte, n int64) {
 
 func (f *fileState) add(h [32]byte, n int64) {
 	f.mu.Lock()
+	delete(f.inflight, h)
 	f.sizes[h] = n
 	f.past[h] = len(f.past) + 1
 	f.mu.Unlock()
@@ -396,7 +410,7 @@ func (f *fileState) allows(h [32]byte) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	_, ok := f.sizes[h]
-	return ok
+	return ok || f.inflight[h]
 }
 
 type workload struct {
@@ -434,6 +448,9 @@ func (w *workload) writer(ctx context.Context, id int) {
 			data[i] = byte(rng.Uint32())
 		}
 		h := sha256.Sum256(data)
+		if fs != nil {
+			fs.start(h)
+		}
 		wctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a started write finishes
 		_, err := w.cl.Put(wctx, p, bytes.NewReader(data), 0o644)
 		cancel()
