@@ -392,7 +392,7 @@ func (s *Service) scanForRepair() {
 					live -= len(bad)
 				}
 				tally.Count(pol != nil && pol.EC != nil, live, len(rec.Nodes), minimum)
-				if replaceable || rec.Reconciling {
+				if replaceable || rec.Reconciling || len(rec.Corrupt) > 0 {
 					due = append(due, &repairJob{ref: chunkRef{ino, int64(beUint64(k[9:]))}, margin: repairplan.Margin(live, minimum)})
 				}
 				return true, nil
@@ -639,7 +639,13 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 			return false, bytes, fmt.Errorf("resolving chunk %v's unfinished write: %w", l.Chunk, errors.Join(errs...))
 		}
 	}
-	if err := s.endReconcile(j.ref, l.Chunk, p.epoch, plan.Version); err != nil {
+	var handled []ids.NodeID // the corrupt copies this attempt knew of, now restored
+	for i, r := range l.Replicas {
+		if p.corrupt[i] {
+			handled = append(handled, r.Node)
+		}
+	}
+	if err := s.endReconcile(j.ref, l.Chunk, p.epoch, plan.Version, handled); err != nil {
 		return false, bytes, err
 	}
 	s.repairs.mu.Lock()
@@ -797,7 +803,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 
 // endReconcile records a finished reconciliation, unless the chunk was
 // reconciled again (a newer epoch) or replaced meanwhile.
-func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint64) error {
+func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint64, corrupt []ids.NodeID) error {
 	return s.update(func(tx *txn) error {
 		key := chunkKey(ref.ino, ref.index)
 		var rec chunkRec
@@ -822,7 +828,11 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 				return err
 			}
 		}
-		rec.Reconciling, rec.Fresh, rec.Corrupt, rec.Replaced, rec.Leaving = false, nil, nil, nil, nil
+		// A scrub report that came in meanwhile stays, for the next scan.
+		rec.Corrupt = slices.DeleteFunc(rec.Corrupt, func(n ids.NodeID) bool {
+			return slices.Contains(corrupt, n) || !slices.Contains(rec.Nodes, n)
+		})
+		rec.Reconciling, rec.Fresh, rec.Replaced, rec.Leaving = false, nil, nil, nil
 		rec.Version = max(rec.Version, version)
 		if err := tx.b.Delete(degradedKey(ref.ino, ref.index), nil); err != nil {
 			return err

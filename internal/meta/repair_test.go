@@ -1,10 +1,12 @@
 package meta
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
@@ -90,5 +92,56 @@ func TestRepairScanPages(t *testing.T) {
 	tally, _ := f.s.repairStatus()
 	if got := tally.Replicated.Full; got != 10 {
 		t.Fatalf("scan in pages of 3 counted %d full chunks of 10: %+v", got, tally)
+	}
+}
+
+// TestScrubReportDuringReconcileSurvives: a corrupt copy reported while a
+// reconciliation that did not know of it runs is still recorded when it
+// ends (and the scan queues the chunk again); the copies it did know of
+// are cleared.
+func TestScrubReportDuringReconcileSurvives(t *testing.T) {
+	f := newFixture(t)
+	f.addNodes(3)
+	f.tree("/a")
+	l := f.layout("/a", 0, 1, true).Chunks[0]
+	ref := chunkRef{f.ino("/a"), 0}
+	rec := func() chunkRec {
+		var r chunkRec
+		if err := f.s.read(func(v view) error {
+			_, err := getJSON(v.r, chunkKey(ref.ino, ref.index), &r)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	p, skip, err := f.s.beginReconcile(&repairJob{ref: ref, failover: true})
+	if err != nil || skip {
+		t.Fatalf("begin: skip %v, %v", skip, err)
+	}
+	late := l.Replicas[1].Node
+	if err := f.s.markCorrupt(ref, l.Chunk, []ids.NodeID{late}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.endReconcile(ref, l.Chunk, p.epoch, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := rec(); r.Reconciling || !slices.Contains(r.Corrupt, late) {
+		t.Fatalf("after a reconciliation that did not know of it, the report is gone: %+v", r)
+	}
+	f.s.scanForRepair()
+	if f.s.repairs.jobs[ref] == nil {
+		t.Fatal("the scan did not queue the chunk with a corrupt copy")
+	}
+	// The next one knows of it and clears it.
+	p, _, err = f.s.beginReconcile(&repairJob{ref: ref})
+	if err != nil || !p.corrupt[1] {
+		t.Fatalf("begin: %+v %v", p, err)
+	}
+	if err := f.s.endReconcile(ref, l.Chunk, p.epoch, 1, []ids.NodeID{late}); err != nil {
+		t.Fatal(err)
+	}
+	if r := rec(); len(r.Corrupt) != 0 {
+		t.Fatalf("a restored copy is still recorded corrupt: %+v", r)
 	}
 }
