@@ -502,13 +502,14 @@ func TestHostileDataPlane(t *testing.T) {
 		sr, _ = wire.AppendRead(nil, &wire.ReadHeader{Scaled: true, Coef: 3, Chunk: ecChunk, Len: 8 << 20, RegionKey: 9, Cap: ecCap(capability.Read)})
 		r.packet(pkSend, flFirst|flLast, 34, sr)
 		r.expectStatus(34, wire.StatusBadRequest)
-		// A repair with a read-only capability, one naming a survivor twice,
-		// and one asking this node to rebuild a unit it does not hold.
-		rep := wire.RepairHeader{Unit: 2, Chunk: ecChunk, Version: 1, Len: 4096, Survivors: []byte{0, 1}, Cap: ecCap(capability.Read)}
+		// A repair with a client's read-write capability (no repair right,
+		// which only meta's reconciliation holds), one naming a survivor
+		// twice, and one asking this node to rebuild a unit it does not hold.
+		rep := wire.RepairHeader{Unit: 2, Chunk: ecChunk, Version: 1, Len: 4096, Survivors: []byte{0, 1}, Cap: ecCap(capability.Read | capability.Write)}
 		rh, _ := wire.AppendRepair(nil, &rep, addrs)
 		r.packet(pkSend, flFirst|flLast, 35, rh)
 		r.expectStatus(35, wire.StatusAuth, "scope")
-		rep.Cap, rep.Survivors = ecCap(capability.Read|capability.Write), []byte{0, 0}
+		rep.Cap, rep.Survivors = ecCap(capability.Read|capability.Write|capability.Repair), []byte{0, 0}
 		rh, _ = wire.AppendRepair(nil, &rep, addrs)
 		r.packet(pkSend, flFirst|flLast, 36, rh)
 		r.expectStatus(36, wire.StatusBadRequest, "twice")
