@@ -1,0 +1,406 @@
+package oncrpc
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/xdr"
+)
+
+// Handler runs procedure c.Proc of version c.Vers. res already holds the
+// accepted-reply header for Success; the handler appends its results to
+// res and returns Success, or returns another AcceptStat (ProcUnavail for
+// an unknown procedure, GarbageArgs when args do not decode: check
+// args.Err()), in which case the server discards res and sends that
+// status instead.
+//
+// args aliases a buffer the server reuses once the handler returns: copy
+// what must outlive the call. Handlers run concurrently; a panic is
+// answered with SystemErr.
+type Handler func(ctx context.Context, c *Call, args *xdr.Reader, res *xdr.Writer) AcceptStat
+
+// Program is an RPC program served in versions Low..High.
+type Program struct {
+	Prog, Low, High uint32
+	Handle          Handler
+	// Idempotent reports whether procedure proc of version vers may
+	// safely run twice. Replies of the others are kept in the
+	// duplicate-request cache. nil: all idempotent.
+	Idempotent func(vers, proc uint32) bool
+}
+
+const (
+	defaultMaxRecord   = 1<<20 + 64<<10 // an NFS WRITE of 1 MiB and its header
+	defaultMaxInFlight = 64
+	defaultDRCEntries  = 4096
+	drcMaxBytes        = 64 << 20
+
+	// Record buffers are pooled in two sizes, chosen by the length of a
+	// record's first fragment, so the many small calls (GETATTR,
+	// LOOKUP) do not each hold a buffer a 1 MiB WRITE grew.
+	smallRecord = 16 << 10
+	// Replies larger than this are not pooled (a READ of 1 MiB is well
+	// under it).
+	maxPooledReply = 4 << 20
+)
+
+// Server serves Programs over TCP. Set its fields before Serve and leave
+// them: they are read without locks.
+type Server struct {
+	Programs    []Program
+	MaxRecord   int          // largest call record accepted; default 1 MiB + 64 KiB
+	MaxInFlight int          // calls run at once per connection; default 64
+	DRCEntries  int          // duplicate-request cache entries; default 4096
+	Logger      *slog.Logger // nil: discard
+
+	once   sync.Once
+	ctx    context.Context // handlers'; cancelled by Close
+	cancel context.CancelFunc
+	log    *slog.Logger
+	drc    *drc
+
+	mu        sync.Mutex
+	closed    bool
+	listeners map[net.Listener]struct{}
+	conns     map[net.Conn]struct{}
+	wg        sync.WaitGroup // connections; each waits for its handlers
+}
+
+func (s *Server) init() {
+	s.once.Do(func() {
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+		s.log = s.Logger
+		if s.log == nil {
+			s.log = slog.New(slog.DiscardHandler)
+		}
+		entries := s.DRCEntries
+		if entries <= 0 {
+			entries = defaultDRCEntries
+		}
+		s.drc = newDRC(entries, drcMaxBytes)
+		s.listeners = make(map[net.Listener]struct{})
+		s.conns = make(map[net.Conn]struct{})
+	})
+}
+
+func (s *Server) maxRecord() int {
+	if s.MaxRecord > 0 {
+		return s.MaxRecord
+	}
+	return defaultMaxRecord
+}
+
+func (s *Server) maxInFlight() int {
+	if s.MaxInFlight > 0 {
+		return s.MaxInFlight
+	}
+	return defaultMaxInFlight
+}
+
+// Serve accepts connections on ln until ln or the server is closed; it
+// returns nil after Close, and the listener's error otherwise.
+func (s *Server) Serve(ln net.Listener) error {
+	s.init()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return nil
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.isClosed() {
+				return nil
+			}
+			// Out of file descriptors and the like pass; retry slowly
+			// rather than spin or give up (as net/http does).
+			if te, ok := err.(interface{ Temporary() bool }); ok && te.Temporary() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("oncrpc: accept", "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			nc.Close()
+			return nil
+		}
+		s.conns[nc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serveConn(nc)
+	}
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Close stops the listeners, closes the connections, cancels the
+// handlers' context and waits for the handlers to return.
+func (s *Server) Close() error {
+	s.init()
+	s.mu.Lock()
+	s.closed = true
+	s.cancel()
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for nc := range s.conns {
+		nc.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// conn is one client connection.
+type conn struct {
+	s      *Server
+	nc     net.Conn
+	remote string // address, for Call.Remote and logs
+	client string // IP without the port, for the duplicate-request cache
+	wmu    sync.Mutex
+	slots  chan struct{} // one per call running: bounds goroutines and buffers
+	wg     sync.WaitGroup
+}
+
+func (s *Server) serveConn(nc net.Conn) {
+	defer s.wg.Done()
+	c := &conn{s: s, nc: nc, remote: nc.RemoteAddr().String(), slots: make(chan struct{}, s.maxInFlight())}
+	c.client = c.remote
+	if host, _, err := net.SplitHostPort(c.remote); err == nil {
+		c.client = host
+	}
+	br := bufio.NewReaderSize(nc, 32<<10)
+	var err error
+	for {
+		// Take a slot before reading, so a connection holds at most
+		// MaxInFlight records; the reader waits while they all run.
+		c.slots <- struct{}{}
+		var bufp *[]byte
+		if bufp, err = readCall(br, s.maxRecord()); err != nil {
+			break
+		}
+		c.wg.Add(1)
+		go c.serve(bufp)
+	}
+	if !errors.Is(err, io.EOF) {
+		// An oversized or broken record leaves the rest of the stream
+		// meaningless: stop reading it now, whatever still runs.
+		nc.Close()
+	}
+	// After a clean end of stream (a client half-closing), replies to the
+	// calls already read are still sent.
+	c.wg.Wait()
+	nc.Close()
+	s.mu.Lock()
+	delete(s.conns, nc)
+	s.mu.Unlock()
+
+	switch {
+	case errors.Is(err, ErrRecordTooLarge):
+		s.log.Warn("oncrpc: connection closed", "remote", c.remote, "err", err)
+	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+		s.log.Debug("oncrpc: connection closed", "remote", c.remote)
+	default:
+		s.log.Debug("oncrpc: connection closed", "remote", c.remote, "err", err)
+	}
+}
+
+var (
+	smallRecords = sync.Pool{New: func() any { b := make([]byte, 0, smallRecord); return &b }}
+	largeRecords sync.Pool
+	replies      = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+)
+
+// readCall reads one record into a pooled buffer sized by a peek at its
+// first fragment's length.
+func readCall(br *bufio.Reader, max int) (*[]byte, error) {
+	hdr, err := br.Peek(4)
+	if err != nil {
+		return nil, err
+	}
+	var bufp *[]byte
+	if int(binary.BigEndian.Uint32(hdr)&^lastFragment) <= smallRecord {
+		bufp = smallRecords.Get().(*[]byte)
+	} else if p, ok := largeRecords.Get().(*[]byte); ok {
+		bufp = p
+	} else {
+		bufp = new([]byte)
+	}
+	*bufp, err = ReadRecord(br, *bufp, max)
+	if err != nil {
+		putRecord(bufp)
+		return nil, err
+	}
+	return bufp, nil
+}
+
+func putRecord(p *[]byte) {
+	*p = (*p)[:0]
+	if cap(*p) <= smallRecord {
+		smallRecords.Put(p)
+	} else {
+		largeRecords.Put(p)
+	}
+}
+
+// serve answers one call record and frees its slot.
+func (c *conn) serve(bufp *[]byte) {
+	defer c.wg.Done()
+	replyp := replies.Get().(*[]byte)
+	w := xdr.Writer{B: (*replyp)[:0]}
+	if reply := c.respond(*bufp, &w); reply != nil {
+		c.send(reply)
+	}
+	putRecord(bufp)
+	if cap(w.B) <= maxPooledReply {
+		*replyp = w.B[:0]
+		replies.Put(replyp)
+	}
+	<-c.slots
+}
+
+// respond decodes and runs the call in rec and returns the reply to send
+// (in w, or cached), or nil to send none.
+func (c *conn) respond(rec []byte, w *xdr.Writer) []byte {
+	s := c.s
+	args := xdr.NewReader(rec)
+	call := &Call{Remote: c.remote}
+	err := ParseCall(args, call)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrRPCVersion):
+		AppendRPCMismatch(w, call.XID)
+		return w.B
+	case errors.Is(err, ErrBadCred):
+		s.log.Debug("oncrpc: bad credential", "remote", c.remote, "xid", call.XID, "err", err)
+		AppendAuthError(w, call.XID, authBadCred)
+		return w.B
+	default:
+		// A reply, or too short to say what it calls: nothing to answer.
+		s.log.Debug("oncrpc: message dropped", "remote", c.remote, "err", err)
+		return nil
+	}
+
+	p, served, low, high := s.program(call.Prog, call.Vers)
+	switch {
+	case p != nil:
+	case served:
+		AppendProgMismatch(w, call.XID, low, high)
+		return w.B
+	default:
+		AppendAccepted(w, call.XID, ProgUnavail)
+		return w.B
+	}
+	if p.Idempotent == nil || p.Idempotent(call.Vers, call.Proc) {
+		s.invoke(p, call, args, w)
+		return w.B
+	}
+
+	a := rec[args.Pos():]
+	key := drcKey{client: c.client, xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc,
+		sum: crc32.ChecksumIEEE(a), size: len(a)}
+	switch state, reply := s.drc.begin(key); state {
+	case drcInProgress:
+		s.log.Debug("oncrpc: duplicate of a running call dropped", "remote", c.remote, "xid", call.XID)
+		return nil
+	case drcDone:
+		s.log.Debug("oncrpc: duplicate answered from the cache", "remote", c.remote, "xid", call.XID)
+		return reply
+	}
+	s.invoke(p, call, args, w)
+	s.drc.finish(key, w.B)
+	return w.B
+}
+
+// program finds the program serving prog in version vers. Without one,
+// served reports whether prog is served in other versions, low..high.
+func (s *Server) program(prog, vers uint32) (p *Program, served bool, low, high uint32) {
+	for i := range s.Programs {
+		q := &s.Programs[i]
+		if q.Prog != prog {
+			continue
+		}
+		if q.Low <= vers && vers <= q.High {
+			return q, true, 0, 0
+		}
+		if !served {
+			low, high = q.Low, q.High
+		}
+		low, high, served = min(low, q.Low), max(high, q.High), true
+	}
+	return nil, served, low, high
+}
+
+// invoke runs the handler and leaves its reply in w.
+func (s *Server) invoke(p *Program, call *Call, args *xdr.Reader, w *xdr.Writer) {
+	AppendAccepted(w, call.XID, Success)
+	stat := s.handle(p, call, args, w)
+	if stat == Success {
+		return
+	}
+	w.B = w.B[:0]
+	switch {
+	case stat == ProgMismatch:
+		AppendProgMismatch(w, call.XID, p.Low, p.High)
+	case stat > SystemErr:
+		s.log.Error("oncrpc: handler returned an unknown status", "prog", call.Prog, "proc", call.Proc, "stat", uint32(stat))
+		AppendAccepted(w, call.XID, SystemErr)
+	default:
+		AppendAccepted(w, call.XID, stat)
+	}
+}
+
+// handle runs the handler, turning a panic into SystemErr: one bad call
+// must not take down the gateway and every client's mounts with it.
+func (s *Server) handle(p *Program, call *Call, args *xdr.Reader, w *xdr.Writer) (stat AcceptStat) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("oncrpc: handler panicked", "prog", call.Prog, "vers", call.Vers, "proc", call.Proc,
+				"panic", v, "stack", string(debug.Stack()))
+			stat = SystemErr
+		}
+	}()
+	return p.Handle(s.ctx, call, args, w)
+}
+
+// send writes one reply record; replies of concurrent calls do not
+// interleave.
+func (c *conn) send(reply []byte) {
+	c.wmu.Lock()
+	err := WriteRecord(c.nc, reply)
+	c.wmu.Unlock()
+	if err != nil {
+		// A partly written record breaks the stream: end the connection
+		// (the client retransmits on a new one).
+		c.s.log.Debug("oncrpc: reply not sent", "remote", c.remote, "err", err)
+		c.nc.Close()
+	}
+}
