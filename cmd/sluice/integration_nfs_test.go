@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+var reNFSListen = regexp.MustCompile(`^sluice: NFSv3 gateway listening on (\S+) `)
+
+// nfsGateway starts `sluice nfs` for a cluster and returns its address.
+func nfsGateway(t *testing.T, conf string) string {
+	t.Helper()
+	base := filepath.Dir(filepath.Dir(conf))
+	p := startProc(t, base, "nfs-"+fmt.Sprint(time.Now().UnixNano()), "nfs", "--listen", "127.0.0.1:0", "--conf", conf)
+	return p.waitLine(t, reNFSListen, 20*time.Second)[1]
+}
+
+// requireLibnfs skips when the libnfs command-line client is missing
+// (scripts/test installs libnfs-utils).
+func requireLibnfs(t *testing.T) {
+	t.Helper()
+	for _, tool := range []string{"nfs-ls", "nfs-cp", "nfs-cat"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (apt-get install libnfs-utils)", tool)
+		}
+	}
+}
+
+// nfsURL is a libnfs URL for path on the gateway at addr, NFS and MOUNT
+// on the one port, as root.
+func nfsURL(addr, path string) string {
+	host, port, _ := strings.Cut(addr, ":")
+	return fmt.Sprintf("nfs://%s%s?version=3&nfsport=%s&mountport=%s&uid=0&gid=0", host, path, port, port)
+}
+
+func libnfs(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(args[0], args[1:]...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, tail(out.String(), 20), tail(errb.String(), 20))
+		}
+	case <-time.After(3 * time.Minute):
+		cmd.Process.Kill()
+		t.Fatalf("%s: timed out", strings.Join(args, " "))
+	}
+	return out.Bytes()
+}
+
+// TestNFSWithLibnfs drives the gateway with a real NFS client (libnfs's
+// nfs-cp, nfs-cat, nfs-ls): files of 0 bytes to 256 MiB copied in and
+// out, compared with what the Sluice CLI reads, and a large directory
+// listed whole.
+func TestNFSWithLibnfs(t *testing.T) {
+	requireLibnfs(t)
+	c := startUp(t, filepath.Join(baseDir(t), "data"), 3)
+	addr := nfsGateway(t, c.conf)
+	local := filepath.Join(baseDir(t), "local")
+	if err := os.MkdirAll(local, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, c.conf, nil, "mkdir", "-p", "/nfs/in", "/nfs/out", "/nfs/big")
+	sizes := []int{0, 1, 4095, 4096, 1<<20 + 17, 8 << 20}
+	if !testing.Short() {
+		sizes = append(sizes, 256<<20)
+	}
+	for _, n := range sizes {
+		data := randomBytes(t, n)
+		// In through NFS, out through the CLI.
+		src := filepath.Join(local, fmt.Sprintf("src-%d", n))
+		if err := os.WriteFile(src, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		libnfs(t, "nfs-cp", src, nfsURL(addr, fmt.Sprintf("/nfs/in/f%d", n)))
+		in := time.Since(start)
+		if got := mustRun(t, c.conf, nil, "cat", fmt.Sprintf("/nfs/in/f%d", n)).stdout; !bytes.Equal(got, data) {
+			t.Fatalf("%d bytes copied in over NFS: the CLI reads %d bytes that differ", n, len(got))
+		}
+		// In through the CLI, out through NFS (nfs-cp to a file and nfs-cat).
+		mustRun(t, c.conf, bytes.NewReader(data), "put", "-", fmt.Sprintf("/nfs/out/f%d", n))
+		dst := filepath.Join(local, fmt.Sprintf("dst-%d", n))
+		start = time.Now()
+		libnfs(t, "nfs-cp", nfsURL(addr, fmt.Sprintf("/nfs/out/f%d", n)), dst)
+		out := time.Since(start)
+		if got, err := os.ReadFile(dst); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%d bytes copied out over NFS differ (%d bytes, %v)", n, len(got), err)
+		}
+		if n <= 8<<20 {
+			if got := libnfs(t, "nfs-cat", nfsURL(addr, fmt.Sprintf("/nfs/out/f%d", n))); !bytes.Equal(got, data) {
+				t.Fatalf("nfs-cat of %d bytes differs (%d bytes)", n, len(got))
+			}
+		}
+		// Sluice's own NFS client, both ways, with small reads and deep
+		// read-ahead: what libnfs wrote it reads, what it writes the CLI
+		// reads.
+		if got := mustRun(t, c.conf, nil, "nfs-get", "--server", addr, "--rsize", "65536", "--readahead", "8", fmt.Sprintf("/nfs/in/f%d", n), "-").stdout; !bytes.Equal(got, data) {
+			t.Fatalf("sluice nfs-get of %d bytes differs (%d bytes)", n, len(got))
+		}
+		mustRun(t, c.conf, nil, "nfs-put", "--server", addr, "--wsize", "262144", src, fmt.Sprintf("/nfs/in/g%d", n))
+		if got := mustRun(t, c.conf, nil, "cat", fmt.Sprintf("/nfs/in/g%d", n)).stdout; !bytes.Equal(got, data) {
+			t.Fatalf("sluice nfs-put of %d bytes: the CLI reads %d bytes that differ", n, len(got))
+		}
+		t.Logf("%d bytes: in %s, out %s", n, in.Round(time.Millisecond), out.Round(time.Millisecond))
+	}
+	// A large directory, listed whole (several READDIRPLUS replies).
+	const files = 1500
+	var want []string
+	for i := range files {
+		want = append(want, fmt.Sprintf("entry-with-a-longish-name-%05d", i))
+	}
+	mkMany(t, c.conf, "/nfs/big", want)
+	out := string(libnfs(t, "nfs-ls", nfsURL(addr, "/nfs/big")))
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 {
+			got = append(got, f[len(f)-1])
+		}
+	}
+	got = slices.DeleteFunc(got, func(s string) bool { return s == "." || s == ".." })
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("nfs-ls listed %d entries, want %d (first lines: %q)", len(got), len(want), tail(out, 5))
+	}
+}
+
+// mkMany creates empty files named names in directory dir, straight at
+// meta (a process per file would take minutes).
+func mkMany(t *testing.T, conf, dir string, names []string) {
+	t.Helper()
+	mc := metaClient(t, conf)
+	ctx := context.Background()
+	var d metaapi.AttrResp
+	if err := mc.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: dir}, &d); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		req := metaapi.CreateReq{Parent: d.Attr.Ino, Name: name, Type: metaapi.TypeFile, Mode: 0o644, Exclusive: true}
+		if err := mc.Call(ctx, metaapi.OpCreate, req, nil); err != nil {
+			t.Fatalf("creating %s/%s: %v", dir, name, err)
+		}
+	}
+}

@@ -1,0 +1,255 @@
+package nfs3
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/oncrpc"
+)
+
+// Options configure a Gateway.
+type Options struct {
+	Client *client.Client
+	Logger *slog.Logger
+	// AttrTTL is how long the gateway trusts a file's attributes (size,
+	// for READ's end of file) before asking meta again; other clients'
+	// changes show within it. Default 1 s.
+	AttrTTL time.Duration
+}
+
+// Gateway serves the cluster's namespace over NFSv3.
+type Gateway struct {
+	cl   *client.Client
+	log  *slog.Logger
+	ttl  time.Duration
+	verf [8]byte // write verifier: new at every start (RFC 1813 §3.3.7)
+
+	filesMu sync.Mutex
+	files   map[ids.Ino]*openFile
+
+	lists listings
+
+	statMu sync.Mutex
+	stat   metaapi.StatusResp
+	statAt time.Time
+
+	bufs sync.Pool // READ buffers of MaxData bytes
+}
+
+// openFile is an SDK handle the gateway keeps for READ and WRITE, so a
+// sequential read costs no meta call per request.
+type openFile struct {
+	f  *client.File
+	at time.Time // when its attributes were fetched
+}
+
+// maxOpenFiles bounds the handles kept.
+const maxOpenFiles = 4096
+
+// New returns a gateway over opts.Client.
+func New(opts Options) (*Gateway, error) {
+	if opts.Client == nil {
+		return nil, fmt.Errorf("nfs3: no client")
+	}
+	g := &Gateway{cl: opts.Client, log: opts.Logger, ttl: opts.AttrTTL, files: map[ids.Ino]*openFile{}}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	if g.ttl <= 0 {
+		g.ttl = time.Second
+	}
+	if _, err := rand.Read(g.verf[:]); err != nil {
+		return nil, fmt.Errorf("nfs3: write verifier: %w", err)
+	}
+	g.lists.init()
+	g.bufs.New = func() any { b := make([]byte, MaxData); return &b }
+	return g, nil
+}
+
+// Programs returns the NFS and MOUNT programs to serve (on one port: a
+// client told that port needs no portmapper).
+func (g *Gateway) Programs() []oncrpc.Program {
+	return []oncrpc.Program{
+		{Prog: ProgNFS, Low: Version, High: Version, Handle: g.nfs, Idempotent: nfsIdempotent},
+		{Prog: ProgMount, Low: Version, High: Version, Handle: g.mount},
+	}
+}
+
+// nfsIdempotent: the procedures whose retransmission must not run again
+// (their replies are kept in the duplicate-request cache).
+func nfsIdempotent(_, proc uint32) bool {
+	switch proc {
+	case ProcSetattr, ProcCreate, ProcMkdir, ProcSymlink, ProcMknod, ProcRemove, ProcRmdir, ProcRename, ProcLink:
+		return false
+	}
+	return true
+}
+
+// nobody is the identity of AUTH_NONE callers.
+const nobody = 65534
+
+// as returns ctx acting as the caller's AUTH_SYS identity.
+func as(ctx context.Context, c *oncrpc.Call) context.Context {
+	who := metaapi.Who{UID: nobody, GID: nobody}
+	if c.CredFlavor == oncrpc.AuthSys {
+		who = metaapi.Who{UID: c.Cred.UID, GID: c.Cred.GID, GIDs: c.Cred.GIDs}
+	}
+	return client.WithWho(ctx, who)
+}
+
+// file returns an SDK handle for regular file ino with attributes at
+// most AttrTTL old.
+func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
+	g.filesMu.Lock()
+	of := g.files[ino]
+	g.filesMu.Unlock()
+	if of != nil && time.Since(of.at) < g.ttl {
+		return of.f, nil
+	}
+	a, err := g.cl.GetAttr(ctx, ino)
+	if err != nil {
+		return nil, err
+	}
+	if of != nil {
+		old := of.f.Attr()
+		if old.Mtime != a.Mtime || old.Size != a.Size || old.Ctime != a.Ctime {
+			g.cl.ForgetLayouts(ino) // changed elsewhere: no stale chunk layouts
+		}
+		of.f.SetAttr(a)
+		g.filesMu.Lock()
+		of.at = time.Now()
+		g.filesMu.Unlock()
+		return of.f, nil
+	}
+	f, err := g.cl.OpenAttr(a, fmt.Sprintf("inode %d", ino))
+	if err != nil {
+		return nil, err
+	}
+	g.filesMu.Lock()
+	if len(g.files) >= maxOpenFiles {
+		for k := range g.files { // drop one at random
+			delete(g.files, k)
+			break
+		}
+	}
+	g.files[ino] = &openFile{f: f, at: time.Now()}
+	g.filesMu.Unlock()
+	return f, nil
+}
+
+// forget drops what the gateway keeps of ino (after a change through it
+// that the SDK handle does not see: SETATTR, REMOVE, RENAME over it).
+func (g *Gateway) forget(ino ids.Ino) {
+	g.filesMu.Lock()
+	delete(g.files, ino)
+	g.filesMu.Unlock()
+}
+
+// status returns the cluster's status, cached for a second (FSSTAT).
+func (g *Gateway) status(ctx context.Context) (metaapi.StatusResp, error) {
+	g.statMu.Lock()
+	defer g.statMu.Unlock()
+	if time.Since(g.statAt) > time.Second {
+		st, err := g.cl.Status(ctx)
+		if err != nil {
+			return st, err
+		}
+		g.stat, g.statAt = st, time.Now()
+	}
+	return g.stat, nil
+}
+
+// ---- directory listings ----
+
+// Meta lists a directory in name order from a name; NFS resumes from a
+// 64-bit cookie. A listing remembers the names it returned, so cookie n
+// (the n-th entry) resumes after the n-th name; its cookie verifier names
+// it. A listing the gateway no longer holds (evicted, or a restart) is
+// NFS3ERR_BAD_COOKIE, and the client starts again.
+type listings struct {
+	mu    sync.Mutex
+	m     map[uint64]*listing
+	names int // held in all listings
+	next  uint64
+}
+
+type listing struct {
+	mu   sync.Mutex // one READDIR at a time extends it
+	dir  ids.Ino
+	ents []metaapi.Dirent
+	done bool // every entry is in ents
+	used time.Time
+}
+
+// Bounds on what listings hold.
+const (
+	maxListings     = 1024
+	maxListingNames = 4 << 20
+)
+
+func (l *listings) init() {
+	l.m = map[uint64]*listing{}
+	var b [8]byte
+	rand.Read(b[:])
+	l.next = binary.BigEndian.Uint64(b[:]) | 1 // verifiers differ across restarts
+}
+
+// start begins a listing of dir and returns its verifier.
+func (l *listings) start(dir ids.Ino) (uint64, *listing) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.evictLocked(0)
+	l.next++
+	ls := &listing{dir: dir, used: time.Now()}
+	l.m[l.next] = ls
+	return l.next, ls
+}
+
+// get returns listing verf of dir, if held.
+func (l *listings) get(verf uint64, dir ids.Ino) *listing {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls := l.m[verf]
+	if ls == nil || ls.dir != dir {
+		return nil
+	}
+	ls.used = time.Now()
+	return ls
+}
+
+// add records entries appended to ls (whose mu the caller holds; ents is
+// read under either lock).
+func (l *listings) add(ls *listing, ents []metaapi.Dirent, done bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls.ents = append(ls.ents, ents...)
+	ls.done = done
+	l.names += len(ents)
+	l.evictLocked(len(ents))
+}
+
+// evictLocked drops the least recently used listings while over bounds.
+func (l *listings) evictLocked(adding int) {
+	for len(l.m) >= maxListings || l.names+adding > maxListingNames {
+		var oldest uint64
+		var at time.Time
+		for v, ls := range l.m {
+			if oldest == 0 || ls.used.Before(at) {
+				oldest, at = v, ls.used
+			}
+		}
+		if oldest == 0 {
+			return
+		}
+		l.names -= len(l.m[oldest].ents)
+		delete(l.m, oldest)
+	}
+}

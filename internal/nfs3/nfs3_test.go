@@ -1,0 +1,293 @@
+package nfs3_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"os"
+	"testing"
+
+	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/nfs3"
+	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/xdr"
+)
+
+// env is a cluster, a gateway serving it on loopback, and an RPC client.
+type env struct {
+	cl   *client.Client
+	rpc  *oncrpc.Client
+	cred *oncrpc.AuthSysCred
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dir := t.TempDir()
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		dir, _ = os.MkdirTemp("/dev/shm", "sluice-nfs3-")
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 3, MetaListen: "127.0.0.1:0", ChunkSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	conf, err := c.Conf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(client.Options{Conf: conf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	g, err := nfs3.New(nfs3.Options{Client: cl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &oncrpc.Server{Programs: g.Programs(), MaxRecord: nfs3.MaxData + 64<<10}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	rc, err := oncrpc.Dial(context.Background(), ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rc.Close() })
+	return &env{cl: cl, rpc: rc, cred: &oncrpc.AuthSysCred{Machine: "test", UID: 0, GID: 0}}
+}
+
+// call makes an NFS call and returns its status and the reader after it.
+func (e *env) call(t *testing.T, proc uint32, args func(w *xdr.Writer)) (nfs3.Status, *xdr.Reader) {
+	t.Helper()
+	var w xdr.Writer
+	if args != nil {
+		args(&w)
+	}
+	res, err := e.rpc.Call(context.Background(), nfs3.ProgNFS, nfs3.Version, proc, e.cred, w.B)
+	if err != nil {
+		t.Fatalf("proc %d: %v", proc, err)
+	}
+	r := xdr.NewReader(res)
+	st := nfs3.Status(r.Uint32())
+	if r.Err() != nil {
+		t.Fatalf("proc %d: reply %x: %v", proc, res, r.Err())
+	}
+	return st, r
+}
+
+func (e *env) rootFH(t *testing.T) []byte {
+	t.Helper()
+	var w xdr.Writer
+	w.String("/")
+	res, err := e.rpc.Call(context.Background(), nfs3.ProgMount, nfs3.Version, nfs3.MountMnt, e.cred, w.B)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := xdr.NewReader(res)
+	if st := r.Uint32(); st != 0 {
+		t.Fatalf("MNT / status %d", st)
+	}
+	fh := r.Opaque(64)
+	if r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	return append([]byte(nil), fh...)
+}
+
+func sattrEmpty(w *xdr.Writer) {
+	for range 4 {
+		w.Bool(false)
+	}
+	w.Uint32(0)
+	w.Uint32(0)
+}
+
+// create makes name in dir with CREATE (how) and returns the status and
+// the new handle.
+func (e *env) create(t *testing.T, dir []byte, name string, how uint32) (nfs3.Status, []byte) {
+	t.Helper()
+	st, r := e.call(t, nfs3.ProcCreate, func(w *xdr.Writer) {
+		w.Opaque(dir)
+		w.String(name)
+		w.Uint32(how)
+		if how == 2 {
+			w.Fixed([]byte("verifier"))
+		} else {
+			sattrEmpty(w)
+		}
+	})
+	if st != nfs3.OK {
+		return st, nil
+	}
+	if !r.Bool() {
+		t.Fatal("CREATE returned no handle")
+	}
+	return st, append([]byte(nil), r.Opaque(64)...)
+}
+
+func TestGatewaySemantics(t *testing.T) {
+	e := newEnv(t)
+	root := e.rootFH(t)
+	// CREATE: unchecked, guarded over it (EXIST), exclusive twice (the
+	// retransmission finds its own file), exclusive over another (EXIST).
+	st, fh := e.create(t, root, "f", 0)
+	if st != nfs3.OK {
+		t.Fatalf("CREATE: %d", st)
+	}
+	if st, _ := e.create(t, root, "f", 1); st != nfs3.ErrExist {
+		t.Fatalf("GUARDED over an existing file: %d", st)
+	}
+	st1, x1 := e.create(t, root, "x", 2)
+	st2, x2 := e.create(t, root, "x", 2)
+	if st1 != nfs3.OK || st2 != nfs3.OK || !bytes.Equal(x1, x2) {
+		t.Fatalf("EXCLUSIVE retransmitted: %d %d, handles %x %x", st1, st2, x1, x2)
+	}
+	if st, _ := e.create(t, root, "f", 2); st != nfs3.ErrExist {
+		t.Fatalf("EXCLUSIVE over another file: %d", st)
+	}
+	// WRITE then READ, with EOF.
+	data := bytes.Repeat([]byte("sluice"), 50000)
+	st, r := e.call(t, nfs3.ProcWrite, func(w *xdr.Writer) {
+		w.Opaque(fh)
+		w.Uint64(0)
+		w.Uint32(uint32(len(data)))
+		w.Uint32(nfs3.Unstable)
+		w.Opaque(data)
+	})
+	if st != nfs3.OK {
+		t.Fatalf("WRITE: %d", st)
+	}
+	skipWcc(r)
+	if n, committed := r.Uint32(), r.Uint32(); n != uint32(len(data)) || committed != nfs3.FileSync {
+		t.Fatalf("WRITE: count %d committed %d", n, committed)
+	}
+	st, r = e.call(t, nfs3.ProcRead, func(w *xdr.Writer) {
+		w.Opaque(fh)
+		w.Uint64(100)
+		w.Uint32(1 << 20)
+	})
+	if st != nfs3.OK {
+		t.Fatalf("READ: %d", st)
+	}
+	skipPostOp(r)
+	n, eof, got := r.Uint32(), r.Bool(), r.Opaque(1<<20)
+	if r.Err() != nil || int(n) != len(data)-100 || !eof || !bytes.Equal(got, data[100:]) {
+		t.Fatalf("READ: %d bytes eof %v err %v", n, eof, r.Err())
+	}
+	// Bad and stale handles.
+	if st, _ := e.call(t, nfs3.ProcGetattr, func(w *xdr.Writer) { w.Opaque([]byte("garbage")) }); st != nfs3.ErrBadhandle {
+		t.Fatalf("GETATTR of a garbage handle: %d", st)
+	}
+	if st, _ := e.call(t, nfs3.ProcGetattr, func(w *xdr.Writer) { w.Opaque(nfs3.Handle(ids.Ino(1 << 40))) }); st != nfs3.ErrStale {
+		t.Fatalf("GETATTR of a handle of no inode: %d", st)
+	}
+	// REMOVE makes the handle stale.
+	if st, _ := e.call(t, nfs3.ProcRemove, func(w *xdr.Writer) { w.Opaque(root); w.String("x") }); st != nfs3.OK {
+		t.Fatalf("REMOVE: %d", st)
+	}
+	if st, _ := e.call(t, nfs3.ProcGetattr, func(w *xdr.Writer) { w.Opaque(x1) }); st != nfs3.ErrStale {
+		t.Fatalf("GETATTR of a removed file: %d", st)
+	}
+	// MKNOD: a FIFO works; a character device is BADTYPE.
+	if st, _ := e.call(t, nfs3.ProcMknod, func(w *xdr.Writer) { w.Opaque(root); w.String("p"); w.Uint32(7); sattrEmpty(w) }); st != nfs3.OK {
+		t.Fatalf("MKNOD fifo: %d", st)
+	}
+	if st, _ := e.call(t, nfs3.ProcMknod, func(w *xdr.Writer) {
+		w.Opaque(root)
+		w.String("c")
+		w.Uint32(4)
+		sattrEmpty(w)
+		w.Uint32(1)
+		w.Uint32(3)
+	}); st != nfs3.ErrBadtype {
+		t.Fatalf("MKNOD chr: %d", st)
+	}
+	// RMDIR of a non-empty directory, LOOKUP of a missing name.
+	if st, _ := e.call(t, nfs3.ProcMkdir, func(w *xdr.Writer) { w.Opaque(root); w.String("d"); sattrEmpty(w) }); st != nfs3.OK {
+		t.Fatalf("MKDIR: %d", st)
+	}
+	if st, _ := e.call(t, nfs3.ProcRmdir, func(w *xdr.Writer) { w.Opaque(root); w.String("f") }); st != nfs3.ErrNotdir {
+		t.Fatalf("RMDIR of a file: %d", st)
+	}
+	if st, _ := e.call(t, nfs3.ProcLookup, func(w *xdr.Writer) { w.Opaque(root); w.String("nope") }); st != nfs3.ErrNoent {
+		t.Fatalf("LOOKUP of a missing name: %d", st)
+	}
+	// As an unprivileged user, a root-owned 0644 file cannot be written.
+	e.cred = &oncrpc.AuthSysCred{Machine: "test", UID: 1000, GID: 1000}
+	st, _ = e.call(t, nfs3.ProcWrite, func(w *xdr.Writer) {
+		w.Opaque(fh)
+		w.Uint64(0)
+		w.Uint32(1)
+		w.Uint32(nfs3.FileSync)
+		w.Opaque([]byte{1})
+	})
+	if st != nfs3.ErrAcces {
+		t.Fatalf("WRITE as another user: %d", st)
+	}
+}
+
+// TestGatewayBadCalls: unknown procedures, truncated arguments and a
+// bad directory cookie are answered with the right error, and the
+// connection goes on serving.
+func TestGatewayBadCalls(t *testing.T) {
+	e := newEnv(t)
+	root := e.rootFH(t)
+	_, err := e.rpc.Call(context.Background(), nfs3.ProgNFS, nfs3.Version, 99, e.cred, nil)
+	var ae *oncrpc.AcceptError
+	if !errors.As(err, &ae) || ae.Stat != oncrpc.ProcUnavail {
+		t.Fatalf("procedure 99: %v", err)
+	}
+	_, err = e.rpc.Call(context.Background(), nfs3.ProgNFS, 4, nfs3.ProcNull, e.cred, nil)
+	if !errors.As(err, &ae) || ae.Stat != oncrpc.ProgMismatch || ae.Low != 3 || ae.High != 3 {
+		t.Fatalf("version 4: %v", err)
+	}
+	// WRITE cut short inside its data.
+	var w xdr.Writer
+	w.Opaque(root)
+	w.Uint64(0)
+	w.Uint32(100)
+	w.Uint32(0)
+	w.Uint32(100)
+	w.B = append(w.B, 1, 2, 3)
+	_, err = e.rpc.Call(context.Background(), nfs3.ProgNFS, nfs3.Version, nfs3.ProcWrite, e.cred, w.B)
+	if !errors.As(err, &ae) || ae.Stat != oncrpc.GarbageArgs {
+		t.Fatalf("truncated WRITE: %v", err)
+	}
+	// A cookie from a listing the gateway never made.
+	st, _ := e.call(t, nfs3.ProcReaddir, func(w *xdr.Writer) {
+		w.Opaque(root)
+		w.Uint64(5)
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], 12345)
+		w.Fixed(v[:])
+		w.Uint32(4096)
+	})
+	if st != nfs3.ErrBadCookie {
+		t.Fatalf("READDIR with an unknown cookie verifier: %d", st)
+	}
+	// Still serving.
+	if st, _ := e.call(t, nfs3.ProcGetattr, func(w *xdr.Writer) { w.Opaque(root) }); st != nfs3.OK {
+		t.Fatalf("GETATTR after bad calls: %d", st)
+	}
+}
+
+func skipPostOp(r *xdr.Reader) {
+	if r.Bool() {
+		r.Fixed(84)
+	}
+}
+
+func skipWcc(r *xdr.Reader) {
+	if r.Bool() {
+		r.Fixed(24)
+	}
+	skipPostOp(r)
+}

@@ -1,0 +1,853 @@
+package nfs3
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"sync"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/xdr"
+)
+
+// nfs serves the NFS program. Arguments are decoded whole before
+// anything is done: a call that does not decode is GARBAGE_ARGS and has
+// no effect.
+func (g *Gateway) nfs(ctx context.Context, c *oncrpc.Call, args *xdr.Reader, res *xdr.Writer) oncrpc.AcceptStat {
+	ctx = as(ctx, c)
+	var h func(context.Context, *xdr.Reader, *xdr.Writer) bool
+	switch c.Proc {
+	case ProcNull:
+		return oncrpc.Success
+	case ProcGetattr:
+		h = g.getattr
+	case ProcSetattr:
+		h = g.setattr
+	case ProcLookup:
+		h = g.lookup
+	case ProcAccess:
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.access(ctx, c, r, w) }
+	case ProcReadlink:
+		h = g.readlink
+	case ProcRead:
+		h = g.read
+	case ProcWrite:
+		h = g.write
+	case ProcCreate:
+		h = g.create
+	case ProcMkdir:
+		h = g.mkdir
+	case ProcSymlink:
+		h = g.symlink
+	case ProcMknod:
+		h = g.mknod
+	case ProcRemove:
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.remove(ctx, r, w, false) }
+	case ProcRmdir:
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.remove(ctx, r, w, true) }
+	case ProcRename:
+		h = g.rename
+	case ProcLink:
+		h = g.link
+	case ProcReaddir:
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, r, w, false) }
+	case ProcReaddirplus:
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, r, w, true) }
+	case ProcFsstat:
+		h = g.fsstat
+	case ProcFsinfo:
+		h = g.fsinfo
+	case ProcPathconf:
+		h = g.pathconf
+	case ProcCommit:
+		h = g.commit
+	default:
+		return oncrpc.ProcUnavail
+	}
+	if !h(ctx, args, res) {
+		return oncrpc.GarbageArgs
+	}
+	return oncrpc.Success
+}
+
+// attrOf returns the attributes of ino, or nil (for post_op_attr).
+func (g *Gateway) attrOf(ctx context.Context, ino ids.Ino) *metaapi.Attr {
+	a, err := g.cl.GetAttr(ctx, ino)
+	if err != nil {
+		return nil
+	}
+	return &a
+}
+
+// handleArg decodes a file handle argument. A malformed handle is an
+// answer (BADHANDLE), not garbage.
+func handleArg(r *xdr.Reader) (ids.Ino, error) {
+	h := readHandle(r)
+	if r.Err() != nil {
+		return 0, nil
+	}
+	return parseHandle(h)
+}
+
+// getAttrErr is GetAttr with a missing inode reported as stale (its
+// handle outlived it).
+func (g *Gateway) getAttrErr(ctx context.Context, ino ids.Ino) (metaapi.Attr, Status) {
+	a, err := g.cl.GetAttr(ctx, ino)
+	if st := statusOf(err); st != OK {
+		if st == ErrNoent {
+			st = ErrStale
+		}
+		return a, st
+	}
+	return a, OK
+}
+
+// withHandle handles the procedures whose reply is status, post_op_attr
+// and, on success, what body appends.
+func (g *Gateway) withHandle(ctx context.Context, r *xdr.Reader, w *xdr.Writer, more func(*xdr.Reader), body func(*metaapi.Attr, *xdr.Writer) Status) bool {
+	ino, herr := handleArg(r)
+	if more != nil {
+		more(r)
+	}
+	if r.Err() != nil {
+		return false
+	}
+	if herr != nil {
+		w.Uint32(uint32(ErrBadhandle))
+		putPostOp(w, nil)
+		return true
+	}
+	a, st := g.getAttrErr(ctx, ino)
+	if st != OK {
+		w.Uint32(uint32(st))
+		putPostOp(w, nil)
+		return true
+	}
+	mark := len(w.B)
+	w.Uint32(0)
+	putPostOp(w, &a)
+	if st := body(&a, w); st != OK {
+		w.B = w.B[:mark]
+		w.Uint32(uint32(st))
+		putPostOp(w, &a)
+	}
+	return true
+}
+
+func (g *Gateway) getattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	ino, herr := handleArg(r)
+	if r.Err() != nil {
+		return false
+	}
+	if herr != nil {
+		w.Uint32(uint32(ErrBadhandle))
+		return true
+	}
+	a, st := g.getAttrErr(ctx, ino)
+	w.Uint32(uint32(st))
+	if st == OK {
+		putFattr(w, &a)
+	}
+	return true
+}
+
+func (g *Gateway) setattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	ino, herr := handleArg(r)
+	s := readSattr(r)
+	guard := r.Bool()
+	var gsec, gnsec uint32
+	if guard {
+		gsec, gnsec = r.Uint32(), r.Uint32()
+	}
+	if r.Err() != nil {
+		return false
+	}
+	fail := func(st Status, after *metaapi.Attr) bool {
+		w.Uint32(uint32(st))
+		putWcc(w, after)
+		return true
+	}
+	if herr != nil {
+		return fail(ErrBadhandle, nil)
+	}
+	a, st := g.getAttrErr(ctx, ino)
+	if st != OK {
+		return fail(st, nil)
+	}
+	if guard && (uint32(a.Ctime/1e9) != gsec || uint32(a.Ctime%1e9) != gnsec) {
+		return fail(10002, &a) // NFS3ERR_NOT_SYNC: the client's view is old
+	}
+	req := metaapi.SetAttrReq{Ino: ino, Mode: s.mode, UID: s.uid, GID: s.gid, Atime: s.atime, Mtime: s.mtime, AtimeNow: s.atimeNow, MtimeNow: s.mtimeNow}
+	if s.size != nil {
+		if *s.size > metaapi.MaxFileSize {
+			return fail(ErrFbig, &a)
+		}
+		sz := int64(*s.size)
+		req.Size = &sz
+	}
+	after, err := g.cl.SetAttr(ctx, req)
+	g.forget(ino)
+	if st := statusOf(err); st != OK {
+		return fail(st, g.attrOf(ctx, ino))
+	}
+	return fail(OK, &after)
+}
+
+// diropArgs decodes diropargs3.
+func diropArgs(r *xdr.Reader) (ids.Ino, string, error) {
+	dir, herr := handleArg(r)
+	name := r.String(maxName + 1)
+	return dir, name, herr
+}
+
+// checkName answers the names NFS must refuse before meta sees them.
+func checkName(name string) Status {
+	switch {
+	case len(name) > maxName:
+		return ErrNametoolong
+	case name == "" || name == "." || name == "..":
+		return ErrInval // meta's namespace has no dot entries
+	}
+	for i := range len(name) {
+		if name[i] == '/' || name[i] == 0 {
+			return ErrInval
+		}
+	}
+	return OK
+}
+
+func (g *Gateway) lookup(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	dir, name, herr := diropArgs(r)
+	if r.Err() != nil {
+		return false
+	}
+	if herr != nil {
+		w.Uint32(uint32(ErrBadhandle))
+		putPostOp(w, nil)
+		return true
+	}
+	if name == "." {
+		name = ""
+	}
+	var a metaapi.Attr
+	var err error
+	if name == "" {
+		a, err = g.cl.GetAttr(ctx, dir)
+	} else if st := checkName(name); st != OK {
+		w.Uint32(uint32(st))
+		putPostOp(w, g.attrOf(ctx, dir))
+		return true
+	} else {
+		a, err = g.cl.Lookup(ctx, dir, name)
+	}
+	if st := statusOf(err); st != OK {
+		if st == ErrNoent && g.attrOf(ctx, dir) == nil {
+			st = ErrStale
+		}
+		w.Uint32(uint32(st))
+		putPostOp(w, g.attrOf(ctx, dir))
+		return true
+	}
+	w.Uint32(uint32(OK))
+	w.Opaque(Handle(a.Ino))
+	putPostOp(w, &a)
+	putPostOp(w, g.attrOf(ctx, dir))
+	return true
+}
+
+// access computes the ACCESS3 bits the caller has on a: POSIX mode bits
+// (root passes all but execute without any x bit); meta enforces the
+// same on the operations themselves.
+func (g *Gateway) access(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer) bool {
+	var want uint32
+	return g.withHandle(ctx, r, w, func(r *xdr.Reader) { want = r.Uint32() }, func(a *metaapi.Attr, w *xdr.Writer) Status {
+		uid, gid, gids := uint32(nobody), uint32(nobody), []uint32(nil)
+		if c.CredFlavor == oncrpc.AuthSys {
+			uid, gid, gids = c.Cred.UID, c.Cred.GID, c.Cred.GIDs
+		}
+		var bits uint32 // rwx for this caller
+		switch {
+		case uid == 0:
+			bits = 6
+			if a.Mode&0o111 != 0 || a.Type == metaapi.TypeDir {
+				bits |= 1
+			}
+		case uid == a.UID:
+			bits = a.Mode >> 6 & 7
+		case gid == a.GID || containsGID(gids, a.GID):
+			bits = a.Mode >> 3 & 7
+		default:
+			bits = a.Mode & 7
+		}
+		var got uint32
+		if bits&4 != 0 {
+			got |= accessRead
+		}
+		if bits&2 != 0 {
+			got |= accessModify | accessExtend
+			if a.Type == metaapi.TypeDir {
+				got |= accessDelete
+			}
+		}
+		if bits&1 != 0 {
+			if a.Type == metaapi.TypeDir {
+				got |= accessLookup
+			} else {
+				got |= accessExecute
+			}
+		}
+		w.Uint32(got & want)
+		return OK
+	})
+}
+
+func containsGID(gids []uint32, g uint32) bool {
+	for _, x := range gids {
+		if x == g {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *Gateway) readlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	return g.withHandle(ctx, r, w, nil, func(a *metaapi.Attr, w *xdr.Writer) Status {
+		if a.Type != metaapi.TypeSymlink {
+			return ErrInval
+		}
+		w.String(a.Target)
+		return OK
+	})
+}
+
+func (g *Gateway) read(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	ino, herr := handleArg(r)
+	off, count := r.Uint64(), r.Uint32()
+	if r.Err() != nil {
+		return false
+	}
+	fail := func(st Status, a *metaapi.Attr) bool {
+		w.Uint32(uint32(st))
+		putPostOp(w, a)
+		return true
+	}
+	if herr != nil {
+		return fail(ErrBadhandle, nil)
+	}
+	f, err := g.file(ctx, ino)
+	if err != nil {
+		st := statusOf(err)
+		if st == ErrNoent {
+			st = ErrStale
+		}
+		return fail(st, g.attrOf(ctx, ino))
+	}
+	a := f.Attr()
+	count = min(count, MaxData)
+	bp := g.bufs.Get().(*[]byte)
+	defer g.bufs.Put(bp)
+	buf := (*bp)[:count]
+	n := 0
+	if off < uint64(a.Size) {
+		n, err = f.ReadAtContext(ctx, buf, int64(off))
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fail(statusOf(err), &a)
+		}
+	}
+	w.Uint32(uint32(OK))
+	putPostOp(w, &a)
+	w.Uint32(uint32(n))
+	w.Bool(off+uint64(n) >= uint64(a.Size))
+	w.Opaque(buf[:n])
+	return true
+}
+
+// write is durable when it returns: every WRITE is written through to
+// every replica and recorded at meta, so the reply says FILE_SYNC
+// whatever the client asked (RFC 1813 allows committing more than asked)
+// and COMMIT has nothing left to do.
+func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	ino, herr := handleArg(r)
+	off, count, stable := r.Uint64(), r.Uint32(), r.Uint32()
+	data := r.Opaque(MaxData)
+	if r.Err() != nil {
+		return false
+	}
+	fail := func(st Status, a *metaapi.Attr) bool {
+		w.Uint32(uint32(st))
+		putWcc(w, a)
+		return true
+	}
+	switch {
+	case herr != nil:
+		return fail(ErrBadhandle, nil)
+	case stable > FileSync || int(count) != len(data):
+		return fail(ErrInval, nil)
+	case off+uint64(count) > metaapi.MaxFileSize:
+		return fail(ErrFbig, nil)
+	}
+	f, err := g.file(ctx, ino)
+	if err != nil {
+		st := statusOf(err)
+		if st == ErrNoent {
+			st = ErrStale
+		}
+		return fail(st, nil)
+	}
+	if _, err := f.WriteAtContext(ctx, data, int64(off)); err != nil {
+		g.forget(ino)
+		return fail(statusOf(err), g.attrOf(ctx, ino))
+	}
+	a := f.Attr()
+	w.Uint32(uint32(OK))
+	putWcc(w, &a)
+	w.Uint32(count)
+	w.Uint32(FileSync)
+	w.Fixed(g.verf[:])
+	return true
+}
+
+func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	ino, herr := handleArg(r)
+	r.Uint64()
+	r.Uint32()
+	if r.Err() != nil {
+		return false
+	}
+	if herr != nil {
+		w.Uint32(uint32(ErrBadhandle))
+		putWcc(w, nil)
+		return true
+	}
+	a, st := g.getAttrErr(ctx, ino)
+	w.Uint32(uint32(st))
+	if st != OK {
+		putWcc(w, nil)
+		return true
+	}
+	putWcc(w, &a)
+	w.Fixed(g.verf[:])
+	return true
+}
+
+// created appends the reply of CREATE, MKDIR, SYMLINK and MKNOD.
+func (g *Gateway) created(ctx context.Context, w *xdr.Writer, dir ids.Ino, resp metaapi.AttrResp, err error) {
+	st := statusOf(err)
+	w.Uint32(uint32(st))
+	if st != OK {
+		putWcc(w, g.attrOf(ctx, dir))
+		return
+	}
+	putPostFH(w, resp.Attr.Ino)
+	putPostOp(w, &resp.Attr)
+	putWcc(w, g.attrOf(ctx, dir))
+}
+
+// createStart decodes diropargs3 and answers a bad handle or name; ok
+// says the procedure goes on.
+func (g *Gateway) createPrecheck(ctx context.Context, w *xdr.Writer, dir ids.Ino, name string, herr error) bool {
+	st := OK
+	if herr != nil {
+		st = ErrBadhandle
+	} else {
+		st = checkName(name)
+	}
+	if st != OK {
+		w.Uint32(uint32(st))
+		if herr != nil {
+			putWcc(w, nil)
+		} else {
+			putWcc(w, g.attrOf(ctx, dir))
+		}
+		return false
+	}
+	return true
+}
+
+// applySattr sets what a create's sattr3 asks beyond the mode.
+func (g *Gateway) applySattr(ctx context.Context, ino ids.Ino, s sattr) (metaapi.Attr, error) {
+	req := metaapi.SetAttrReq{Ino: ino, UID: s.uid, GID: s.gid, Atime: s.atime, Mtime: s.mtime, AtimeNow: s.atimeNow, MtimeNow: s.mtimeNow}
+	if s.size != nil {
+		sz := int64(min(*s.size, metaapi.MaxFileSize))
+		req.Size = &sz
+	}
+	if req.UID == nil && req.GID == nil && req.Atime == nil && req.Mtime == nil && !req.AtimeNow && !req.MtimeNow && req.Size == nil {
+		return g.cl.GetAttr(ctx, ino)
+	}
+	return g.cl.SetAttr(ctx, req)
+}
+
+func modeOr(m *uint32, def uint32) uint32 {
+	if m != nil {
+		return *m & 07777
+	}
+	return def
+}
+
+func (g *Gateway) create(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	dir, name, herr := diropArgs(r)
+	how := r.Uint32()
+	var s sattr
+	var verf []byte
+	switch how {
+	case 0, 1: // UNCHECKED, GUARDED
+		s = readSattr(r)
+	case 2: // EXCLUSIVE
+		verf = r.Fixed(8)
+	default:
+		r.Fail(errors.New("nfs3: bad createmode"))
+	}
+	if r.Err() != nil {
+		return false
+	}
+	if !g.createPrecheck(ctx, w, dir, name, herr) {
+		return true
+	}
+	req := metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeFile, Mode: modeOr(s.mode, 0o644), Exclusive: how != 0}
+	if how == 0 {
+		req.Open = metaapi.MayWrite // an existing file is opened for writing
+	}
+	resp, err := g.cl.CreateIn(ctx, req)
+	if how == 2 {
+		// The verifier lives in the new file's times until the client
+		// sets them: a retransmitted create finds its own file.
+		t := int64(binary.BigEndian.Uint32(verf[:4]))*1e9 + int64(binary.BigEndian.Uint32(verf[4:])%1e9)
+		if metaapi.IsCode(err, metaapi.EEXIST) {
+			if a, lerr := g.cl.Lookup(ctx, dir, name); lerr == nil && a.Type == metaapi.TypeFile && a.Mtime == t && a.Atime == t {
+				resp, err = metaapi.AttrResp{Attr: a}, nil
+			}
+		} else if err == nil {
+			resp.Attr, err = g.cl.SetAttr(ctx, metaapi.SetAttrReq{Ino: resp.Attr.Ino, Atime: &t, Mtime: &t})
+		}
+	} else if err == nil {
+		resp.Attr, err = g.applySattr(ctx, resp.Attr.Ino, s)
+		g.forget(resp.Attr.Ino)
+	}
+	g.created(ctx, w, dir, resp, err)
+	return true
+}
+
+func (g *Gateway) mkdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	dir, name, herr := diropArgs(r)
+	s := readSattr(r)
+	if r.Err() != nil {
+		return false
+	}
+	if !g.createPrecheck(ctx, w, dir, name, herr) {
+		return true
+	}
+	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeDir, Mode: modeOr(s.mode, 0o755), Exclusive: true})
+	if err == nil {
+		resp.Attr, err = g.applySattr(ctx, resp.Attr.Ino, sattr{uid: s.uid, gid: s.gid, atime: s.atime, mtime: s.mtime, atimeNow: s.atimeNow, mtimeNow: s.mtimeNow})
+	}
+	g.created(ctx, w, dir, resp, err)
+	return true
+}
+
+func (g *Gateway) symlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	dir, name, herr := diropArgs(r)
+	readSattr(r) // a symlink's mode is always 0777
+	target := r.String(maxPath)
+	if r.Err() != nil {
+		return false
+	}
+	if !g.createPrecheck(ctx, w, dir, name, herr) {
+		return true
+	}
+	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeSymlink, Mode: 0o777, Target: target, Exclusive: true})
+	g.created(ctx, w, dir, resp, err)
+	return true
+}
+
+// mknod makes FIFOs; device and socket nodes are not supported
+// (NFS3ERR_BADTYPE, the status RFC 1813 names for an unsupported type).
+func (g *Gateway) mknod(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	dir, name, herr := diropArgs(r)
+	typ := r.Uint32()
+	var s sattr
+	switch typ {
+	case typeChr, typeBlk:
+		s = readSattr(r)
+		r.Uint32() // specdata3
+		r.Uint32()
+	case typeSock, typeFifo:
+		s = readSattr(r)
+	}
+	if r.Err() != nil {
+		return false
+	}
+	if !g.createPrecheck(ctx, w, dir, name, herr) {
+		return true
+	}
+	if typ != typeFifo {
+		st := ErrBadtype
+		if typ < typeReg || typ > typeFifo {
+			st = ErrInval
+		}
+		w.Uint32(uint32(st))
+		putWcc(w, g.attrOf(ctx, dir))
+		return true
+	}
+	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeFIFO, Mode: modeOr(s.mode, 0o644), Exclusive: true})
+	g.created(ctx, w, dir, resp, err)
+	return true
+}
+
+func (g *Gateway) remove(ctx context.Context, r *xdr.Reader, w *xdr.Writer, isDir bool) bool {
+	dir, name, herr := diropArgs(r)
+	if r.Err() != nil {
+		return false
+	}
+	if !g.createPrecheck(ctx, w, dir, name, herr) {
+		return true
+	}
+	victim, _ := g.cl.Lookup(ctx, dir, name)
+	dirs, err := g.cl.RemoveIn(ctx, dir, name, isDir, false)
+	if victim.Ino != 0 {
+		g.forget(victim.Ino)
+	}
+	w.Uint32(uint32(statusOf(err)))
+	if len(dirs) > 0 {
+		putWcc(w, &dirs[0])
+	} else {
+		putWcc(w, g.attrOf(ctx, dir))
+	}
+	return true
+}
+
+func (g *Gateway) rename(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	from, fname, ferr := diropArgs(r)
+	to, tname, terr := diropArgs(r)
+	if r.Err() != nil {
+		return false
+	}
+	st := OK
+	switch {
+	case ferr != nil || terr != nil:
+		st = ErrBadhandle
+	case checkName(fname) != OK:
+		st = checkName(fname)
+	case checkName(tname) != OK:
+		st = checkName(tname)
+	}
+	if st == OK {
+		if victim, err := g.cl.Lookup(ctx, to, tname); err == nil {
+			g.forget(victim.Ino)
+		}
+		_, err := g.cl.RenameIn(ctx, from, fname, to, tname, false, false)
+		st = statusOf(err)
+	}
+	w.Uint32(uint32(st))
+	if ferr != nil || terr != nil {
+		putWcc(w, nil)
+		putWcc(w, nil)
+		return true
+	}
+	putWcc(w, g.attrOf(ctx, from))
+	putWcc(w, g.attrOf(ctx, to))
+	return true
+}
+
+func (g *Gateway) link(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	ino, herr := handleArg(r)
+	dir, name, derr := diropArgs(r)
+	if r.Err() != nil {
+		return false
+	}
+	st := OK
+	switch {
+	case herr != nil || derr != nil:
+		st = ErrBadhandle
+	default:
+		st = checkName(name)
+	}
+	if st == OK {
+		_, err := g.cl.LinkIn(ctx, ino, dir, name)
+		st = statusOf(err)
+	}
+	w.Uint32(uint32(st))
+	if herr != nil || derr != nil {
+		putPostOp(w, nil)
+		putWcc(w, nil)
+		return true
+	}
+	putPostOp(w, g.attrOf(ctx, ino))
+	putWcc(w, g.attrOf(ctx, dir))
+	return true
+}
+
+// readdir serves READDIR and (plus) READDIRPLUS.
+func (g *Gateway) readdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer, plus bool) bool {
+	ino, herr := handleArg(r)
+	cookie := r.Uint64()
+	verf := binary.BigEndian.Uint64(append([]byte(nil), r.Fixed(8)...))
+	count := r.Uint32() // READDIR: count; READDIRPLUS: dircount
+	if plus {
+		count = r.Uint32() // maxcount bounds the whole reply
+	}
+	if r.Err() != nil {
+		return false
+	}
+	fail := func(st Status, a *metaapi.Attr) bool {
+		w.Uint32(uint32(st))
+		putPostOp(w, a)
+		return true
+	}
+	if herr != nil {
+		return fail(ErrBadhandle, nil)
+	}
+	a, st := g.getAttrErr(ctx, ino)
+	if st != OK {
+		return fail(st, nil)
+	}
+	if a.Type != metaapi.TypeDir {
+		return fail(ErrNotdir, &a)
+	}
+	var ls *listing
+	if cookie == 0 {
+		verf, ls = g.lists.start(ino)
+	} else if ls = g.lists.get(verf, ino); ls == nil {
+		return fail(ErrBadCookie, &a)
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if cookie > uint64(len(ls.ents)) {
+		return fail(ErrBadCookie, &a)
+	}
+	// Entries from the listing, fetching pages from meta as it runs
+	// out, until the reply is full or the directory ends.
+	budget := int(min(count, MaxData)) - 128 // less the reply's fixed part
+	perEntry := func(name string) int {
+		n := 4 + 8 + 4 + len(name) + xdr.Pad(len(name)) + 8
+		if plus {
+			n += 4 + 84 + 4 + 4 + handleLen
+		}
+		return n
+	}
+	type entry struct {
+		d    metaapi.Dirent
+		attr *metaapi.Attr
+	}
+	var entries []entry
+	used, pos, eof := 0, int(cookie), false
+	for {
+		if pos == len(ls.ents) {
+			if ls.done {
+				eof = true
+				break
+			}
+			after := ""
+			if pos > 0 {
+				after = ls.ents[pos-1].Name
+			}
+			page, more, err := g.cl.ReadDirPage(ctx, ino, after)
+			if err != nil {
+				return fail(statusOf(err), &a)
+			}
+			g.lists.add(ls, page, !more)
+			continue
+		}
+		d := ls.ents[pos]
+		if used+perEntry(d.Name) > budget {
+			break
+		}
+		used += perEntry(d.Name)
+		entries = append(entries, entry{d: d})
+		pos++
+	}
+	if len(entries) == 0 && !eof {
+		return fail(ErrToosmall, &a)
+	}
+	if plus {
+		// Attributes of the entries, a few at a time.
+		sem := make(chan struct{}, 16)
+		var wg sync.WaitGroup
+		for i := range entries {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				entries[i].attr = g.attrOf(ctx, entries[i].d.Ino)
+			}()
+		}
+		wg.Wait()
+	}
+	w.Uint32(uint32(OK))
+	putPostOp(w, &a)
+	var vb [8]byte
+	binary.BigEndian.PutUint64(vb[:], verf)
+	w.Fixed(vb[:])
+	first := int(cookie)
+	for i, e := range entries {
+		w.Bool(true)
+		w.Uint64(uint64(e.d.Ino))
+		w.String(e.d.Name)
+		w.Uint64(uint64(first + i + 1)) // its place in the listing
+
+		if plus {
+			putPostOp(w, e.attr)
+			putPostFH(w, e.d.Ino)
+		}
+	}
+	w.Bool(false)
+	w.Bool(eof)
+	return true
+}
+
+func (g *Gateway) fsstat(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	return g.withHandle(ctx, r, w, nil, func(_ *metaapi.Attr, w *xdr.Writer) Status {
+		st, err := g.status(ctx)
+		if err != nil {
+			return statusOf(err)
+		}
+		var capacity, used int64
+		for _, n := range st.Nodes {
+			if n.State == metaapi.NodeUp {
+				capacity += n.Capacity
+				used += n.Used
+			}
+		}
+		free := uint64(max(0, capacity-used))
+		w.Uint64(uint64(max(capacity, 0)))
+		w.Uint64(free)
+		w.Uint64(free)
+		files := uint64(st.Files + st.Dirs)
+		w.Uint64(files + 1<<32)
+		w.Uint64(1 << 32)
+		w.Uint64(1 << 32)
+		w.Uint32(0) // invarsec: may change at any time
+		return OK
+	})
+}
+
+func (g *Gateway) fsinfo(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	return g.withHandle(ctx, r, w, nil, func(_ *metaapi.Attr, w *xdr.Writer) Status {
+		w.Uint32(MaxData) // rtmax
+		w.Uint32(MaxData) // rtpref
+		w.Uint32(4096)    // rtmult
+		w.Uint32(MaxData) // wtmax
+		w.Uint32(MaxData) // wtpref
+		w.Uint32(4096)    // wtmult
+		w.Uint32(64 << 10)
+		w.Uint64(metaapi.MaxFileSize)
+		w.Uint32(0) // time_delta: nanoseconds
+		w.Uint32(1)
+		w.Uint32(0x1b) // FSF3_LINK | FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME
+		return OK
+	})
+}
+
+func (g *Gateway) pathconf(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	return g.withHandle(ctx, r, w, nil, func(_ *metaapi.Attr, w *xdr.Writer) Status {
+		w.Uint32(65000) // linkmax
+		w.Uint32(maxName)
+		w.Bool(true)  // no_trunc
+		w.Bool(true)  // chown_restricted
+		w.Bool(false) // case_insensitive
+		w.Bool(true)  // case_preserving
+		return OK
+	})
+}
