@@ -2,6 +2,7 @@ package oncrpc
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -39,10 +40,12 @@ type Program struct {
 }
 
 const (
-	defaultMaxRecord   = 1<<20 + 64<<10 // an NFS WRITE of 1 MiB and its header
-	defaultMaxInFlight = 64
-	defaultDRCEntries  = 4096
-	drcMaxBytes        = 64 << 20
+	defaultMaxRecord    = 1<<20 + 64<<10 // an NFS WRITE of 1 MiB and its header
+	defaultMaxInFlight  = 64
+	defaultDRCEntries   = 4096
+	defaultMaxConns     = 1024
+	defaultWriteTimeout = 30 * time.Second
+	drcMaxBytes         = 64 << 20
 
 	// Record buffers are pooled in two sizes, chosen by the length of a
 	// record's first fragment, so the many small calls (GETATTR,
@@ -61,6 +64,13 @@ type Server struct {
 	MaxInFlight int          // calls run at once per connection; default 64
 	DRCEntries  int          // duplicate-request cache entries; default 4096
 	Logger      *slog.Logger // nil: discard
+	// MaxConns bounds the connections served at once (more are closed
+	// as they come, logged); default 1024. Each may hold up to
+	// MaxInFlight calls' records.
+	MaxConns int
+	// WriteTimeout bounds writing one reply: a client that stops reading
+	// loses its connection instead of holding its calls; default 30 s.
+	WriteTimeout time.Duration
 
 	once   sync.Once
 	ctx    context.Context // handlers'; cancelled by Close
@@ -147,6 +157,12 @@ func (s *Server) Serve(ln net.Listener) error {
 			s.mu.Unlock()
 			nc.Close()
 			return nil
+		}
+		if len(s.conns) >= cmp.Or(s.MaxConns, defaultMaxConns) {
+			s.mu.Unlock()
+			s.log.Warn("oncrpc: too many connections; closing a new one", "remote", nc.RemoteAddr(), "max", cmp.Or(s.MaxConns, defaultMaxConns))
+			nc.Close()
+			continue
 		}
 		s.conns[nc] = struct{}{}
 		s.wg.Add(1)
@@ -395,6 +411,7 @@ func (s *Server) handle(p *Program, call *Call, args *xdr.Reader, w *xdr.Writer)
 // interleave.
 func (c *conn) send(reply []byte) {
 	c.wmu.Lock()
+	c.nc.SetWriteDeadline(time.Now().Add(cmp.Or(c.s.WriteTimeout, defaultWriteTimeout)))
 	err := WriteRecord(c.nc, reply)
 	c.wmu.Unlock()
 	if err != nil {

@@ -669,3 +669,72 @@ func BenchmarkNullCall(b *testing.B) { benchmarkCalls(b, procNull, nil) }
 // call; the non-idempotent procedure also checksums them for the
 // duplicate-request cache.
 func BenchmarkCall1MiB(b *testing.B) { benchmarkCalls(b, procCount, make([]byte, 1<<20)) }
+
+// TestMaxConns: connections beyond the bound are closed as they come;
+// those served keep working, and a slot frees when one closes.
+func TestMaxConns(t *testing.T) {
+	_, addr := start(t, newService(), func(s *Server) { s.MaxConns = 2 })
+	a, b := dialRaw(t, addr), dialRaw(t, addr)
+	for _, nc := range []net.Conn{a, b} {
+		exchange(t, nc, rawCall(1, 2, procNull, nil))
+	}
+	extra := dialRaw(t, addr)
+	WriteRecord(extra, rawCall(2, 2, procNull, nil))
+	extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := ReadRecord(extra, nil, 1<<20); err == nil {
+		t.Fatal("a third connection was served with MaxConns 2")
+	}
+	exchange(t, a, rawCall(3, 2, procNull, nil))
+	b.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		nc := dialRaw(t, addr)
+		WriteRecord(nc, rawCall(4, 2, procNull, nil))
+		nc.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := ReadRecord(nc, nil, 1<<20); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no connection served after one of two closed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestWriteTimeout: a client that sends calls and never reads the
+// replies loses its connection after WriteTimeout instead of holding its
+// calls forever; the server goes on serving others.
+func TestWriteTimeout(t *testing.T) {
+	_, addr := start(t, newService(), func(s *Server) { s.WriteTimeout = 200 * time.Millisecond })
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.(*net.TCPConn).SetReadBuffer(4096)
+	big := make([]byte, 4000)
+	var w xdr.Writer
+	w.Opaque(big)
+	// Echo replies pile up in the socket buffers until the server's
+	// write blocks; it must then give up and close. (The client's own
+	// writes block too once the server stops reading: their deadline
+	// ends the sending.)
+	for i := 0; i < 20000; i++ {
+		nc.SetWriteDeadline(time.Now().Add(time.Second))
+		if err := WriteRecord(nc, rawCall(uint32(i+1), 2, procEcho, w.B)); err != nil {
+			break
+		}
+	}
+	// The server has closed its side: reading drains what it sent, then
+	// ends (EOF, or a reset for the calls it never read) — not a timeout.
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.Copy(io.Discard, nc)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the stalled connection was not closed by the server")
+	}
+	c := dial(t, addr)
+	if _, err := c.Call(context.Background(), testProg, 2, procNull, nil, nil); err != nil {
+		t.Fatalf("a new connection after the stalled one: %v", err)
+	}
+}
