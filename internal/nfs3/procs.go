@@ -683,7 +683,7 @@ func (g *Gateway) link(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 func (g *Gateway) readdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer, plus bool) bool {
 	ino, herr := handleArg(r)
 	cookie := r.Uint64()
-	verf := binary.BigEndian.Uint64(append([]byte(nil), r.Fixed(8)...))
+	verf := r.Uint64()  // cookieverf3: 8 opaque bytes, read as a number
 	count := r.Uint32() // READDIR: count; READDIRPLUS: dircount
 	if plus {
 		count = r.Uint32() // maxcount bounds the whole reply
