@@ -110,8 +110,12 @@ func as(ctx context.Context, c *oncrpc.Call) context.Context {
 func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
 	g.filesMu.Lock()
 	of := g.files[ino]
+	var at time.Time
+	if of != nil {
+		at = of.at
+	}
 	g.filesMu.Unlock()
-	if of != nil && time.Since(of.at) < g.ttl {
+	if of != nil && time.Since(at) < g.ttl {
 		return of.f, nil
 	}
 	a, err := g.cl.GetAttr(ctx, ino)
@@ -123,7 +127,9 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
 		if old.Mtime != a.Mtime || old.Size != a.Size || old.Ctime != a.Ctime {
 			g.cl.ForgetLayouts(ino) // changed elsewhere: no stale chunk layouts
 		}
-		of.f.SetAttr(a)
+		if a.Ctime >= old.Ctime { // not older than a write through this handle
+			of.f.SetAttr(a)
+		}
 		g.filesMu.Lock()
 		of.at = time.Now()
 		g.filesMu.Unlock()
@@ -167,6 +173,28 @@ func (g *Gateway) status(ctx context.Context) (metaapi.StatusResp, error) {
 	return g.stat, nil
 }
 
+// may reports whether the caller may do want (4 read, 2 write, 1
+// execute or search) to an object with attributes a, by its mode bits,
+// the way knfsd checks each READ, WRITE and READDIR: NFS has no open,
+// and the SDK's cached capabilities are the gateway's, not the caller's.
+// The owner may always read and write their own file (knfsd's owner
+// override: a program may chmod a file it holds open).
+func may(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
+	uid, gid, gids := uint32(nobody), uint32(nobody), []uint32(nil)
+	if c.CredFlavor == oncrpc.AuthSys {
+		uid, gid, gids = c.Cred.UID, c.Cred.GID, c.Cred.GIDs
+	}
+	switch {
+	case uid == 0:
+		return want&1 == 0 || a.Mode&0o111 != 0 || a.Type == metaapi.TypeDir
+	case uid == a.UID:
+		return a.Type != metaapi.TypeDir && want&1 == 0 || a.Mode>>6&want == want
+	case gid == a.GID || containsGID(gids, a.GID):
+		return a.Mode>>3&want == want
+	}
+	return a.Mode&want == want
+}
+
 // ---- directory listings ----
 
 // Meta lists a directory in name order from a name; NFS resumes from a
@@ -178,15 +206,15 @@ type listings struct {
 	mu    sync.Mutex
 	m     map[uint64]*listing
 	names int // held in all listings
-	next  uint64
 }
 
 type listing struct {
-	mu   sync.Mutex // one READDIR at a time extends it
-	dir  ids.Ino
-	ents []metaapi.Dirent
-	done bool // every entry is in ents
-	used time.Time
+	mu      sync.Mutex // one READDIR at a time extends it
+	evicted bool       // no longer held (guarded by listings.mu)
+	dir     ids.Ino
+	ents    []metaapi.Dirent
+	done    bool // every entry is in ents
+	used    time.Time
 }
 
 // Bounds on what listings hold.
@@ -195,22 +223,24 @@ const (
 	maxListingNames = 4 << 20
 )
 
-func (l *listings) init() {
-	l.m = map[uint64]*listing{}
-	var b [8]byte
-	rand.Read(b[:])
-	l.next = binary.BigEndian.Uint64(b[:]) | 1 // verifiers differ across restarts
-}
+func (l *listings) init() { l.m = map[uint64]*listing{} }
 
 // start begins a listing of dir and returns its verifier.
 func (l *listings) start(dir ids.Ino) (uint64, *listing) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.evictLocked(0)
-	l.next++
+	l.evictLocked(nil)
+	// Random verifiers: one caller cannot guess another's listing, and
+	// they differ across restarts.
+	var verf uint64
+	for verf == 0 || l.m[verf] != nil {
+		var b [8]byte
+		rand.Read(b[:])
+		verf = binary.BigEndian.Uint64(b[:])
+	}
 	ls := &listing{dir: dir, used: time.Now()}
-	l.m[l.next] = ls
-	return l.next, ls
+	l.m[verf] = ls
+	return verf, ls
 }
 
 // get returns listing verf of dir, if held.
@@ -232,24 +262,29 @@ func (l *listings) add(ls *listing, ents []metaapi.Dirent, done bool) {
 	defer l.mu.Unlock()
 	ls.ents = append(ls.ents, ents...)
 	ls.done = done
-	l.names += len(ents)
-	l.evictLocked(len(ents))
+	if !ls.evicted {
+		l.names += len(ents)
+		l.evictLocked(ls)
+	}
 }
 
-// evictLocked drops the least recently used listings while over bounds.
-func (l *listings) evictLocked(adding int) {
-	for len(l.m) >= maxListings || l.names+adding > maxListingNames {
+// evictLocked drops the least recently used listings, never keep, while
+// over bounds.
+func (l *listings) evictLocked(keep *listing) {
+	for len(l.m) >= maxListings || l.names > maxListingNames {
 		var oldest uint64
 		var at time.Time
 		for v, ls := range l.m {
-			if oldest == 0 || ls.used.Before(at) {
+			if ls != keep && (oldest == 0 || ls.used.Before(at)) {
 				oldest, at = v, ls.used
 			}
 		}
 		if oldest == 0 {
 			return
 		}
-		l.names -= len(l.m[oldest].ents)
+		ls := l.m[oldest]
+		ls.evicted = true
+		l.names -= len(ls.ents)
 		delete(l.m, oldest)
 	}
 }

@@ -82,7 +82,9 @@ func (g *Gateway) mnt(ctx context.Context, p string) (uint32, ids.Ino) {
 		return mntErrAcces, 0
 	case ErrNotdir:
 		return mntErrNotdir, 0
-	case ErrInval, ErrNametoolong:
+	case ErrNametoolong:
+		return mntErrNameLong, 0
+	case ErrInval:
 		return mntErrInval, 0
 	default:
 		return mntErrIO, 0

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -220,18 +221,101 @@ func TestGatewaySemantics(t *testing.T) {
 	if st, _ := e.call(t, nfs3.ProcLookup, func(w *xdr.Writer) { w.Opaque(root); w.String("nope") }); st != nfs3.ErrNoent {
 		t.Fatalf("LOOKUP of a missing name: %d", st)
 	}
-	// As an unprivileged user, a root-owned 0644 file cannot be written.
+	// A zero-byte WRITE past the end changes nothing.
+	st, _ = e.call(t, nfs3.ProcWrite, func(w *xdr.Writer) {
+		w.Opaque(fh)
+		w.Uint64(5 << 20)
+		w.Uint32(0)
+		w.Uint32(nfs3.FileSync)
+		w.Opaque(nil)
+	})
+	if st != nfs3.OK || e.size(t, fh) != int64(len(data)) {
+		t.Fatalf("zero-byte WRITE: status %d, size %d (want %d)", st, e.size(t, fh), len(data))
+	}
+	// A private file and directory of root's, read and written first by
+	// root (so the gateway's SDK holds capabilities for them).
+	setMode := func(h []byte, mode uint32) {
+		if st, _ := e.call(t, nfs3.ProcSetattr, func(w *xdr.Writer) {
+			w.Opaque(h)
+			w.Bool(true)
+			w.Uint32(mode)
+			for range 3 {
+				w.Bool(false)
+			}
+			w.Uint32(0)
+			w.Uint32(0)
+			w.Bool(false)
+		}); st != nfs3.OK {
+			t.Fatalf("SETATTR mode: %d", st)
+		}
+	}
+	setMode(fh, 0o600)
+	readAll := func() (nfs3.Status, []byte) {
+		st, r := e.call(t, nfs3.ProcRead, func(w *xdr.Writer) { w.Opaque(fh); w.Uint64(0); w.Uint32(1 << 20) })
+		if st != nfs3.OK {
+			return st, nil
+		}
+		skipPostOp(r)
+		r.Uint32()
+		r.Bool()
+		return st, append([]byte(nil), r.Opaque(1<<20)...)
+	}
+	if st, got := readAll(); st != nfs3.OK || !bytes.Equal(got, data) {
+		t.Fatalf("root's READ: %d", st)
+	}
+	st, r = e.call(t, nfs3.ProcMkdir, func(w *xdr.Writer) { w.Opaque(root); w.String("private"); sattrEmpty(w) })
+	if st != nfs3.OK || !r.Bool() {
+		t.Fatalf("MKDIR private: %d", st)
+	}
+	priv := append([]byte(nil), r.Opaque(64)...)
+	for i := range 40 {
+		if st, _ := e.create(t, priv, fmt.Sprintf("secret-%02d", i), 0); st != nfs3.OK {
+			t.Fatalf("CREATE in private: %d", st)
+		}
+	}
+	setMode(priv, 0o700)
+	// Root lists it in small replies (a listing with cookies).
+	st, r = e.call(t, nfs3.ProcReaddir, func(w *xdr.Writer) { w.Opaque(priv); w.Uint64(0); w.Fixed(make([]byte, 8)); w.Uint32(512) })
+	if st != nfs3.OK {
+		t.Fatalf("root's READDIR: %d", st)
+	}
+	skipPostOp(r)
+	verf := append([]byte(nil), r.Fixed(8)...)
+
+	// Another user: no READ, no WRITE (and nothing written), no READDIR
+	// even with root's cookie and verifier.
 	e.cred = &oncrpc.AuthSysCred{Machine: "test", UID: 1000, GID: 1000}
+	if st, _ := readAll(); st != nfs3.ErrAcces {
+		t.Fatalf("READ of root's 0600 file as uid 1000: %d", st)
+	}
 	st, _ = e.call(t, nfs3.ProcWrite, func(w *xdr.Writer) {
 		w.Opaque(fh)
 		w.Uint64(0)
-		w.Uint32(1)
+		w.Uint32(6)
 		w.Uint32(nfs3.FileSync)
-		w.Opaque([]byte{1})
+		w.Opaque([]byte("HACKED"))
 	})
 	if st != nfs3.ErrAcces {
 		t.Fatalf("WRITE as another user: %d", st)
 	}
+	st, _ = e.call(t, nfs3.ProcReaddir, func(w *xdr.Writer) { w.Opaque(priv); w.Uint64(2); w.Fixed(verf); w.Uint32(4096) })
+	if st != nfs3.ErrAcces {
+		t.Fatalf("READDIR of root's 0700 directory with root's cookie, as uid 1000: %d", st)
+	}
+	e.cred = &oncrpc.AuthSysCred{Machine: "test"}
+	if st, got := readAll(); st != nfs3.OK || !bytes.Equal(got, data) {
+		t.Fatalf("the refused WRITE changed the file (status %d)", st)
+	}
+}
+
+func (e *env) size(t *testing.T, fh []byte) int64 {
+	t.Helper()
+	st, r := e.call(t, nfs3.ProcGetattr, func(w *xdr.Writer) { w.Opaque(fh) })
+	if st != nfs3.OK {
+		t.Fatalf("GETATTR: %d", st)
+	}
+	r.Fixed(20)
+	return int64(r.Uint64())
 }
 
 // TestGatewayBadCalls: unknown procedures, truncated arguments and a

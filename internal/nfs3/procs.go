@@ -33,9 +33,9 @@ func (g *Gateway) nfs(ctx context.Context, c *oncrpc.Call, args *xdr.Reader, res
 	case ProcReadlink:
 		h = g.readlink
 	case ProcRead:
-		h = g.read
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.read(ctx, c, r, w) }
 	case ProcWrite:
-		h = g.write
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.write(ctx, c, r, w) }
 	case ProcCreate:
 		h = g.create
 	case ProcMkdir:
@@ -53,9 +53,9 @@ func (g *Gateway) nfs(ctx context.Context, c *oncrpc.Call, args *xdr.Reader, res
 	case ProcLink:
 		h = g.link
 	case ProcReaddir:
-		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, r, w, false) }
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, c, r, w, false) }
 	case ProcReaddirplus:
-		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, r, w, true) }
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, c, r, w, true) }
 	case ProcFsstat:
 		h = g.fsstat
 	case ProcFsinfo:
@@ -323,7 +323,7 @@ func (g *Gateway) readlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bo
 	})
 }
 
-func (g *Gateway) read(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+func (g *Gateway) read(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer) bool {
 	ino, herr := handleArg(r)
 	off, count := r.Uint64(), r.Uint32()
 	if r.Err() != nil {
@@ -346,6 +346,9 @@ func (g *Gateway) read(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 		return fail(st, g.attrOf(ctx, ino))
 	}
 	a := f.Attr()
+	if !may(c, &a, 4) {
+		return fail(ErrAcces, &a)
+	}
 	count = min(count, MaxData)
 	bp := g.bufs.Get().(*[]byte)
 	defer g.bufs.Put(bp)
@@ -369,7 +372,7 @@ func (g *Gateway) read(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 // every replica and recorded at meta, so the reply says FILE_SYNC
 // whatever the client asked (RFC 1813 allows committing more than asked)
 // and COMMIT has nothing left to do.
-func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer) bool {
 	ino, herr := handleArg(r)
 	off, count, stable := r.Uint64(), r.Uint32(), r.Uint32()
 	data := r.Opaque(MaxData)
@@ -386,7 +389,7 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 		return fail(ErrBadhandle, nil)
 	case stable > FileSync || int(count) != len(data):
 		return fail(ErrInval, nil)
-	case off+uint64(count) > metaapi.MaxFileSize:
+	case off > metaapi.MaxFileSize || uint64(count) > metaapi.MaxFileSize-off:
 		return fail(ErrFbig, nil)
 	}
 	f, err := g.file(ctx, ino)
@@ -397,9 +400,14 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 		}
 		return fail(st, nil)
 	}
-	if _, err := f.WriteAtContext(ctx, data, int64(off)); err != nil {
-		g.forget(ino)
-		return fail(statusOf(err), g.attrOf(ctx, ino))
+	if a := f.Attr(); !may(c, &a, 2) {
+		return fail(ErrAcces, &a)
+	}
+	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
+		if _, err := f.WriteAtContext(ctx, data, int64(off)); err != nil {
+			g.forget(ino)
+			return fail(statusOf(err), g.attrOf(ctx, ino))
+		}
 	}
 	a := f.Attr()
 	w.Uint32(uint32(OK))
@@ -423,6 +431,13 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		return true
 	}
 	a, st := g.getAttrErr(ctx, ino)
+	switch {
+	case st != OK:
+	case a.Type == metaapi.TypeDir:
+		st = ErrIsdir
+	case a.Type != metaapi.TypeFile:
+		st = ErrInval
+	}
 	w.Uint32(uint32(st))
 	if st != OK {
 		putWcc(w, nil)
@@ -435,7 +450,7 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 
 // created appends the reply of CREATE, MKDIR, SYMLINK and MKNOD.
 func (g *Gateway) created(ctx context.Context, w *xdr.Writer, dir ids.Ino, resp metaapi.AttrResp, err error) {
-	st := statusOf(err)
+	st := g.dirStatus(ctx, dir, err)
 	w.Uint32(uint32(st))
 	if st != OK {
 		putWcc(w, g.attrOf(ctx, dir))
@@ -444,6 +459,16 @@ func (g *Gateway) created(ctx context.Context, w *xdr.Writer, dir ids.Ino, resp 
 	putPostFH(w, resp.Attr.Ino)
 	putPostOp(w, &resp.Attr)
 	putWcc(w, g.attrOf(ctx, dir))
+}
+
+// dirStatus is err's status for an operation in directory dir: ENOENT
+// of the directory itself (its handle outlived it) is STALE.
+func (g *Gateway) dirStatus(ctx context.Context, dir ids.Ino, err error) Status {
+	st := statusOf(err)
+	if st == ErrNoent && g.attrOf(ctx, dir) == nil {
+		st = ErrStale
+	}
+	return st
 }
 
 // createStart decodes diropargs3 and answers a bad handle or name; ok
@@ -609,7 +634,7 @@ func (g *Gateway) remove(ctx context.Context, r *xdr.Reader, w *xdr.Writer, isDi
 	if victim.Ino != 0 {
 		g.forget(victim.Ino)
 	}
-	w.Uint32(uint32(statusOf(err)))
+	w.Uint32(uint32(g.dirStatus(ctx, dir, err)))
 	if len(dirs) > 0 {
 		putWcc(w, &dirs[0])
 	} else {
@@ -680,7 +705,7 @@ func (g *Gateway) link(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 }
 
 // readdir serves READDIR and (plus) READDIRPLUS.
-func (g *Gateway) readdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer, plus bool) bool {
+func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer, plus bool) bool {
 	ino, herr := handleArg(r)
 	cookie := r.Uint64()
 	verf := r.Uint64()  // cookieverf3: 8 opaque bytes, read as a number
@@ -706,6 +731,11 @@ func (g *Gateway) readdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer, plu
 	if a.Type != metaapi.TypeDir {
 		return fail(ErrNotdir, &a)
 	}
+	// Every call, not only the first: entries a listing holds are served
+	// without asking meta.
+	if !may(c, &a, 4) {
+		return fail(ErrAcces, &a)
+	}
 	var ls *listing
 	if cookie == 0 {
 		verf, ls = g.lists.start(ino)
@@ -720,6 +750,15 @@ func (g *Gateway) readdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer, plu
 	// Entries from the listing, fetching pages from meta as it runs
 	// out, until the reply is full or the directory ends.
 	budget := int(min(count, MaxData)) - 128 // less the reply's fixed part
+	if budget <= 0 {
+		return fail(ErrToosmall, &a)
+	}
+	// READDIRPLUS asks meta for each entry's attributes: bound how many
+	// one call may cost.
+	maxEntries := 4096
+	if plus {
+		maxEntries = 512
+	}
 	perEntry := func(name string) int {
 		n := 4 + 8 + 4 + len(name) + xdr.Pad(len(name)) + 8
 		if plus {
@@ -751,7 +790,7 @@ func (g *Gateway) readdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer, plu
 			continue
 		}
 		d := ls.ents[pos]
-		if used+perEntry(d.Name) > budget {
+		if used+perEntry(d.Name) > budget || len(entries) == maxEntries {
 			break
 		}
 		used += perEntry(d.Name)

@@ -191,6 +191,7 @@ func putFattr(w *xdr.Writer, a *metaapi.Attr) {
 }
 
 func putTime(w *xdr.Writer, ns int64) {
+	ns = max(ns, 0) // nfstime3 is unsigned: no time before 1970
 	w.Uint32(uint32(ns / 1e9))
 	w.Uint32(uint32(ns % 1e9))
 }

@@ -72,7 +72,26 @@ func Mount(ctx context.Context, rpc Caller, export string, opts Options) (*Clien
 	if r.Err() != nil {
 		return nil, fmt.Errorf("mounting %s: %w", export, r.Err())
 	}
-	return &Client{rpc: rpc, opts: opts, root: append([]byte(nil), fh...)}, nil
+	c := &Client{rpc: rpc, opts: opts, root: append([]byte(nil), fh...)}
+	// Transfer sizes no larger than the server takes (FSINFO).
+	var fw xdr.Writer
+	fw.Opaque(c.root)
+	fr, err := c.call(ctx, "fsinfo", nfs3.ProcFsinfo, fw.B)
+	if err != nil {
+		return nil, err
+	}
+	skipPostOp(fr)
+	rtmax, _, _, wtmax := fr.Uint32(), fr.Uint32(), fr.Uint32(), fr.Uint32()
+	if fr.Err() != nil {
+		return nil, fmt.Errorf("nfs fsinfo: %w", fr.Err())
+	}
+	if rtmax > 0 {
+		c.opts.ReadSize = min(c.opts.ReadSize, int(rtmax))
+	}
+	if wtmax > 0 {
+		c.opts.WriteSize = min(c.opts.WriteSize, int(wtmax))
+	}
+	return c, nil
 }
 
 // call makes NFS procedure proc and returns the reader after an OK status.
@@ -194,6 +213,12 @@ func (c *Client) ReadTo(ctx context.Context, fh []byte, w io.Writer) (int64, err
 		n += int64(len(res.data))
 		if res.eof || len(res.data) == 0 {
 			break
+		}
+		if len(res.data) < c.opts.ReadSize {
+			// The next READs were issued at whole steps: a short one
+			// not at the end would leave a gap.
+			stop()
+			return n, fmt.Errorf("nfs read: the server returned %d of %d bytes before the end of the file", len(res.data), c.opts.ReadSize)
 		}
 	}
 	stop()

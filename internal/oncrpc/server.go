@@ -45,6 +45,7 @@ const (
 	defaultDRCEntries   = 4096
 	defaultMaxConns     = 1024
 	defaultWriteTimeout = 30 * time.Second
+	defaultIdleTimeout  = 5 * time.Minute
 	drcMaxBytes         = 64 << 20
 
 	// Record buffers are pooled in two sizes, chosen by the length of a
@@ -71,6 +72,11 @@ type Server struct {
 	// WriteTimeout bounds writing one reply: a client that stops reading
 	// loses its connection instead of holding its calls; default 30 s.
 	WriteTimeout time.Duration
+	// IdleTimeout ends a connection on which no whole call arrived for
+	// this long (the calls it has running still get their replies), so
+	// idle or trickling connections do not hold MaxConns slots;
+	// default 5 min.
+	IdleTimeout time.Duration
 
 	once   sync.Once
 	ctx    context.Context // handlers'; cancelled by Close
@@ -219,12 +225,17 @@ func (s *Server) serveConn(nc net.Conn) {
 		// Take a slot before reading, so a connection holds at most
 		// MaxInFlight records; the reader waits while they all run.
 		c.slots <- struct{}{}
+		nc.SetReadDeadline(time.Now().Add(cmp.Or(s.IdleTimeout, defaultIdleTimeout)))
 		var bufp *[]byte
 		if bufp, err = readCall(br, s.maxRecord()); err != nil {
 			break
 		}
 		c.wg.Add(1)
 		go c.serve(bufp)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		err = io.EOF // idle: end it as a client's close would
 	}
 	if !errors.Is(err, io.EOF) {
 		// An oversized or broken record leaves the rest of the stream

@@ -738,3 +738,28 @@ func TestWriteTimeout(t *testing.T) {
 		t.Fatalf("a new connection after the stalled one: %v", err)
 	}
 }
+
+// TestIdleTimeout: a connection that sends no whole call for IdleTimeout
+// (here one that sends half a record and stalls) is closed, and a call
+// already running on it still gets its reply first.
+func TestIdleTimeout(t *testing.T) {
+	svc := newService()
+	_, addr := start(t, svc, func(s *Server) { s.IdleTimeout = 300 * time.Millisecond })
+	nc := dialRaw(t, addr)
+	if err := WriteRecord(nc, rawCall(1, 2, procBlock, nil)); err != nil {
+		t.Fatal(err)
+	}
+	wait(t, svc.started)
+	nc.Write([]byte{0x80, 0, 0, 100, 1, 2}) // a record that never finishes
+	time.Sleep(600 * time.Millisecond)      // past the idle timeout
+	close(svc.release)
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := ReadRecord(nc, nil, 1<<20); err != nil {
+		t.Fatalf("the running call's reply: %v", err)
+	}
+	if _, err := ReadRecord(nc, nil, 1<<20); err == nil {
+		t.Fatal("a second record on a connection that went idle")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("the idle connection was not closed by the server")
+	}
+}
