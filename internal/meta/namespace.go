@@ -138,6 +138,25 @@ func (s *Service) GetAttr(req metaapi.GetAttrReq) (metaapi.Attr, error) {
 // Lookup returns the attributes of name in directory Parent.
 func (s *Service) Lookup(req metaapi.LookupReq) (metaapi.Attr, error) {
 	var out metaapi.Attr
+	if req.Name == ".." {
+		// The parent directory (the root's is the root): NFS clients
+		// walk up by handle.
+		err := s.read(func(v view) error {
+			dir, err := dirInode(v, req.Parent)
+			if err != nil {
+				return err
+			}
+			if err := access(dir, req.Who, mayExec); err != nil {
+				return err
+			}
+			up, err := v.inode(dir.Parent)
+			if err == nil {
+				out = up.Attr
+			}
+			return err
+		})
+		return out, err
+	}
 	if err := validName(req.Name); err != nil {
 		return out, err
 	}

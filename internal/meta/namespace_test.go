@@ -170,7 +170,25 @@ func TestLookupGetAttr(t *testing.T) {
 			return err
 		}},
 		{name: "lookup bad name", want: metaapi.EINVAL, run: func(f *fixture) error {
-			_, err := f.s.Lookup(metaapi.LookupReq{Parent: ids.RootIno, Name: ".."})
+			_, err := f.s.Lookup(metaapi.LookupReq{Parent: ids.RootIno, Name: "."})
+			return err
+		}},
+		{name: "lookup dotdot", run: func(f *fixture) error {
+			a, err := f.s.Lookup(metaapi.LookupReq{Parent: f.ino("/d/sub"), Name: ".."})
+			if err == nil && a.Ino != f.ino("/d") {
+				t.Fatalf(".. of /d/sub gave inode %d, want /d's %d", a.Ino, f.ino("/d"))
+			}
+			return err
+		}},
+		{name: "lookup dotdot of root", run: func(f *fixture) error {
+			a, err := f.s.Lookup(metaapi.LookupReq{Parent: ids.RootIno, Name: ".."})
+			if err == nil && a.Ino != ids.RootIno {
+				t.Fatalf(".. of / gave inode %d", a.Ino)
+			}
+			return err
+		}},
+		{name: "lookup dotdot in file", want: metaapi.ENOTDIR, run: func(f *fixture) error {
+			_, err := f.s.Lookup(metaapi.LookupReq{Parent: f.ino("/f"), Name: ".."})
 			return err
 		}},
 		{name: "lookup long name", want: metaapi.ENAMETOOLONG, run: func(f *fixture) error {

@@ -229,18 +229,23 @@ func (g *Gateway) lookup(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		putPostOp(w, nil)
 		return true
 	}
-	if name == "." {
-		name = ""
-	}
 	var a metaapi.Attr
 	var err error
-	if name == "" {
-		a, err = g.cl.GetAttr(ctx, dir)
-	} else if st := checkName(name); st != OK {
-		w.Uint32(uint32(st))
-		putPostOp(w, g.attrOf(ctx, dir))
-		return true
-	} else {
+	switch {
+	case name == "":
+		err = metaapi.Errorf(metaapi.ENOENT, "empty name")
+	case name == ".":
+		if a, err = g.cl.GetAttr(ctx, dir); err == nil && a.Type != metaapi.TypeDir {
+			err = metaapi.Errorf(metaapi.ENOTDIR, "not a directory")
+		}
+	case name == "..":
+		a, err = g.cl.Lookup(ctx, dir, name) // meta answers the parent
+	default:
+		if st := checkName(name); st != OK {
+			w.Uint32(uint32(st))
+			putPostOp(w, g.attrOf(ctx, dir))
+			return true
+		}
 		a, err = g.cl.Lookup(ctx, dir, name)
 	}
 	if st := statusOf(err); st != OK {
@@ -740,12 +745,27 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 	if cookie == 0 {
 		verf, ls = g.lists.start(ino)
 	} else if ls = g.lists.get(verf, ino); ls == nil {
-		return fail(ErrBadCookie, &a)
+		// A listing the gateway no longer holds (evicted, or a restart):
+		// list again up to the cookie's place, under a new verifier,
+		// rather than make the client start over. (Entries added or
+		// removed meanwhile shift places, as on any NFS server.)
+		verf, ls = g.lists.start(ino)
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	for uint64(len(ls.ents)) < cookie && !ls.done {
+		after := ""
+		if len(ls.ents) > 0 {
+			after = ls.ents[len(ls.ents)-1].Name
+		}
+		page, more, err := g.cl.ReadDirPage(ctx, ino, after)
+		if err != nil {
+			return fail(statusOf(err), &a)
+		}
+		g.lists.add(ls, page, !more)
+	}
 	if cookie > uint64(len(ls.ents)) {
-		return fail(ErrBadCookie, &a)
+		return fail(ErrBadCookie, &a) // past the end of the directory
 	}
 	// Entries from the listing, fetching pages from meta as it runs
 	// out, until the reply is full or the directory ends.
