@@ -60,8 +60,17 @@ func NewClient(nc net.Conn) *Client {
 func (c *Client) readLoop() {
 	br := bufio.NewReaderSize(c.nc, 64<<10)
 	for {
-		// A fresh buffer per reply: the results returned alias it.
-		rec, err := ReadRecord(br, nil, clientMaxRecord)
+		// A fresh buffer per reply (the results returned alias it), sized
+		// by the first fragment's length so a large READ reply is not
+		// copied as the buffer grows; a length claim beyond the bound is
+		// left for ReadRecord to refuse.
+		var buf []byte
+		if hdr, err := br.Peek(4); err == nil {
+			if n := int(binary.BigEndian.Uint32(hdr) &^ lastFragment); n <= clientMaxRecord {
+				buf = make([]byte, 0, n)
+			}
+		}
+		rec, err := ReadRecord(br, buf, clientMaxRecord)
 		if err != nil {
 			c.fail(fmt.Errorf("oncrpc: connection to %s: %w", c.nc.RemoteAddr(), err))
 			c.nc.Close()
