@@ -49,7 +49,7 @@ func (g *Gateway) mount(ctx context.Context, c *oncrpc.Call, args *xdr.Reader, r
 		res.Bool(false)
 		return oncrpc.Success
 	case MountMnt:
-		p := args.String(maxMountPath + 1)
+		p := args.String(args.Len()) // too long is MNT3ERR_NAMETOOLONG
 		if args.Err() != nil {
 			return oncrpc.GarbageArgs
 		}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/sluicefs/sluice/client"
@@ -230,6 +231,13 @@ func TestGatewaySemantics(t *testing.T) {
 	}
 	if st, _ := e.call(t, nfs3.ProcLookup, func(w *xdr.Writer) { w.Opaque(root); w.String("nope") }); st != nfs3.ErrNoent {
 		t.Fatalf("LOOKUP of a missing name: %d", st)
+	}
+	long := strings.Repeat("n", 300)
+	if st, _ := e.call(t, nfs3.ProcLookup, func(w *xdr.Writer) { w.Opaque(root); w.String(long) }); st != nfs3.ErrNametoolong {
+		t.Fatalf("LOOKUP of a 300-byte name: %d", st)
+	}
+	if st, _ := e.create(t, root, long, 1); st != nfs3.ErrNametoolong {
+		t.Fatalf("CREATE of a 300-byte name: %d", st)
 	}
 	// ".." walks up: from d to the root, and the root's is the root.
 	st, r = e.call(t, nfs3.ProcLookup, func(w *xdr.Writer) { w.Opaque(root); w.String("d") })

@@ -199,7 +199,7 @@ func (g *Gateway) setattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) boo
 // diropArgs decodes diropargs3.
 func diropArgs(r *xdr.Reader) (ids.Ino, string, error) {
 	dir, herr := handleArg(r)
-	name := r.String(maxName + 1)
+	name := r.String(r.Len()) // bounded by the record; too long is NAMETOOLONG, not garbage
 	return dir, name, herr
 }
 
@@ -580,11 +580,16 @@ func (g *Gateway) mkdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 func (g *Gateway) symlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 	dir, name, herr := diropArgs(r)
 	readSattr(r) // a symlink's mode is always 0777
-	target := r.String(maxPath)
+	target := r.String(r.Len())
 	if r.Err() != nil {
 		return false
 	}
 	if !g.createPrecheck(ctx, w, dir, name, herr) {
+		return true
+	}
+	if len(target) > maxPath {
+		w.Uint32(uint32(ErrNametoolong))
+		putWcc(w, g.attrOf(ctx, dir))
 		return true
 	}
 	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeSymlink, Mode: 0o777, Target: target, Exclusive: true})

@@ -8,9 +8,11 @@
 package nfs3
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 
+	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/xdr"
@@ -272,7 +274,14 @@ func statusOf(err error) Status {
 	}
 	var me *metaapi.Error
 	if !errors.As(err, &me) {
-		return ErrIO
+		var ne *client.NodeError
+		if errors.As(err, &ne) || errors.Is(err, context.Canceled) {
+			return ErrIO // a storage node failed the data, or the gateway is stopping
+		}
+		// Meta unreachable past the SDK's retries (restarting, cut off):
+		// "try again later", which NFS clients retry, rather than an I/O
+		// error a hard mount would hand to the program.
+		return ErrJukebox
 	}
 	switch me.Code {
 	case metaapi.ENOENT:
