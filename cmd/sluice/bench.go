@@ -40,6 +40,10 @@ Run by name only (not by "all"):
   repair         time to restore full redundancy after losing a node of a 7-node cluster holding 1 GiB,
                  replicas 3 and RS(4,2), repair rate unlimited and 64 MiB/s, with clients' write
                  throughput during repair against before; writes OUT/repair.csv
+  nfs            sequential read of a 1 GiB file through the NFS gateway (sluice nfs-get against
+                 sluice nfs) by read size (4 KiB-1 MiB) and read-ahead (0-16): MB/s and CPU seconds
+                 per GiB of the client and the gateway processes (seed 001 §7); TCP only so far;
+                 writes OUT/nfs.csv
 
 Also: sluice bench chaos (fault injection; see its --help).
 

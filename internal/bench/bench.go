@@ -120,7 +120,7 @@ var Experiments = []string{"write-latency", "replication", "goodput", "table-fil
 
 // Extra lists experiments run only by name: fuse needs FUSE and fio;
 // repair kills nodes and takes several GiB of tmpfs.
-var Extra = []string{"fuse", "repair"}
+var Extra = []string{"fuse", "repair", "nfs"}
 
 // Run runs the named experiments ("all" for every one).
 func Run(ctx context.Context, cfg Config, names []string) error {
@@ -157,6 +157,7 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 			"ec-recovery":   ecRecovery,
 			"fuse":          fuseBench,
 			"repair":        repairBench,
+			"nfs":           nfsBench,
 		}[name]
 		if !ok {
 			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(slices.Concat(Experiments, Extra), ", "))
