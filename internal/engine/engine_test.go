@@ -232,8 +232,17 @@ func TestPayloadFailureRunsCleanup(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("cleanup ran %d times", n)
 	}
-	if s := e.eng.Stats(); s.InFlight != 0 || s.Aborted != 1 {
-		t.Fatalf("stats %+v", s)
+	// The slot is freed just after the reply is sent: wait for it.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s := e.eng.Stats()
+		if s.InFlight == 0 && s.Aborted == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v", s)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
