@@ -130,10 +130,7 @@ func (c *Client) repairFile(ctx context.Context, a metaapi.Attr, p string, gathe
 		if err != nil {
 			return rep, pathErr("repair", p, fmt.Errorf("reconciling stripe group %v: %w", l.Chunk, err))
 		}
-		for _, m := range done.Restored {
-			rep.Rebuilt = append(rep.Rebuilt, RebuiltUnit{Group: l.Chunk, Unit: m.Index, Node: m.Node, Moved: m.Moved,
-				Bytes: done.Bytes / int64(len(done.Restored)), Elapsed: done.Elapsed})
-		}
+		rep.Rebuilt = append(rep.Rebuilt, rebuiltUnits(l.Chunk, done)...)
 		if slices.Contains(degraded.Groups, metaapi.DegradedGroup{Ino: a.Ino, Index: idx, Chunk: l.Chunk}) {
 			rep.Cleared++ // a finished reconciliation clears the mark
 		}
@@ -187,12 +184,17 @@ func (c *Client) Rebuild(ctx context.Context, p string, index int64, units []int
 	if err != nil {
 		return nil, pathErr("rebuild", p, err)
 	}
+	return rebuiltUnits(l.Chunk, done), nil
+}
+
+// rebuiltUnits reports the units a reconciliation of group restored.
+func rebuiltUnits(group ids.ChunkID, done metaapi.ReconcileResp) []RebuiltUnit {
 	out := make([]RebuiltUnit, 0, len(done.Restored))
 	for _, m := range done.Restored {
-		out = append(out, RebuiltUnit{Group: l.Chunk, Unit: m.Index, Node: m.Node, Moved: m.Moved,
+		out = append(out, RebuiltUnit{Group: group, Unit: m.Index, Node: m.Node, Moved: m.Moved,
 			Bytes: done.Bytes / int64(len(done.Restored)), Elapsed: done.Elapsed})
 	}
-	return out, nil
+	return out
 }
 
 // rebuildUnits sends the repair requests for units lost of group l, all

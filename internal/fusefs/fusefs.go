@@ -351,13 +351,7 @@ func (f *FS) statfs(ctx context.Context, out *fuse.StatfsOut) error {
 		}
 		f.statResp, f.statAt = st, time.Now()
 	}
-	var capacity, used int64
-	for _, n := range f.statResp.Nodes {
-		if n.State == metaapi.NodeUp {
-			capacity += n.Capacity
-			used += n.Used
-		}
-	}
+	capacity, used := f.statResp.Space()
 	const bs = 4096
 	out.Bsize, out.Frsize = bs, bs
 	out.Blocks = uint64(capacity / bs)

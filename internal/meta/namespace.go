@@ -276,7 +276,7 @@ func (s *Service) newChild(tx *txn, parent *inode, req metaapi.CreateReq, who me
 			in.Mode |= modeSetgid
 		}
 	}
-	if req.Type != metaapi.TypeDir && in.Mode&modeSetgid != 0 && who.UID != 0 && !inGroup(who, in.GID) {
+	if req.Type != metaapi.TypeDir && in.Mode&modeSetgid != 0 && who.UID != 0 && !who.InGroup(in.GID) {
 		in.Mode &^= modeSetgid
 	}
 	switch req.Type {
@@ -632,7 +632,7 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 			if req.GID != nil {
 				gid = *req.GID
 			}
-			if !in.isDir() && mode&modeSetgid != 0 && who.UID != 0 && !inGroup(who, gid) {
+			if !in.isDir() && mode&modeSetgid != 0 && who.UID != 0 && !who.InGroup(gid) {
 				mode &^= modeSetgid
 			}
 		}
@@ -641,7 +641,7 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 		if owner && who.UID != 0 {
 			return eperm("chown of inode %d to uid %d by uid %d", in.Ino, *req.UID, who.UID)
 		}
-		if group && who.UID != 0 && (who.UID != in.UID || !inGroup(who, *req.GID)) {
+		if group && who.UID != 0 && (who.UID != in.UID || !who.InGroup(*req.GID)) {
 			return eperm("chgrp of inode %d to gid %d by uid %d", in.Ino, *req.GID, who.UID)
 		}
 		if req.Size != nil {

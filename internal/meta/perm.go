@@ -25,41 +25,9 @@ const (
 // maxLinks bounds the hard links of one inode (EMLINK beyond).
 const maxLinks = 65000
 
-func inGroup(who metaapi.Who, gid uint32) bool {
-	if who.GID == gid {
-		return true
-	}
-	for _, g := range who.GIDs {
-		if g == gid {
-			return true
-		}
-	}
-	return false
-}
-
-// allowed applies the standard Unix check: the owner's, else the group's,
-// else others' triplet must contain every wanted bit. Root bypasses read
-// and write checks, and execute checks on directories; it may execute a
-// regular file only if some execute bit is set.
-func allowed(in *inode, who metaapi.Who, want uint32) bool {
-	if who.UID == 0 {
-		return want&mayExec == 0 || in.isDir() || in.Mode&0o111 != 0
-	}
-	var bits uint32
-	switch {
-	case who.UID == in.UID:
-		bits = in.Mode >> 6
-	case inGroup(who, in.GID):
-		bits = in.Mode >> 3
-	default:
-		bits = in.Mode
-	}
-	return bits&7&want == want
-}
-
 // access returns EACCES unless who has the wanted access to in.
 func access(in *inode, who metaapi.Who, want uint32) error {
-	if allowed(in, who, want) {
+	if in.Allows(who, want) {
 		return nil
 	}
 	return metaapi.Errorf(metaapi.EACCES, "permission denied: uid %d needs %s on %s %d (mode %04o, owner %d:%d)",

@@ -52,15 +52,33 @@ type repairJob struct {
 	notBefore time.Time
 	attempts  int // failed in a row
 	running   bool
-	gather    bool  // rebuild stripe units the baseline way (ReconcileReq.Gather)
-	rebuild   []int // members to restore even if whole (ReconcileReq.Rebuild)
-	started   int   // attempts begun
+	// asked is what waiting Reconcile calls asked of the next attempt;
+	// taken, what the running attempt took of it (given back if it fails).
+	asked, taken reconcileAsk
+	started      int // attempts begun
 	// restored is what the running attempt copied or rebuilt.
 	restored []metaapi.RestoredMember
 	version  uint64
 	elapsed  time.Duration
 	// waiters are Reconcile calls waiting for an attempt begun after them.
 	waiters []repairWaiter
+}
+
+// reconcileAsk is what a waiting Reconcile call may ask beyond a plain
+// reconciliation.
+type reconcileAsk struct {
+	gather  bool  // rebuild stripe units the baseline way (ReconcileReq.Gather)
+	rebuild []int // members to restore even if whole (ReconcileReq.Rebuild)
+}
+
+// merge adds o's asks to a's.
+func (a *reconcileAsk) merge(o reconcileAsk) {
+	a.gather = a.gather || o.gather
+	for _, u := range o.rebuild {
+		if !slices.Contains(a.rebuild, u) {
+			a.rebuild = append(a.rebuild, u)
+		}
+	}
 }
 
 // repairWaiter is a waiting Reconcile call: it wants the outcome of the
@@ -169,6 +187,7 @@ func (q *repairQueue) next(now time.Time) *repairJob {
 		best.running = true
 		best.started++
 		best.restored, best.version, best.elapsed = nil, 0, 0
+		best.taken, best.asked = best.asked, reconcileAsk{}
 	}
 	return best
 }
@@ -186,12 +205,7 @@ func (q *repairQueue) wait(ref chunkRef, after int, gather bool, rebuild []int) 
 		q.stats.Queued++
 	}
 	j.failover, j.notBefore = true, time.Time{}
-	j.gather = j.gather || gather
-	for _, u := range rebuild {
-		if !slices.Contains(j.rebuild, u) {
-			j.rebuild = append(j.rebuild, u)
-		}
-	}
+	j.asked.merge(reconcileAsk{gather: gather, rebuild: rebuild})
 	if after <= 0 || after > j.started {
 		after = j.started
 	}
@@ -513,10 +527,13 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	o := jobOutcome{err: err}
 	if done {
 		o.resp = metaapi.ReconcileResp{Restored: j.restored, Version: j.version, Bytes: bytes, Elapsed: j.elapsed}
-		j.rebuild, j.gather = nil, false
-	} else if err == nil {
-		o.err = metaapi.Errorf(metaapi.EAGAIN, "chunk not reconciled yet")
+	} else {
+		j.asked.merge(j.taken) // the next attempt does it
+		if err == nil {
+			o.err = metaapi.Errorf(metaapi.EAGAIN, "chunk not reconciled yet")
+		}
 	}
+	j.taken = reconcileAsk{}
 	j.waiters = slices.DeleteFunc(j.waiters, func(w repairWaiter) bool {
 		if w.after < j.started {
 			w.ch <- o
@@ -524,18 +541,16 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 		}
 		return false
 	})
-	if done && len(j.waiters) > 0 {
-		// Someone asked during this attempt: go again for them.
-		j.failover, j.notBefore, j.attempts = true, time.Time{}, 0
-		q.stats.Done++
-		q.stats.Bytes += bytes
-		return
-	}
 	if done {
-		delete(q.jobs, j.ref)
 		q.stats.Done++
-		q.stats.WaveDone++
 		q.stats.Bytes += bytes
+		if len(j.waiters) > 0 {
+			// Someone asked during this attempt: go again for them.
+			j.failover, j.notBefore, j.attempts = true, time.Time{}, 0
+			return
+		}
+		delete(q.jobs, j.ref)
+		q.stats.WaveDone++
 		now := s.opts.Now()
 		q.recent = append(q.recent, completion{now, bytes})
 		for len(q.recent) > 0 && now.Sub(q.recent[0].at) > rateWindow {
@@ -574,7 +589,7 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 	}
 	l := &p.layout
 	s.repairs.mu.Lock()
-	gather, rebuild := j.gather, slices.Clone(j.rebuild)
+	gather, rebuild := j.taken.gather, j.taken.rebuild
 	s.repairs.mu.Unlock()
 	ms, errs := r.FenceMembers(ctx, l, 0)
 	var unreachable []ids.NodeID

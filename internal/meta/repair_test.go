@@ -145,3 +145,36 @@ func TestScrubReportDuringReconcileSurvives(t *testing.T) {
 		t.Fatalf("a restored copy is still recorded corrupt: %+v", r)
 	}
 }
+
+// TestReconcileAsksDuringAttempt: what a waiting Reconcile call asks
+// (members to rebuild, gather mode) while an attempt runs is done by the
+// next attempt, not dropped when the running one ends; a failed attempt
+// gives back what it took.
+func TestReconcileAsksDuringAttempt(t *testing.T) {
+	q := newRepairQueue()
+	now := time.Unix(1000, 0)
+	s := &Service{opts: Options{Now: func() time.Time { return now }}, repairs: q}
+	s.log = testLogger()
+	ref := chunkRef{7, 0}
+	first, _ := q.wait(ref, 0, false, []int{1})
+	j := q.next(now)
+	if j == nil || !slices.Equal(j.taken.rebuild, []int{1}) {
+		t.Fatalf("the first attempt took %+v", j)
+	}
+	second, _ := q.wait(ref, 0, true, []int{2}) // while it runs
+	s.finishJob(j, true, 10, nil)
+	if o := <-first; o.err != nil {
+		t.Fatalf("the first waiter: %v", o.err)
+	}
+	j = q.next(now)
+	if j == nil || !j.taken.gather || !slices.Equal(j.taken.rebuild, []int{2}) {
+		t.Fatalf("the second attempt took %+v, want gather and member 2", j)
+	}
+	s.finishJob(j, false, 0, metaapi.Errorf(metaapi.EIO, "node unreachable"))
+	if o := <-second; o.err == nil {
+		t.Fatal("the second waiter got no error from a failed attempt")
+	}
+	if !j.asked.gather || !slices.Equal(j.asked.rebuild, []int{2}) {
+		t.Fatalf("a failed attempt did not give back what it took: %+v", j.asked)
+	}
+}

@@ -6,3 +6,38 @@ const (
 	MayWrite = 2
 	MayRead  = 4
 )
+
+// InGroup reports whether who belongs to group gid.
+func (who Who) InGroup(gid uint32) bool {
+	if who.GID == gid {
+		return true
+	}
+	for _, g := range who.GIDs {
+		if g == gid {
+			return true
+		}
+	}
+	return false
+}
+
+// Allows applies the standard Unix check to an inode with attributes a:
+// the owner's, else the group's, else others' triplet must contain every
+// wanted bit (MayRead, MayWrite, MayExec). Root bypasses read and write
+// checks, and execute checks on directories; it may execute a regular
+// file only if some execute bit is set. Meta enforces it; front ends
+// that must check a call themselves (the NFS gateway) use the same.
+func (a *Attr) Allows(who Who, want uint32) bool {
+	if who.UID == 0 {
+		return want&MayExec == 0 || a.Type == TypeDir || a.Mode&0o111 != 0
+	}
+	var bits uint32
+	switch {
+	case who.UID == a.UID:
+		bits = a.Mode >> 6
+	case who.InGroup(a.GID):
+		bits = a.Mode >> 3
+	default:
+		bits = a.Mode
+	}
+	return bits&7&want == want
+}

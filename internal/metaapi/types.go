@@ -642,6 +642,18 @@ func (s StatusResp) Repaired(since time.Time) bool {
 	return r.ScannedAt > since.UnixNano() && r.Replicated.Short()+r.Striped.Short() == 0 && s.Repair.Pending == 0
 }
 
+// Space sums the capacity and the bytes used of the nodes that are up:
+// what front ends report as the file system's size (statfs, FSSTAT).
+func (s StatusResp) Space() (capacity, used int64) {
+	for _, n := range s.Nodes {
+		if n.State == NodeUp {
+			capacity += n.Capacity
+			used += n.Used
+		}
+	}
+	return capacity, used
+}
+
 type RedundancyTally struct {
 	Replicated RedundancyCounts `json:"replicated"`
 	Striped    RedundancyCounts `json:"striped"`

@@ -96,13 +96,18 @@ func nfsIdempotent(_, proc uint32) bool {
 // nobody is the identity of AUTH_NONE callers.
 const nobody = 65534
 
-// as returns ctx acting as the caller's AUTH_SYS identity.
-func as(ctx context.Context, c *oncrpc.Call) context.Context {
-	who := metaapi.Who{UID: nobody, GID: nobody}
+// callerOf is the identity a call acts as: its AUTH_SYS credential, or
+// nobody.
+func callerOf(c *oncrpc.Call) metaapi.Who {
 	if c.CredFlavor == oncrpc.AuthSys {
-		who = metaapi.Who{UID: c.Cred.UID, GID: c.Cred.GID, GIDs: c.Cred.GIDs}
+		return metaapi.Who{UID: c.Cred.UID, GID: c.Cred.GID, GIDs: c.Cred.GIDs}
 	}
-	return client.WithWho(ctx, who)
+	return metaapi.Who{UID: nobody, GID: nobody}
+}
+
+// as returns ctx acting as the caller's identity.
+func as(ctx context.Context, c *oncrpc.Call) context.Context {
+	return client.WithWho(ctx, callerOf(c))
 }
 
 // file returns an SDK handle for regular file ino with attributes at
@@ -173,26 +178,14 @@ func (g *Gateway) status(ctx context.Context) (metaapi.StatusResp, error) {
 	return g.stat, nil
 }
 
-// may reports whether the caller may do want (4 read, 2 write, 1
-// execute or search) to an object with attributes a, by its mode bits,
-// the way knfsd checks each READ, WRITE and READDIR: NFS has no open,
-// and the SDK's cached capabilities are the gateway's, not the caller's.
-// The owner may always read and write their own file (knfsd's owner
-// override: a program may chmod a file it holds open).
+// may reports whether the caller may do want (metaapi.MayRead, MayWrite,
+// MayExec) to an object with attributes a: meta's own check on its mode
+// bits, applied by the gateway to each READ, WRITE and READDIR, as knfsd
+// does, because NFS has no open and the SDK's cached capabilities are
+// the gateway's, not the caller's. (No owner override as in knfsd: meta
+// checks a write again when it is recorded, and the two must agree.)
 func may(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
-	uid, gid, gids := uint32(nobody), uint32(nobody), []uint32(nil)
-	if c.CredFlavor == oncrpc.AuthSys {
-		uid, gid, gids = c.Cred.UID, c.Cred.GID, c.Cred.GIDs
-	}
-	switch {
-	case uid == 0:
-		return want&1 == 0 || a.Mode&0o111 != 0 || a.Type == metaapi.TypeDir
-	case uid == a.UID:
-		return a.Type != metaapi.TypeDir && want&1 == 0 || a.Mode>>6&want == want
-	case gid == a.GID || containsGID(gids, a.GID):
-		return a.Mode>>3&want == want
-	}
-	return a.Mode&want == want
+	return a.Allows(callerOf(c), want)
 }
 
 // ---- directory listings ----

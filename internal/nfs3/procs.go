@@ -92,17 +92,19 @@ func handleArg(r *xdr.Reader) (ids.Ino, error) {
 	return parseHandle(h)
 }
 
-// getAttrErr is GetAttr with a missing inode reported as stale (its
-// handle outlived it).
+// handleStatus is the status of err met on the object a handle names:
+// that object missing is STALE (the handle outlived it), not NOENT.
+func handleStatus(err error) Status {
+	if st := statusOf(err); st != ErrNoent {
+		return st
+	}
+	return ErrStale
+}
+
+// getAttrErr is GetAttr with its status.
 func (g *Gateway) getAttrErr(ctx context.Context, ino ids.Ino) (metaapi.Attr, Status) {
 	a, err := g.cl.GetAttr(ctx, ino)
-	if st := statusOf(err); st != OK {
-		if st == ErrNoent {
-			st = ErrStale
-		}
-		return a, st
-	}
-	return a, OK
+	return a, handleStatus(err)
 }
 
 // withHandle handles the procedures whose reply is status, post_op_attr
@@ -248,12 +250,14 @@ func (g *Gateway) lookup(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		}
 		a, err = g.cl.Lookup(ctx, dir, name)
 	}
-	if st := statusOf(err); st != OK {
-		if st == ErrNoent && g.attrOf(ctx, dir) == nil {
-			st = ErrStale
+	if err != nil {
+		da := g.attrOf(ctx, dir)
+		st := statusOf(err)
+		if st == ErrNoent && da == nil {
+			st = ErrStale // the directory itself is gone
 		}
 		w.Uint32(uint32(st))
-		putPostOp(w, g.attrOf(ctx, dir))
+		putPostOp(w, da)
 		return true
 	}
 	w.Uint32(uint32(OK))
@@ -263,42 +267,25 @@ func (g *Gateway) lookup(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 	return true
 }
 
-// access computes the ACCESS3 bits the caller has on a: POSIX mode bits
-// (root passes all but execute without any x bit); meta enforces the
-// same on the operations themselves.
+// access reports the ACCESS3 bits the caller has on an object: what
+// READ, WRITE and READDIR will allow (may), and meta's check for the
+// rest.
 func (g *Gateway) access(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer) bool {
 	var want uint32
 	return g.withHandle(ctx, r, w, func(r *xdr.Reader) { want = r.Uint32() }, func(a *metaapi.Attr, w *xdr.Writer) Status {
-		uid, gid, gids := uint32(nobody), uint32(nobody), []uint32(nil)
-		if c.CredFlavor == oncrpc.AuthSys {
-			uid, gid, gids = c.Cred.UID, c.Cred.GID, c.Cred.GIDs
-		}
-		var bits uint32 // rwx for this caller
-		switch {
-		case uid == 0:
-			bits = 6
-			if a.Mode&0o111 != 0 || a.Type == metaapi.TypeDir {
-				bits |= 1
-			}
-		case uid == a.UID:
-			bits = a.Mode >> 6 & 7
-		case gid == a.GID || containsGID(gids, a.GID):
-			bits = a.Mode >> 3 & 7
-		default:
-			bits = a.Mode & 7
-		}
+		dir := a.Type == metaapi.TypeDir
 		var got uint32
-		if bits&4 != 0 {
+		if may(c, a, metaapi.MayRead) {
 			got |= accessRead
 		}
-		if bits&2 != 0 {
+		if may(c, a, metaapi.MayWrite) {
 			got |= accessModify | accessExtend
-			if a.Type == metaapi.TypeDir {
+			if dir {
 				got |= accessDelete
 			}
 		}
-		if bits&1 != 0 {
-			if a.Type == metaapi.TypeDir {
+		if may(c, a, metaapi.MayExec) {
+			if dir {
 				got |= accessLookup
 			} else {
 				got |= accessExecute
@@ -307,15 +294,6 @@ func (g *Gateway) access(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *
 		w.Uint32(got & want)
 		return OK
 	})
-}
-
-func containsGID(gids []uint32, g uint32) bool {
-	for _, x := range gids {
-		if x == g {
-			return true
-		}
-	}
-	return false
 }
 
 func (g *Gateway) readlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
@@ -344,14 +322,10 @@ func (g *Gateway) read(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xd
 	}
 	f, err := g.file(ctx, ino)
 	if err != nil {
-		st := statusOf(err)
-		if st == ErrNoent {
-			st = ErrStale
-		}
-		return fail(st, g.attrOf(ctx, ino))
+		return fail(handleStatus(err), g.attrOf(ctx, ino))
 	}
 	a := f.Attr()
-	if !may(c, &a, 4) {
+	if !may(c, &a, metaapi.MayRead) {
 		return fail(ErrAcces, &a)
 	}
 	count = min(count, MaxData)
@@ -399,13 +373,9 @@ func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *x
 	}
 	f, err := g.file(ctx, ino)
 	if err != nil {
-		st := statusOf(err)
-		if st == ErrNoent {
-			st = ErrStale
-		}
-		return fail(st, nil)
+		return fail(handleStatus(err), nil)
 	}
-	if a := f.Attr(); !may(c, &a, 2) {
+	if a := f.Attr(); !may(c, &a, metaapi.MayWrite) {
 		return fail(ErrAcces, &a)
 	}
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
@@ -463,7 +433,19 @@ func (g *Gateway) created(ctx context.Context, w *xdr.Writer, dir ids.Ino, resp 
 	}
 	putPostFH(w, resp.Attr.Ino)
 	putPostOp(w, &resp.Attr)
-	putWcc(w, g.attrOf(ctx, dir))
+	putWcc(w, g.dirAfter(ctx, dir, resp.Dirs))
+}
+
+// dirAfter is directory dir's attributes after a change: from those the
+// change returned (meta answers with the directories it changed), else
+// asked for.
+func (g *Gateway) dirAfter(ctx context.Context, dir ids.Ino, dirs []metaapi.Attr) *metaapi.Attr {
+	for i := range dirs {
+		if dirs[i].Ino == dir {
+			return &dirs[i]
+		}
+	}
+	return g.attrOf(ctx, dir)
 }
 
 // dirStatus is err's status for an operation in directory dir: ENOENT
@@ -476,8 +458,8 @@ func (g *Gateway) dirStatus(ctx context.Context, dir ids.Ino, err error) Status 
 	return st
 }
 
-// createStart decodes diropargs3 and answers a bad handle or name; ok
-// says the procedure goes on.
+// createPrecheck answers a bad directory handle or name (and returns
+// false), or returns true: the procedure goes on.
 func (g *Gateway) createPrecheck(ctx context.Context, w *xdr.Writer, dir ids.Ino, name string, herr error) bool {
 	st := OK
 	if herr != nil {
@@ -645,11 +627,7 @@ func (g *Gateway) remove(ctx context.Context, r *xdr.Reader, w *xdr.Writer, isDi
 		g.forget(victim.Ino)
 	}
 	w.Uint32(uint32(g.dirStatus(ctx, dir, err)))
-	if len(dirs) > 0 {
-		putWcc(w, &dirs[0])
-	} else {
-		putWcc(w, g.attrOf(ctx, dir))
-	}
+	putWcc(w, g.dirAfter(ctx, dir, dirs))
 	return true
 }
 
@@ -668,11 +646,13 @@ func (g *Gateway) rename(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 	case checkName(tname) != OK:
 		st = checkName(tname)
 	}
+	var dirs []metaapi.Attr
 	if st == OK {
 		if victim, err := g.cl.Lookup(ctx, to, tname); err == nil {
 			g.forget(victim.Ino)
 		}
-		_, err := g.cl.RenameIn(ctx, from, fname, to, tname, false, false)
+		var err error
+		dirs, err = g.cl.RenameIn(ctx, from, fname, to, tname, false, false)
 		st = statusOf(err)
 	}
 	w.Uint32(uint32(st))
@@ -681,8 +661,8 @@ func (g *Gateway) rename(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		putWcc(w, nil)
 		return true
 	}
-	putWcc(w, g.attrOf(ctx, from))
-	putWcc(w, g.attrOf(ctx, to))
+	putWcc(w, g.dirAfter(ctx, from, dirs))
+	putWcc(w, g.dirAfter(ctx, to, dirs))
 	return true
 }
 
@@ -699,8 +679,10 @@ func (g *Gateway) link(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 	default:
 		st = checkName(name)
 	}
+	var resp metaapi.AttrResp
 	if st == OK {
-		_, err := g.cl.LinkIn(ctx, ino, dir, name)
+		var err error
+		resp, err = g.cl.LinkIn(ctx, ino, dir, name)
 		st = statusOf(err)
 	}
 	w.Uint32(uint32(st))
@@ -709,8 +691,12 @@ func (g *Gateway) link(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 		putWcc(w, nil)
 		return true
 	}
-	putPostOp(w, g.attrOf(ctx, ino))
-	putWcc(w, g.attrOf(ctx, dir))
+	if st == OK {
+		putPostOp(w, &resp.Attr)
+	} else {
+		putPostOp(w, g.attrOf(ctx, ino))
+	}
+	putWcc(w, g.dirAfter(ctx, dir, resp.Dirs))
 	return true
 }
 
@@ -743,7 +729,7 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 	}
 	// Every call, not only the first: entries a listing holds are served
 	// without asking meta.
-	if !may(c, &a, 4) {
+	if !may(c, &a, metaapi.MayRead) {
 		return fail(ErrAcces, &a)
 	}
 	var ls *listing
@@ -759,15 +745,9 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	for uint64(len(ls.ents)) < cookie && !ls.done {
-		after := ""
-		if len(ls.ents) > 0 {
-			after = ls.ents[len(ls.ents)-1].Name
-		}
-		page, more, err := g.cl.ReadDirPage(ctx, ino, after)
-		if err != nil {
+		if err := g.nextPage(ctx, ls); err != nil {
 			return fail(statusOf(err), &a)
 		}
-		g.lists.add(ls, page, !more)
 	}
 	if cookie > uint64(len(ls.ents)) {
 		return fail(ErrBadCookie, &a) // past the end of the directory
@@ -803,15 +783,9 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 				eof = true
 				break
 			}
-			after := ""
-			if pos > 0 {
-				after = ls.ents[pos-1].Name
-			}
-			page, more, err := g.cl.ReadDirPage(ctx, ino, after)
-			if err != nil {
+			if err := g.nextPage(ctx, ls); err != nil {
 				return fail(statusOf(err), &a)
 			}
-			g.lists.add(ls, page, !more)
 			continue
 		}
 		d := ls.ents[pos]
@@ -850,7 +824,6 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 		w.Uint64(uint64(e.d.Ino))
 		w.String(e.d.Name)
 		w.Uint64(uint64(first + i + 1)) // its place in the listing
-
 		if plus {
 			putPostOp(w, e.attr)
 			putPostFH(w, e.d.Ino)
@@ -861,19 +834,27 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 	return true
 }
 
+// nextPage extends listing ls (whose mu the caller holds) by the next
+// page meta lists.
+func (g *Gateway) nextPage(ctx context.Context, ls *listing) error {
+	after := ""
+	if len(ls.ents) > 0 {
+		after = ls.ents[len(ls.ents)-1].Name
+	}
+	page, more, err := g.cl.ReadDirPage(ctx, ls.dir, after)
+	if err == nil {
+		g.lists.add(ls, page, !more)
+	}
+	return err
+}
+
 func (g *Gateway) fsstat(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 	return g.withHandle(ctx, r, w, nil, func(_ *metaapi.Attr, w *xdr.Writer) Status {
 		st, err := g.status(ctx)
 		if err != nil {
 			return statusOf(err)
 		}
-		var capacity, used int64
-		for _, n := range st.Nodes {
-			if n.State == metaapi.NodeUp {
-				capacity += n.Capacity
-				used += n.Used
-			}
-		}
+		capacity, used := st.Space()
 		free := uint64(max(0, capacity-used))
 		w.Uint64(uint64(max(capacity, 0)))
 		w.Uint64(free)
