@@ -29,7 +29,12 @@ type Client struct {
 	next    uint32
 	err     error         // why the connection is unusable; set once
 	done    chan struct{} // closed when err is set
+
+	stats counters
 }
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats { return c.stats.snapshot() }
 
 // Dial connects over TCP.
 func Dial(ctx context.Context, addr string) (*Client, error) {
@@ -70,7 +75,7 @@ func (c *Client) readLoop() {
 				buf = make([]byte, 0, n)
 			}
 		}
-		rec, err := ReadRecord(br, buf, clientMaxRecord)
+		rec, err := ReadRecord(countingReader{br, &c.stats}, buf, clientMaxRecord)
 		if err != nil {
 			c.fail(fmt.Errorf("oncrpc: connection to %s: %w", c.nc.RemoteAddr(), err))
 			c.nc.Close()
@@ -129,7 +134,7 @@ func (c *Client) Call(ctx context.Context, prog, vers, proc uint32, cred *AuthSy
 	c.mu.Unlock()
 
 	w := xdr.Writer{B: make([]byte, 4, 128)} // room for the record mark
-	appendCall(&w, xid, prog, vers, proc, cred)
+	AppendCall(&w, xid, prog, vers, proc, cred)
 	if err := c.send(w.B, args); err != nil {
 		c.forget(xid)
 		return nil, err
@@ -171,6 +176,8 @@ func (c *Client) send(hdr, args []byte) error {
 	c.wmu.Lock()
 	_, err := bufs.WriteTo(c.nc)
 	c.wmu.Unlock()
+	c.stats.calls.Add(1)
+	c.stats.out.Add(int64(n + 4))
 	if err != nil {
 		// Part of a record may be out: the stream is lost.
 		err = fmt.Errorf("oncrpc: connection to %s: %w", c.nc.RemoteAddr(), err)

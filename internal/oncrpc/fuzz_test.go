@@ -16,7 +16,7 @@ import (
 func FuzzParseCall(f *testing.F) {
 	f.Add(nullCall[4:])
 	var w xdr.Writer
-	appendCall(&w, 7, 100003, 3, 4, &AuthSysCred{Stamp: 1, Machine: "m", UID: 2, GID: 3, GIDs: []uint32{4, 5}})
+	AppendCall(&w, 7, 100003, 3, 4, &AuthSysCred{Stamp: 1, Machine: "m", UID: 2, GID: 3, GIDs: []uint32{4, 5}})
 	f.Add(append(w.B, 0, 0, 0, 1, 9, 0, 0, 0))
 	f.Add(withCred(AuthSys, authSysBody(3, 17, 0), nil))
 	f.Add(words(1, 0, 3))
@@ -45,7 +45,7 @@ func FuzzParseCall(f *testing.F) {
 			cred = &c.Cred
 		}
 		var w xdr.Writer
-		appendCall(&w, c.XID, c.Prog, c.Vers, c.Proc, cred)
+		AppendCall(&w, c.XID, c.Prog, c.Vers, c.Proc, cred)
 		w.B = append(w.B, args...)
 		r2 := xdr.NewReader(w.B)
 		var c2 Call

@@ -180,9 +180,9 @@ func AppendAuthSys(w *xdr.Writer, c *AuthSysCred) {
 	w.Put32(off, uint32(len(w.B)-off-4))
 }
 
-// appendCall appends a call header; AUTH_NONE when cred is nil. The
+// AppendCall appends a call header; AUTH_NONE when cred is nil. The
 // verifier is always AUTH_NONE, as AUTH_SYS prescribes.
-func appendCall(w *xdr.Writer, xid, prog, vers, proc uint32, cred *AuthSysCred) {
+func AppendCall(w *xdr.Writer, xid, prog, vers, proc uint32, cred *AuthSysCred) {
 	w.Uint32(xid)
 	w.Uint32(msgCall)
 	w.Uint32(rpcVersion)
@@ -277,6 +277,21 @@ var errBadReply = errors.New("oncrpc: malformed reply")
 // rec) for Success, or the error it reports.
 func parseReply(rec []byte) ([]byte, error) {
 	r := xdr.NewReader(rec)
+	if err := ReadReply(r); err != nil {
+		return nil, err
+	}
+	return r.Rest(), nil
+}
+
+// ReadReply decodes a reply's header from r, leaving r at the results
+// for Success, or returns the error the reply reports (*AcceptError,
+// *RejectError, or a malformed reply).
+func ReadReply(r *xdr.Reader) error {
+	_, err := readReply(r)
+	return err
+}
+
+func readReply(r *xdr.Reader) ([]byte, error) {
 	r.Uint32() // xid, matched by the caller
 	if mtype := r.Uint32(); r.Err() == nil && mtype != msgReply {
 		return nil, fmt.Errorf("%w: message type %d", errBadReply, mtype)
@@ -290,7 +305,7 @@ func parseReply(rec []byte) ([]byte, error) {
 		switch {
 		case r.Err() != nil:
 		case as == Success:
-			return r.Rest(), nil
+			return nil, nil
 		case as == ProgMismatch:
 			e := &AcceptError{Stat: as, Low: r.Uint32(), High: r.Uint32()}
 			if r.Err() == nil {

@@ -28,7 +28,7 @@ var nullCall = []byte{
 
 func TestNullCallBytes(t *testing.T) {
 	var w xdr.Writer
-	appendCall(&w, 0x12345678, 100003, 3, 0, nil)
+	AppendCall(&w, 0x12345678, 100003, 3, 0, nil)
 	var wire bytes.Buffer
 	if err := WriteRecord(&wire, w.B); err != nil {
 		t.Fatal(err)
@@ -115,7 +115,7 @@ func TestAuthSysRoundTrip(t *testing.T) {
 
 	args := []byte{0, 0, 0, 9, 1, 2, 3, 4}
 	w.B = nil
-	appendCall(&w, 42, 100005, 3, 1, cred)
+	AppendCall(&w, 42, 100005, 3, 1, cred)
 	w.B = append(w.B, args...)
 	r := xdr.NewReader(w.B)
 	c := Call{Remote: "kept"}
@@ -133,7 +133,7 @@ func TestAuthSysRoundTrip(t *testing.T) {
 	// A credential without gids decodes to nil gids, and a parse over a
 	// used Call leaves nothing of the old one.
 	w.B = nil
-	appendCall(&w, 43, 1, 1, 1, &AuthSysCred{Machine: "m"})
+	AppendCall(&w, 43, 1, 1, 1, &AuthSysCred{Machine: "m"})
 	if err := ParseCall(xdr.NewReader(w.B), &c); err != nil {
 		t.Fatal(err)
 	}

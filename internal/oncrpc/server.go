@@ -78,6 +78,8 @@ type Server struct {
 	// default 5 min.
 	IdleTimeout time.Duration
 
+	stats counters
+
 	once   sync.Once
 	ctx    context.Context // handlers'; cancelled by Close
 	cancel context.CancelFunc
@@ -227,7 +229,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		c.slots <- struct{}{}
 		nc.SetReadDeadline(time.Now().Add(cmp.Or(s.IdleTimeout, defaultIdleTimeout)))
 		var bufp *[]byte
-		if bufp, err = readCall(br, s.maxRecord()); err != nil {
+		if bufp, err = readCall(br, countingReader{br, &s.stats}, s.maxRecord()); err != nil {
 			break
 		}
 		c.wg.Add(1)
@@ -268,7 +270,7 @@ var (
 
 // readCall reads one record into a pooled buffer sized by a peek at its
 // first fragment's length.
-func readCall(br *bufio.Reader, max int) (*[]byte, error) {
+func readCall(br *bufio.Reader, cr countingReader, max int) (*[]byte, error) {
 	hdr, err := br.Peek(4)
 	if err != nil {
 		return nil, err
@@ -281,7 +283,7 @@ func readCall(br *bufio.Reader, max int) (*[]byte, error) {
 	} else {
 		bufp = new([]byte)
 	}
-	*bufp, err = ReadRecord(br, *bufp, max)
+	*bufp, err = ReadRecord(cr, *bufp, max)
 	if err != nil {
 		putRecord(bufp)
 		return nil, err
@@ -304,8 +306,11 @@ func (c *conn) serve(bufp *[]byte) {
 	replyp := replies.Get().(*[]byte)
 	w := xdr.Writer{B: (*replyp)[:0]}
 	if reply := c.respond(*bufp, &w); reply != nil {
+		c.s.stats.copied.Add(w.Copied)
+		c.s.stats.calls.Add(1)
 		c.send(reply)
 	}
+	w.Release() // the reply holds nothing once written
 	putRecord(bufp)
 	if cap(w.B) <= maxPooledReply {
 		*replyp = w.B[:0]
@@ -315,25 +320,46 @@ func (c *conn) serve(bufp *[]byte) {
 }
 
 // respond decodes and runs the call in rec and returns the reply to send
-// (in w, or cached), or nil to send none.
+// (in w), or nil to send none.
 func (c *conn) respond(rec []byte, w *xdr.Writer) []byte {
-	s := c.s
+	if !c.s.dispatch(c.remote, c.client, rec, nil, w) {
+		return nil
+	}
+	return w.B
+}
+
+// Stats returns the server's counters (TCP connections only).
+func (s *Server) Stats() Stats { return s.stats.snapshot() }
+
+// Dispatch runs one call for a transport other than TCP (RPC over the
+// fabric): rec is the whole call message, chunks the opaque data carried
+// apart from it (already pulled), remote the caller's address and client
+// its host, which keys the duplicate-request cache. The reply is left in
+// w (with chunks, if w.ChunkMin is set, except for calls whose replies
+// are cached: those are inline); false means nothing is to be sent.
+func (s *Server) Dispatch(remote, client string, rec []byte, chunks []xdr.Chunk, w *xdr.Writer) bool {
+	s.init()
+	return s.dispatch(remote, client, rec, chunks, w)
+}
+
+func (s *Server) dispatch(remote, client string, rec []byte, chunks []xdr.Chunk, w *xdr.Writer) bool {
 	args := xdr.NewReader(rec)
-	call := &Call{Remote: c.remote}
+	args.SetChunks(chunks)
+	call := &Call{Remote: remote}
 	err := ParseCall(args, call)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrRPCVersion):
 		AppendRPCMismatch(w, call.XID)
-		return w.B
+		return true
 	case errors.Is(err, ErrBadCred):
-		s.log.Debug("oncrpc: bad credential", "remote", c.remote, "xid", call.XID, "err", err)
+		s.log.Debug("oncrpc: bad credential", "remote", remote, "xid", call.XID, "err", err)
 		AppendAuthError(w, call.XID, authBadCred)
-		return w.B
+		return true
 	default:
 		// A reply, or too short to say what it calls: nothing to answer.
-		s.log.Debug("oncrpc: message dropped", "remote", c.remote, "err", err)
-		return nil
+		s.log.Debug("oncrpc: message dropped", "remote", remote, "err", err)
+		return false
 	}
 
 	p, served, low, high := s.program(call.Prog, call.Vers)
@@ -341,30 +367,33 @@ func (c *conn) respond(rec []byte, w *xdr.Writer) []byte {
 	case p != nil:
 	case served:
 		AppendProgMismatch(w, call.XID, low, high)
-		return w.B
+		return true
 	default:
 		AppendAccepted(w, call.XID, ProgUnavail)
-		return w.B
+		return true
 	}
 	if p.Idempotent == nil || p.Idempotent(call.Vers, call.Proc) {
 		s.invoke(p, call, args, w)
-		return w.B
+		return true
 	}
 
+	// The cache keeps inline replies only.
+	w.ChunkMin = 0
 	a := rec[args.Pos():]
-	key := drcKey{client: c.client, xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc,
+	key := drcKey{client: client, xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc,
 		sum: crc32.ChecksumIEEE(a), size: len(a)}
 	switch state, reply := s.drc.begin(key); state {
 	case drcInProgress:
-		s.log.Debug("oncrpc: duplicate of a running call dropped", "remote", c.remote, "xid", call.XID)
-		return nil
+		s.log.Debug("oncrpc: duplicate of a running call dropped", "remote", remote, "xid", call.XID)
+		return false
 	case drcDone:
-		s.log.Debug("oncrpc: duplicate answered from the cache", "remote", c.remote, "xid", call.XID)
-		return reply
+		s.log.Debug("oncrpc: duplicate answered from the cache", "remote", remote, "xid", call.XID)
+		w.B = append(w.B[:0], reply...)
+		return true
 	}
 	s.invoke(p, call, args, w)
 	s.drc.finish(key, w.B)
-	return w.B
+	return true
 }
 
 // program finds the program serving prog in version vers. Without one,
@@ -393,7 +422,7 @@ func (s *Server) invoke(p *Program, call *Call, args *xdr.Reader, w *xdr.Writer)
 	if stat == Success {
 		return
 	}
-	w.B = w.B[:0]
+	w.Reset()
 	switch {
 	case stat == ProgMismatch:
 		AppendProgMismatch(w, call.XID, p.Low, p.High)
@@ -425,6 +454,7 @@ func (c *conn) send(reply []byte) {
 	c.nc.SetWriteDeadline(time.Now().Add(cmp.Or(c.s.WriteTimeout, defaultWriteTimeout)))
 	err := WriteRecord(c.nc, reply)
 	c.wmu.Unlock()
+	c.s.stats.out.Add(int64(len(reply) + 4))
 	if err != nil {
 		// A partly written record breaks the stream: end the connection
 		// (the client retransmits on a new one).

@@ -142,7 +142,7 @@ func dialRaw(t *testing.T, addr string) net.Conn {
 
 func rawCall(xid, vers, proc uint32, args []byte) []byte {
 	var w xdr.Writer
-	appendCall(&w, xid, testProg, vers, proc, nil)
+	AppendCall(&w, xid, testProg, vers, proc, nil)
 	return append(w.B, args...)
 }
 

@@ -6,6 +6,12 @@
 // and checks Err once. Every variable-length item is bounded by the
 // caller, and never by more than the bytes left: hostile lengths cannot
 // make a decoder allocate.
+//
+// For RPC over the fabric (seed 001's xdr_rdma stream), a Writer with
+// ChunkMin set leaves large variable-length opaque data where it is and
+// lists it in Chunks instead of copying it into B, and a Reader given
+// chunks returns their data for the opaque items at their positions. The
+// length word stays inline; the data and its padding do not.
 package xdr
 
 import (
@@ -24,7 +30,53 @@ var ErrTooLong = errors.New("xdr: length over the limit")
 func Pad(n int) int { return (4 - n&3) & 3 }
 
 // Writer appends XDR items to B.
-type Writer struct{ B []byte }
+type Writer struct {
+	B []byte
+	// ChunkMin, if positive, is the size from which Opaque data is not
+	// copied into B but listed in Chunks (RPC over the fabric); zero
+	// copies everything inline.
+	ChunkMin int
+	// Chunks are the opaque data left out of B, by position in B.
+	Chunks []Chunk
+	// Copied counts the data bytes Fixed, Opaque and String copied into
+	// B, for the transports' count of bytes copied.
+	Copied int64
+
+	holds []func()
+}
+
+// Chunk is opaque data carried apart from the inline XDR stream: Pos is
+// the offset in the stream where its bytes would be (after its length
+// word).
+type Chunk struct {
+	Pos  int
+	Data []byte
+}
+
+// Hold registers release to run once the transport no longer needs the
+// message: chunk data may alias memory (a cache block) that must stay
+// untouched until the peer has pulled it.
+func (w *Writer) Hold(release func()) { w.holds = append(w.holds, release) }
+
+// Release runs the holds, once each, and forgets the chunks.
+func (w *Writer) Release() {
+	for i, f := range w.holds {
+		f()
+		w.holds[i] = nil
+	}
+	w.holds = w.holds[:0]
+	clear(w.Chunks)
+	w.Chunks = w.Chunks[:0]
+}
+
+// Reset empties the message for another use (holds already released),
+// keeping B's memory and ChunkMin.
+func (w *Writer) Reset() {
+	w.B = w.B[:0]
+	clear(w.Chunks)
+	w.Chunks = w.Chunks[:0]
+	w.Copied = 0
+}
 
 // Uint32 appends an unsigned int.
 func (w *Writer) Uint32(v uint32) { w.B = binary.BigEndian.AppendUint32(w.B, v) }
@@ -46,6 +98,7 @@ func (w *Writer) Bool(v bool) {
 
 // Fixed appends fixed-length opaque data, padded.
 func (w *Writer) Fixed(p []byte) {
+	w.Copied += int64(len(p))
 	w.B = append(w.B, p...)
 	w.B = append(w.B, make([]byte, Pad(len(p)))...)
 }
@@ -54,12 +107,17 @@ func (w *Writer) Fixed(p []byte) {
 // padded.
 func (w *Writer) Opaque(p []byte) {
 	w.Uint32(uint32(len(p)))
+	if w.ChunkMin > 0 && len(p) >= w.ChunkMin {
+		w.Chunks = append(w.Chunks, Chunk{Pos: len(w.B), Data: p})
+		return
+	}
 	w.Fixed(p)
 }
 
 // String appends a string as variable-length opaque data.
 func (w *Writer) String(s string) {
 	w.Uint32(uint32(len(s)))
+	w.Copied += int64(len(s))
 	w.B = append(w.B, s...)
 	w.B = append(w.B, make([]byte, Pad(len(s)))...)
 }
@@ -75,11 +133,16 @@ func (w *Writer) Reserve(n int) int {
 // Put32 stores v at offset off.
 func (w *Writer) Put32(off int, v uint32) { binary.BigEndian.PutUint32(w.B[off:], v) }
 
+// ErrChunk is a chunk that does not fit the inline stream: not at an
+// opaque item, or of another length than the item's.
+var ErrChunk = errors.New("xdr: chunk does not match the message")
+
 // Reader decodes XDR items from a message.
 type Reader struct {
-	b   []byte
-	off int
-	err error
+	b      []byte
+	off    int
+	err    error
+	chunks []Chunk // not yet consumed, by ascending Pos
 }
 
 // NewReader reads b.
@@ -87,6 +150,12 @@ func NewReader(b []byte) *Reader { return &Reader{b: b} }
 
 // Reset makes r read b from the start, with no error.
 func (r *Reader) Reset(b []byte) { *r = Reader{b: b} }
+
+// SetChunks makes the opaque items at the chunks' positions in the
+// stream read their data from the chunks. Positions must ascend (the
+// transport checks); an item other than an opaque of the chunk's length
+// at a chunk's position is an error (ErrChunk).
+func (r *Reader) SetChunks(c []Chunk) { r.chunks = c }
 
 // Err is the first error met, if any.
 func (r *Reader) Err() error { return r.err }
@@ -118,6 +187,10 @@ func (r *Reader) take(n int) []byte {
 	}
 	if n < 0 || n > len(r.b)-r.off {
 		r.err = ErrShort
+		return nil
+	}
+	if len(r.chunks) > 0 && n > 0 && r.off+n > r.chunks[0].Pos {
+		r.err = fmt.Errorf("%w: chunk at offset %d inside an item at %d", ErrChunk, r.chunks[0].Pos, r.off)
 		return nil
 	}
 	p := r.b[r.off : r.off+n : r.off+n]
@@ -175,6 +248,15 @@ func (r *Reader) Opaque(max int) []byte {
 	}
 	if r.err != nil {
 		return nil
+	}
+	if len(r.chunks) > 0 && r.chunks[0].Pos == r.off {
+		c := r.chunks[0]
+		r.chunks = r.chunks[1:]
+		if len(c.Data) != int(n) {
+			r.Fail(fmt.Errorf("%w: chunk of %d bytes for an opaque of %d", ErrChunk, len(c.Data), n))
+			return nil
+		}
+		return c.Data
 	}
 	return r.Fixed(int(n))
 }

@@ -89,3 +89,62 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+func TestChunks(t *testing.T) {
+	big := bytes.Repeat([]byte{7}, 1024)
+	w := Writer{ChunkMin: 1024}
+	w.Uint32(1)
+	w.Opaque([]byte("small"))
+	w.Opaque(big)
+	w.Uint32(2)
+	if len(w.Chunks) != 1 || w.Chunks[0].Pos != 4+4+8+4 {
+		t.Fatalf("chunks %+v", w.Chunks)
+	}
+	if w.Copied != 5 {
+		t.Fatalf("copied %d, want 5 (the chunk is not copied)", w.Copied)
+	}
+	if len(w.B) != 4+12+4+4 {
+		t.Fatalf("inline stream %d bytes", len(w.B))
+	}
+
+	pulled := append([]byte(nil), big...)
+	r := NewReader(w.B)
+	r.SetChunks([]Chunk{{Pos: w.Chunks[0].Pos, Data: pulled}})
+	if r.Uint32() != 1 || string(r.Opaque(16)) != "small" {
+		t.Fatal("inline items")
+	}
+	if got := r.Opaque(4096); &got[0] != &pulled[0] || r.Uint32() != 2 || r.Err() != nil {
+		t.Fatalf("chunked opaque not returned in place: %v", r.Err())
+	}
+
+	// A chunk of another length than the inline length word.
+	r = NewReader(w.B)
+	r.SetChunks([]Chunk{{Pos: w.Chunks[0].Pos, Data: pulled[:1000]}})
+	r.Uint32()
+	r.Opaque(16)
+	if r.Opaque(4096); !errors.Is(r.Err(), ErrChunk) {
+		t.Fatalf("length mismatch: %v", r.Err())
+	}
+	// A chunk where a non-opaque item is.
+	r = NewReader(w.B)
+	r.SetChunks([]Chunk{{Pos: 4, Data: pulled}})
+	if r.Uint32(); r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	if r.Uint64(); !errors.Is(r.Err(), ErrChunk) {
+		t.Fatalf("chunk inside an item: %v", r.Err())
+	}
+	// Writer without ChunkMin copies.
+	var c Writer
+	c.Opaque(big)
+	if len(c.Chunks) != 0 || c.Copied != 1024 {
+		t.Fatal("inline writer chunked")
+	}
+	held := 0
+	w.Hold(func() { held++ })
+	w.Release()
+	w.Release()
+	if held != 1 || len(w.Chunks) != 0 {
+		t.Fatalf("holds ran %d times", held)
+	}
+}
