@@ -73,7 +73,9 @@ type Conn struct {
 
 	ctrl chan ctrlMsg // small sends on behalf of the reader goroutine
 
-	readSem chan struct{} // bounds remote READs served concurrently
+	readSem   chan struct{} // bounds remote READs served concurrently
+	readSlots chan struct{} // bounds our READs outstanding at the peer (its readSem)
+	peerQuota int           // receive buffers the peer announced
 
 	wire *wire // emulated link delivery, if the endpoint has a Link
 
@@ -127,7 +129,12 @@ func (c *Conn) flushCtrl(d time.Duration) {
 	}
 }
 
-func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU int) *Conn {
+// MaxReads is how many one-sided READs a connection serves at once (an
+// RDMA queue pair's responder resources). Read waits for a slot rather
+// than exceed it at the peer, where it would be a fatal access error.
+const MaxReads = 8
+
+func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int) *Conn {
 	o := ep.opts
 	c := &Conn{
 		ep:         ep,
@@ -142,7 +149,9 @@ func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU int) *Conn {
 		iov:        make([][]byte, 0, 3*maxBatch),
 		ops:        make(map[uint64]*op),
 		ctrl:       make(chan ctrlMsg, 64),
-		readSem:    make(chan struct{}, 8),
+		readSem:    make(chan struct{}, MaxReads),
+		readSlots:  make(chan struct{}, MaxReads),
+		peerQuota:  peerQuota,
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
 	}
@@ -162,6 +171,11 @@ func (c *Conn) NewID() uint64 { return c.nextID.Add(1) }
 
 // MTU is the largest packet payload this connection sends.
 func (c *Conn) MTU() int { return c.sendMTU }
+
+// PeerQuota is the number of receive buffers (each of MTU bytes) the peer
+// posted for this connection, from its hello: an upper layer keeps the
+// messages it has outstanding at the peer within it, as credits.
+func (c *Conn) PeerQuota() int { return c.peerQuota }
 
 // RemoteAddr is the peer's address.
 func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
@@ -533,6 +547,19 @@ func (c *Conn) Post(id uint64, hdr []byte) error {
 	return c.Err()
 }
 
+// SendPacket sends a message of one packet gathered from two parts (a
+// transport header and a body, say) without copying them; together they
+// must fit the MTU, the peer's receive buffer.
+func (c *Conn) SendPacket(id uint64, head, body []byte) error {
+	if len(head)+len(body) > c.sendMTU {
+		return fmt.Errorf("fabric: message of %d bytes exceeds MTU %d", len(head)+len(body), c.sendMTU)
+	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	c.addPacket(0, KindSend, FlagFirst|FlagLast, id, head, body)
+	return c.flush()
+}
+
 func (c *Conn) sendOne(kind Kind, flags uint8, id uint64, data []byte) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
@@ -591,7 +618,7 @@ func (c *Conn) sendStream(kind Kind, id uint64, data []byte) error {
 	for {
 		n := 0
 		for n < maxBatch {
-			chunk := data[:min(len(data), c.sendMTU)]
+			chunk := data[:min(len(data), readRespPacket)]
 			data = data[len(chunk):]
 			var fl uint8
 			if len(data) == 0 {
@@ -833,6 +860,14 @@ func (c *Conn) Read(ctx context.Context, key, off uint64, dst []byte) error {
 	if len(dst) == 0 {
 		return nil
 	}
+	select {
+	case c.readSlots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return c.Err()
+	}
+	defer func() { <-c.readSlots }()
 	id, err := c.register(o)
 	if err != nil {
 		return err

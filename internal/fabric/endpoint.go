@@ -254,6 +254,11 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler) (*Conn, error) {
 		nc.Close()
 		return nil, fmt.Errorf("%w: peer MTU %d", ErrProtocol, mtu)
 	}
+	pq := int(binary.LittleEndian.Uint32(peer[8:]))
+	if pq < 2 || pq > 4096 {
+		nc.Close()
+		return nil, fmt.Errorf("%w: peer receive quota %d", ErrProtocol, pq)
+	}
 	nc.SetDeadline(time.Time{})
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
@@ -265,7 +270,7 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler) (*Conn, error) {
 		return nil, ErrClosed
 	}
 	e.readers.Add(1)
-	c := newConn(e, nc, h, mtu)
+	c := newConn(e, nc, h, mtu, pq)
 	e.conns[c] = struct{}{}
 	e.mu.Unlock()
 	return c, nil

@@ -77,6 +77,13 @@ const (
 // oneSidedPrefix is the key+offset prefix of WRITE and READ request payloads.
 const oneSidedPrefix = 16
 
+// readRespPacket is the largest READ response packet. Responses go
+// straight into the initiator's destination buffer, so they are cut
+// coarser than the MTU: fewer headers, and reads large enough to bypass
+// the receiver's buffered reader (a copy) — the emulation's stand-in for
+// a NIC placing the data.
+const readRespPacket = 256 << 10
+
 // Limits on the MTU a connection may announce or use.
 const (
 	MinMTU     = 512
@@ -114,8 +121,13 @@ func parseHeader(b []byte, mtu int) (header, error) {
 		return h, fmt.Errorf("%w: reserved bits set in %s header", ErrProtocol, h.kind)
 	}
 	max := uint32(mtu)
-	if h.kind == KindWrite || h.kind == KindReadReq {
+	switch h.kind {
+	case KindWrite, KindReadReq:
 		max += oneSidedPrefix
+	case KindReadResp:
+		// Placed in the initiator's destination (bounds-checked against
+		// it), not a receive buffer: the MTU does not bound it.
+		max = readRespPacket
 	}
 	if h.length > max {
 		return h, fmt.Errorf("%w: %s packet of %d bytes exceeds MTU %d", ErrProtocol, h.kind, h.length, mtu)
