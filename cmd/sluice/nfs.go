@@ -3,21 +3,51 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/fabricrpc"
 	"github.com/sluicefs/sluice/internal/nfs3"
 	"github.com/sluicefs/sluice/internal/nfsclient"
 	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/xdr"
 )
 
+// statsProg is a private RPC program (in the transient range) the
+// gateway serves beside NFS and MOUNT: procedure 1 returns its transport
+// and cache counters as JSON, for `sluice bench nfs`.
+const statsProg = 0x40534c55
+
+// gatewayStats are the counters the stats program reports.
+type gatewayStats struct {
+	TCP    oncrpc.Stats    `json:"tcp"`
+	Fabric fabricrpc.Stats `json:"fabric"`
+}
+
+func statsProgram(get func() gatewayStats) oncrpc.Program {
+	return oncrpc.Program{Prog: statsProg, Low: 1, High: 1,
+		Handle: func(_ context.Context, c *oncrpc.Call, _ *xdr.Reader, res *xdr.Writer) oncrpc.AcceptStat {
+			switch c.Proc {
+			case 0:
+			case 1:
+				b, _ := json.Marshal(get())
+				res.Opaque(b)
+			default:
+				return oncrpc.ProcUnavail
+			}
+			return oncrpc.Success
+		}}
+}
+
 func (a *app) nfsCmd() *cobra.Command {
-	var listen string
+	var listen, fabricListen string
 	cmd := &cobra.Command{
 		Use:   "nfs",
 		Short: "Serve the cluster over NFSv3 (NFS and MOUNT on one TCP port), in the foreground until SIGINT/SIGTERM",
@@ -41,8 +71,21 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 				if err != nil {
 					return fmt.Errorf("nfs: %w", err)
 				}
-				srv := &oncrpc.Server{Programs: g.Programs(), MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs")}
+				srv := &oncrpc.Server{MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs")}
+				fsrv := &fabricrpc.Server{RPC: srv, Logger: a.logger().With("svc", "nfs-fabric")}
+				srv.Programs = append(g.Programs(), statsProgram(func() gatewayStats {
+					return gatewayStats{TCP: srv.Stats(), Fabric: fsrv.Stats()}
+				}))
 				fmt.Fprintf(a.stdout, "sluice: NFSv3 gateway listening on %s (NFS and MOUNT; export /)\n", ln.Addr())
+				if fabricListen != "" {
+					fa, err := fsrv.Listen(fabricListen)
+					if err != nil {
+						ln.Close()
+						return fmt.Errorf("nfs: fabric transport: %w", err)
+					}
+					defer fsrv.Close()
+					fmt.Fprintf(a.stdout, "sluice: NFSv3 over the fabric listening on %s\n", fa)
+				}
 				errc := make(chan error, 1)
 				go func() { errc <- srv.Serve(ln) }()
 				select {
@@ -55,13 +98,15 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to export to the network)")
+	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
 	return cmd
 }
 
 // nfsClientFlags are the Sluice NFS client's settings.
 type nfsClientFlags struct {
-	server              string
+	server, transport   string
 	rsize, wsize, ahead int
+	statsFile           string
 }
 
 func (f *nfsClientFlags) add(cmd *cobra.Command) {
@@ -69,14 +114,56 @@ func (f *nfsClientFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.rsize, "rsize", nfs3.MaxData, "bytes per READ")
 	cmd.Flags().IntVar(&f.wsize, "wsize", nfs3.MaxData, "bytes per WRITE")
 	cmd.Flags().IntVar(&f.ahead, "readahead", 4, "READs in flight beyond the one being written out")
+	cmd.Flags().StringVar(&f.transport, "transport", "tcp", "RPC transport: tcp (any NFS server) or fabric (the Sluice gateway's --fabric-listen address)")
+	cmd.Flags().StringVar(&f.statsFile, "stats-json", "", "write the transfer's figures and the client's and server's transport counters (before and after) to this file as JSON (for sluice bench nfs)")
+	cmd.Flags().MarkHidden("stats-json")
+}
+
+// transferStats is what --stats-json writes.
+type transferStats struct {
+	Transport    string          `json:"transport"`
+	Bytes        int64           `json:"bytes"`
+	Seconds      float64         `json:"seconds"`
+	ClientTCP    oncrpc.Stats    `json:"client_tcp"`
+	ClientFabric fabricrpc.Stats `json:"client_fabric"`
+	ServerBefore gatewayStats    `json:"server_before"`
+	ServerAfter  gatewayStats    `json:"server_after"`
+}
+
+// serverStats asks the gateway's stats program for its counters.
+func serverStats(ctx context.Context, rpc nfsclient.Caller) (gatewayStats, error) {
+	var st gatewayStats
+	r, err := rpc.Call(ctx, statsProg, 1, 1, nil, &xdr.Writer{}, nil)
+	if err != nil {
+		return st, fmt.Errorf("gateway stats: %w", err)
+	}
+	b := r.Opaque(1 << 20)
+	if r.Err() != nil {
+		return st, fmt.Errorf("gateway stats: %w", r.Err())
+	}
+	return st, json.Unmarshal(b, &st)
 }
 
 // mount connects to the server and mounts its export "/", as the
 // calling user (AUTH_SYS).
-func (f *nfsClientFlags) mount(ctx context.Context) (*nfsclient.Client, func(), error) {
-	rc, err := oncrpc.Dial(ctx, f.server)
-	if err != nil {
-		return nil, nil, err
+func (f *nfsClientFlags) mount(ctx context.Context) (*nfsclient.Client, nfsclient.Caller, func(), error) {
+	var rpc nfsclient.Caller
+	var closer interface{ Close() error }
+	switch f.transport {
+	case "tcp":
+		rc, err := oncrpc.Dial(ctx, f.server)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		rpc, closer = nfsclient.TCP(rc), rc
+	case "fabric":
+		fc, err := fabricrpc.Dial(ctx, f.server, fabricrpc.ClientOptions{})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		rpc, closer = fc, fc
+	default:
+		return nil, nil, nil, fmt.Errorf("--transport %q: tcp or fabric", f.transport)
 	}
 	host, _ := os.Hostname()
 	cred := &oncrpc.AuthSysCred{Machine: host, UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}
@@ -85,12 +172,44 @@ func (f *nfsClientFlags) mount(ctx context.Context) (*nfsclient.Client, func(), 
 			cred.GIDs = append(cred.GIDs, uint32(g))
 		}
 	}
-	c, err := nfsclient.Mount(ctx, rc, "/", nfsclient.Options{Cred: cred, ReadSize: f.rsize, WriteSize: f.wsize, ReadAhead: f.ahead})
+	c, err := nfsclient.Mount(ctx, rpc, "/", nfsclient.Options{Cred: cred, ReadSize: f.rsize, WriteSize: f.wsize, ReadAhead: f.ahead})
 	if err != nil {
-		rc.Close()
-		return nil, nil, err
+		closer.Close()
+		return nil, nil, nil, err
 	}
-	return c, func() { rc.Close() }, nil
+	return c, rpc, func() { closer.Close() }, nil
+}
+
+// transfer runs move (a whole-file copy of so many bytes) and, with
+// --stats-json, records its figures.
+func (f *nfsClientFlags) transfer(ctx context.Context, rpc nfsclient.Caller, move func() (int64, error)) error {
+	if f.statsFile == "" {
+		_, err := move()
+		return err
+	}
+	before, err := serverStats(ctx, rpc)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	n, err := move()
+	secs := time.Since(start).Seconds()
+	if err != nil {
+		return err
+	}
+	after, err := serverStats(ctx, rpc)
+	if err != nil {
+		return err
+	}
+	st := transferStats{Transport: f.transport, Bytes: n, Seconds: secs, ServerBefore: before, ServerAfter: after}
+	switch c := rpc.(type) {
+	case *fabricrpc.Client:
+		st.ClientFabric = c.Stats()
+	case interface{ Stats() oncrpc.Stats }:
+		st.ClientTCP = c.Stats()
+	}
+	b, _ := json.Marshal(st)
+	return os.WriteFile(f.statsFile, b, 0o644)
 }
 
 func (a *app) nfsGetCmd() *cobra.Command {
@@ -100,7 +219,7 @@ func (a *app) nfsGetCmd() *cobra.Command {
 		Short: "Copy a file from an NFSv3 server (Sluice's NFS client) to LOCAL (- for stdout)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := f.mount(cmd.Context())
+			c, rpc, done, err := f.mount(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -118,8 +237,7 @@ func (a *app) nfsGetCmd() *cobra.Command {
 				defer out.Close()
 				w = out
 			}
-			_, err = c.ReadTo(cmd.Context(), fh, w)
-			return err
+			return f.transfer(cmd.Context(), rpc, func() (int64, error) { return c.ReadTo(cmd.Context(), fh, w) })
 		},
 	}
 	f.add(cmd)
@@ -142,7 +260,7 @@ func (a *app) nfsPutCmd() *cobra.Command {
 				defer in.Close()
 				src = in
 			}
-			c, done, err := f.mount(cmd.Context())
+			c, rpc, done, err := f.mount(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -151,8 +269,9 @@ func (a *app) nfsPutCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			_, err = c.WriteFrom(cmd.Context(), fh, bufio.NewReaderSize(src, 1<<20))
-			return err
+			return f.transfer(cmd.Context(), rpc, func() (int64, error) {
+				return c.WriteFrom(cmd.Context(), fh, bufio.NewReaderSize(src, 1<<20))
+			})
 		},
 	}
 	f.add(cmd)

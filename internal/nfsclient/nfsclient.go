@@ -18,9 +18,32 @@ import (
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
-// Caller sends one RPC call and returns its results (oncrpc.Client).
+// Caller sends one RPC call and returns a reader of its results: TCP
+// (an oncrpc.Client) or a fabricrpc.Client.
 type Caller interface {
-	Call(ctx context.Context, prog, vers, proc uint32, cred *oncrpc.AuthSysCred, args []byte) ([]byte, error)
+	// Call sends the arguments in args, whose opaque data of at least
+	// ChunkMin bytes are in args.Chunks; dst, if the transport can place
+	// data, receives the reply's large opaque (READ data) directly.
+	Call(ctx context.Context, prog, vers, proc uint32, cred *oncrpc.AuthSysCred, args *xdr.Writer, dst []byte) (*xdr.Reader, error)
+	// ChunkMin is the size from which argument data goes apart from the
+	// message (0: everything inline).
+	ChunkMin() int
+}
+
+// TCP is the Caller of an oncrpc client: everything inline, results
+// aliasing the reply record.
+func TCP(c *oncrpc.Client) Caller { return tcpCaller{c} }
+
+type tcpCaller struct{ c *oncrpc.Client }
+
+func (t tcpCaller) ChunkMin() int { return 0 }
+
+func (t tcpCaller) Call(ctx context.Context, prog, vers, proc uint32, cred *oncrpc.AuthSysCred, args *xdr.Writer, _ []byte) (*xdr.Reader, error) {
+	res, err := t.c.Call(ctx, prog, vers, proc, cred, args.B)
+	if err != nil {
+		return nil, err
+	}
+	return xdr.NewReader(res), nil
 }
 
 // Options configure a Client.
@@ -60,11 +83,10 @@ func Mount(ctx context.Context, rpc Caller, export string, opts Options) (*Clien
 	}
 	var w xdr.Writer
 	w.String(export)
-	res, err := rpc.Call(ctx, nfs3.ProgMount, nfs3.Version, nfs3.MountMnt, opts.Cred, w.B)
+	r, err := rpc.Call(ctx, nfs3.ProgMount, nfs3.Version, nfs3.MountMnt, opts.Cred, &w, nil)
 	if err != nil {
 		return nil, fmt.Errorf("mounting %s: %w", export, err)
 	}
-	r := xdr.NewReader(res)
 	if st := r.Uint32(); st != 0 {
 		return nil, fmt.Errorf("mounting %s: mount status %d", export, st)
 	}
@@ -74,9 +96,9 @@ func Mount(ctx context.Context, rpc Caller, export string, opts Options) (*Clien
 	}
 	c := &Client{rpc: rpc, opts: opts, root: append([]byte(nil), fh...)}
 	// Transfer sizes no larger than the server takes (FSINFO).
-	var fw xdr.Writer
+	fw := c.args()
 	fw.Opaque(c.root)
-	fr, err := c.call(ctx, "fsinfo", nfs3.ProcFsinfo, fw.B)
+	fr, err := c.call(ctx, "fsinfo", nfs3.ProcFsinfo, fw, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -94,13 +116,17 @@ func Mount(ctx context.Context, rpc Caller, export string, opts Options) (*Clien
 	return c, nil
 }
 
-// call makes NFS procedure proc and returns the reader after an OK status.
-func (c *Client) call(ctx context.Context, op string, proc uint32, args []byte) (*xdr.Reader, error) {
-	res, err := c.rpc.Call(ctx, nfs3.ProgNFS, nfs3.Version, proc, c.opts.Cred, args)
+// args returns a writer for a call's arguments, chunking as the
+// transport does.
+func (c *Client) args() *xdr.Writer { return &xdr.Writer{ChunkMin: c.rpc.ChunkMin()} }
+
+// call makes NFS procedure proc and returns the reader after an OK
+// status; dst is where READ data may be placed.
+func (c *Client) call(ctx context.Context, op string, proc uint32, args *xdr.Writer, dst []byte) (*xdr.Reader, error) {
+	r, err := c.rpc.Call(ctx, nfs3.ProgNFS, nfs3.Version, proc, c.opts.Cred, args, dst)
 	if err != nil {
 		return nil, fmt.Errorf("nfs %s: %w", op, err)
 	}
-	r := xdr.NewReader(res)
 	if st := nfs3.Status(r.Uint32()); st != nfs3.OK || r.Err() != nil {
 		if r.Err() != nil {
 			return nil, fmt.Errorf("nfs %s: %w", op, r.Err())
@@ -131,10 +157,10 @@ func (c *Client) Lookup(ctx context.Context, p string) ([]byte, error) {
 		if name == "" || name == "." {
 			continue
 		}
-		var w xdr.Writer
+		w := c.args()
 		w.Opaque(fh)
 		w.String(name)
-		r, err := c.call(ctx, "lookup "+name, nfs3.ProcLookup, w.B)
+		r, err := c.call(ctx, "lookup "+name, nfs3.ProcLookup, w, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -148,9 +174,9 @@ func (c *Client) Lookup(ctx context.Context, p string) ([]byte, error) {
 
 // Size returns the size of the file fh names.
 func (c *Client) Size(ctx context.Context, fh []byte) (int64, error) {
-	var w xdr.Writer
+	w := c.args()
 	w.Opaque(fh)
-	r, err := c.call(ctx, "getattr", nfs3.ProcGetattr, w.B)
+	r, err := c.call(ctx, "getattr", nfs3.ProcGetattr, w, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -165,6 +191,7 @@ func (c *Client) Size(ctx context.Context, fh []byte) (int64, error) {
 func (c *Client) ReadTo(ctx context.Context, fh []byte, w io.Writer) (int64, error) {
 	type result struct {
 		data []byte
+		buf  []byte // the placement buffer to give back, if any
 		eof  bool
 		err  error
 	}
@@ -172,6 +199,15 @@ func (c *Client) ReadTo(ctx context.Context, fh []byte, w io.Writer) (int64, err
 	defer cancel()
 	depth := c.opts.ReadAhead + 1
 	queue := make(chan chan result, depth)
+	// A transport that places READ data directly gets a buffer per READ
+	// in flight, reused: the data lands where w reads it from.
+	var free chan []byte
+	if c.rpc.ChunkMin() > 0 {
+		free = make(chan []byte, depth+1)
+		for range depth + 1 {
+			free <- make([]byte, c.opts.ReadSize)
+		}
+	}
 	var wg sync.WaitGroup
 	go func() { // issue READs in order, at most depth ahead
 		defer close(queue)
@@ -182,11 +218,20 @@ func (c *Client) ReadTo(ctx context.Context, fh []byte, w io.Writer) (int64, err
 			case <-ctx.Done():
 				return
 			}
+			var buf []byte
+			if free != nil {
+				select {
+				case buf = <-free:
+				case <-ctx.Done():
+					ch <- result{err: ctx.Err()}
+					return
+				}
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				data, eof, err := c.read(ctx, fh, off, c.opts.ReadSize)
-				ch <- result{data, eof, err}
+				data, eof, err := c.read(ctx, fh, off, c.opts.ReadSize, buf)
+				ch <- result{data, buf, eof, err}
 			}()
 		}
 	}()
@@ -205,6 +250,9 @@ func (c *Client) ReadTo(ctx context.Context, fh []byte, w io.Writer) (int64, err
 			if _, err := w.Write(res.data); err != nil {
 				res.err = err
 			}
+		}
+		if res.buf != nil {
+			free <- res.buf
 		}
 		if res.err != nil {
 			stop()
@@ -225,13 +273,13 @@ func (c *Client) ReadTo(ctx context.Context, fh []byte, w io.Writer) (int64, err
 	return n, nil
 }
 
-// read is one READ.
-func (c *Client) read(ctx context.Context, fh []byte, off int64, n int) ([]byte, bool, error) {
-	var w xdr.Writer
+// read is one READ; dst, if the transport places data, receives it.
+func (c *Client) read(ctx context.Context, fh []byte, off int64, n int, dst []byte) ([]byte, bool, error) {
+	w := c.args()
 	w.Opaque(fh)
 	w.Uint64(uint64(off))
 	w.Uint32(uint32(n))
-	r, err := c.call(ctx, "read", nfs3.ProcRead, w.B)
+	r, err := c.call(ctx, "read", nfs3.ProcRead, w, dst)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, false, ctx.Err()
@@ -259,7 +307,7 @@ func (c *Client) Create(ctx context.Context, p string, mode uint32) ([]byte, err
 	if err != nil {
 		return nil, err
 	}
-	var w xdr.Writer
+	w := c.args()
 	w.Opaque(dir)
 	w.String(name)
 	w.Uint32(0) // UNCHECKED
@@ -271,7 +319,7 @@ func (c *Client) Create(ctx context.Context, p string, mode uint32) ([]byte, err
 	w.Uint64(0)
 	w.Uint32(0) // atime, mtime: don't change
 	w.Uint32(0)
-	r, err := c.call(ctx, "create "+name, nfs3.ProcCreate, w.B)
+	r, err := c.call(ctx, "create "+name, nfs3.ProcCreate, w, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -293,13 +341,13 @@ func (c *Client) WriteFrom(ctx context.Context, fh []byte, src io.Reader) (int64
 	for {
 		n, rerr := io.ReadFull(src, buf)
 		if n > 0 {
-			var w xdr.Writer
+			w := c.args()
 			w.Opaque(fh)
 			w.Uint64(uint64(off))
 			w.Uint32(uint32(n))
 			w.Uint32(nfs3.Unstable)
 			w.Opaque(buf[:n])
-			r, err := c.call(ctx, "write", nfs3.ProcWrite, w.B)
+			r, err := c.call(ctx, "write", nfs3.ProcWrite, w, nil)
 			if err != nil {
 				return off, err
 			}
@@ -323,11 +371,11 @@ func (c *Client) WriteFrom(ctx context.Context, fh []byte, src io.Reader) (int64
 			return off, rerr
 		}
 	}
-	var w xdr.Writer
+	w := c.args()
 	w.Opaque(fh)
 	w.Uint64(0)
 	w.Uint32(0)
-	r, err := c.call(ctx, "commit", nfs3.ProcCommit, w.B)
+	r, err := c.call(ctx, "commit", nfs3.ProcCommit, w, nil)
 	if err != nil {
 		return off, err
 	}
@@ -341,3 +389,6 @@ func (c *Client) WriteFrom(ctx context.Context, fh []byte, src io.Reader) (int64
 	}
 	return off, nil
 }
+
+// Stats returns the TCP client's counters.
+func (t tcpCaller) Stats() oncrpc.Stats { return t.c.Stats() }

@@ -1,0 +1,376 @@
+package fabricrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/xdr"
+)
+
+// Defaults of the server's receive buffers and timers.
+const (
+	DefaultBufSize     = 4 << 10 // receive buffer (fabric MTU): a READDIR page fits
+	DefaultBufCount    = 32      // receive buffers per connection
+	DefaultDoneTimeout = 10 * time.Second
+	// MaxChunk bounds one chunk: an NFS READ or WRITE of 1 MiB, or a long
+	// message of that order.
+	MaxChunk = 1<<20 + 64<<10
+)
+
+// Stats count a transport's traffic; Copied is payload and message bytes
+// the transport code copied in memory (not counting the socket's own
+// copies in the kernel, which the fabric emulation over TCP makes once at
+// each end for every byte; an RDMA NIC would not).
+type Stats struct {
+	Calls        int64 // calls answered (server) or made (client)
+	InlineBytes  int64 // message bytes sent and received in SENDs
+	PulledBytes  int64 // bytes placed by one-sided READs
+	Copied       int64 // bytes copied in memory by the transport
+	LongMessages int64 // messages sent or received as a chunk at offset 0
+	DoneTimeouts int64 // replies whose regions were released without DONE (server)
+}
+
+type counters struct {
+	calls, inline, pulled, copied, long, timeouts atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{Calls: c.calls.Load(), InlineBytes: c.inline.Load(), PulledBytes: c.pulled.Load(),
+		Copied: c.copied.Load(), LongMessages: c.long.Load(), DoneTimeouts: c.timeouts.Load()}
+}
+
+// Server serves an oncrpc.Server's programs over the fabric. Set its
+// fields before Listen.
+type Server struct {
+	RPC *oncrpc.Server // the programs and the duplicate-request cache
+	// BufSize and BufCount are the receive buffers posted per connection
+	// (announced to clients, which size their messages and bound their
+	// calls by them). Defaults DefaultBufSize, DefaultBufCount.
+	BufSize, BufCount int
+	// ChunkMin is the smallest reply datum sent as a chunk; default
+	// DefaultChunkMin.
+	ChunkMin int
+	// DoneTimeout releases a reply's regions when no DONE came; default
+	// DefaultDoneTimeout.
+	DoneTimeout time.Duration
+	Logger      *slog.Logger
+
+	ep    *fabric.Endpoint
+	log   *slog.Logger
+	stats counters
+	bufs  sync.Pool // pulled chunk buffers of MaxChunk bytes
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() Stats { return s.stats.snapshot() }
+
+// Listen starts serving on addr and returns the address bound.
+func (s *Server) Listen(addr string) (net.Addr, error) {
+	s.log = s.Logger
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.ChunkMin <= 0 {
+		s.ChunkMin = DefaultChunkMin
+	}
+	if s.DoneTimeout <= 0 {
+		s.DoneTimeout = DefaultDoneTimeout
+	}
+	s.bufs.New = func() any { b := make([]byte, MaxChunk); return &b }
+	ep, err := fabric.NewEndpoint(fabric.Options{MTU: cmpOr(s.BufSize, DefaultBufSize), Quota: cmpOr(s.BufCount, DefaultBufCount), Logger: s.log})
+	if err != nil {
+		return nil, fmt.Errorf("fabricrpc: %w", err)
+	}
+	s.ep = ep
+	a, err := ep.Listen(addr, s)
+	if err != nil {
+		ep.Close()
+		return nil, fmt.Errorf("fabricrpc: %w", err)
+	}
+	return a, nil
+}
+
+// Close stops serving and closes every connection.
+func (s *Server) Close() error {
+	if s.ep == nil {
+		return nil
+	}
+	return s.ep.Close()
+}
+
+func cmpOr(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// sconn is a connection's state.
+type sconn struct {
+	c      *fabric.Conn
+	ep     *fabric.Endpoint
+	remote string
+	client string
+
+	mu      sync.Mutex
+	pending map[uint32]*pendingReply // replies awaiting DONE, by xid
+	closed  bool
+	seq     uint64
+}
+
+// pendingReply is a reply whose chunks the client may still pull.
+type pendingReply struct {
+	seq     uint64
+	regions []*fabric.Region
+	w       *xdr.Writer // its holds pin the chunks' memory
+	timer   *time.Timer
+}
+
+// maxPending bounds the replies awaiting DONE per connection: a client
+// that never sends DONE pins at most this many replies' memory (then the
+// oldest is released early, and a late pull of it fails).
+func (sc *sconn) maxPending(s *Server) int { return 2 * cmpOr(s.BufCount, DefaultBufCount) }
+
+func (s *Server) state(c *fabric.Conn) *sconn {
+	if sc, ok := c.Local.(*sconn); ok {
+		return sc
+	}
+	sc := &sconn{c: c, ep: s.ep, remote: c.RemoteAddr().String(), pending: map[uint32]*pendingReply{}}
+	sc.client = sc.remote
+	if host, _, err := net.SplitHostPort(sc.remote); err == nil {
+		sc.client = host
+	}
+	c.Local = sc
+	return sc
+}
+
+// HandlePacket receives one message (fabric.Handler). Calls run on their
+// own goroutines; there are at most as many as the connection's receive
+// buffers, since each holds its packet until its reply is built.
+func (s *Server) HandlePacket(p *fabric.Packet) {
+	sc := s.state(p.Conn)
+	if !p.First() || !p.Last() {
+		// A message larger than a receive buffer must come as a long
+		// message; on RDMA it would have overrun the buffer.
+		p.Release()
+		p.Conn.CloseWithError(fmt.Errorf("%w: a message larger than the %d-byte receive buffer", ErrProtocol, cmpOr(s.BufSize, DefaultBufSize)))
+		return
+	}
+	s.stats.inline.Add(int64(len(p.Data)))
+	var h header
+	err := parseHeader(p.Data, &h, MaxChunk, 2*MaxChunk)
+	if err == nil && h.proc == procDone {
+		p.Release()
+		sc.release(h.xid, false, &s.stats)
+		return
+	}
+	go s.serve(sc, p, h, err)
+}
+
+// Closed releases what the connection's replies held (fabric.Handler).
+func (s *Server) Closed(c *fabric.Conn, err error) {
+	sc := s.state(c)
+	sc.mu.Lock()
+	sc.closed = true
+	xids := make([]uint32, 0, len(sc.pending))
+	for xid := range sc.pending {
+		xids = append(xids, xid)
+	}
+	sc.mu.Unlock()
+	for _, xid := range xids {
+		sc.release(xid, false, &s.stats)
+	}
+	s.log.Debug("fabricrpc: connection closed", "remote", sc.remote, "err", err)
+}
+
+// serve pulls a call's chunks, runs it and sends the reply.
+func (s *Server) serve(sc *sconn, p *fabric.Packet, h header, herr error) {
+	ctx := context.Background()
+	var pulled []*[]byte
+	defer func() {
+		for _, b := range pulled {
+			s.bufs.Put(b)
+		}
+	}()
+	pull := func(r chunkRef) ([]byte, error) {
+		bp := s.bufs.Get().(*[]byte)
+		pulled = append(pulled, bp)
+		dst := (*bp)[:r.len]
+		if err := sc.c.Read(ctx, r.key, r.addr, dst); err != nil {
+			return nil, err
+		}
+		s.stats.pulled.Add(int64(r.len))
+		return dst, nil
+	}
+
+	w := &xdr.Writer{ChunkMin: s.ChunkMin}
+	body, refs := h.body, h.refs
+	var chunks []xdr.Chunk
+	err := herr
+	if err == nil && h.long {
+		s.stats.long.Add(1)
+		body, err = pull(refs[0])
+		refs = refs[1:]
+		if err == nil && len(refs) > 0 && int(refs[len(refs)-1].pos) > len(body) {
+			err = fmt.Errorf("%w: chunk at offset %d past the %d-byte message", ErrProtocol, refs[len(refs)-1].pos, len(body))
+		}
+	}
+	for _, r := range refs {
+		if err != nil {
+			break
+		}
+		var d []byte
+		if d, err = pull(r); err == nil {
+			chunks = append(chunks, xdr.Chunk{Pos: int(r.pos), Data: d})
+		}
+	}
+	ok := false
+	switch {
+	case err == nil:
+		ok = s.RPC.Dispatch(sc.remote, sc.client, body, chunks, w)
+	case errors.Is(err, ErrProtocol) && len(p.Data) >= 4:
+		// The call's xid is known: tell the caller its message was bad.
+		s.log.Debug("fabricrpc: bad call", "remote", sc.remote, "xid", h.xid, "err", err)
+		oncrpc.AppendAccepted(w, h.xid, oncrpc.GarbageArgs)
+		ok = true
+	default:
+		// A failed pull breaks the connection (a remote access error is
+		// fatal to it, as on an RDMA queue pair): nothing to answer on.
+		s.log.Debug("fabricrpc: call dropped", "remote", sc.remote, "xid", h.xid, "err", err)
+		if errors.Is(err, ErrProtocol) {
+			sc.c.CloseWithError(err)
+		}
+	}
+	// The call's buffer goes back before the reply leaves, so a client
+	// whose credit the reply returns never finds it still taken.
+	p.Release()
+	if !ok {
+		w.Release()
+		return
+	}
+	s.stats.calls.Add(1)
+	s.stats.copied.Add(w.Copied)
+	if err := s.reply(sc, h.xid, w); err != nil {
+		s.log.Debug("fabricrpc: reply not sent", "remote", sc.remote, "xid", h.xid, "err", err)
+	}
+}
+
+// reply sends w: inline if it fits the client's receive buffer, its
+// chunks registered for the client to pull, and the whole message as a
+// long message if even the de-chunked message does not fit.
+func (s *Server) reply(sc *sconn, xid uint32, w *xdr.Writer) error {
+	c := sc.c
+	pr := &pendingReply{w: w}
+	refs := make([]chunkRef, 0, len(w.Chunks)+1)
+	body := w.B
+	if headerSize(len(w.Chunks))+len(w.B) > c.MTU() {
+		r := s.ep.Register(w.B, fabric.RemoteRead)
+		pr.regions = append(pr.regions, r)
+		refs = append(refs, chunkRef{pos: 0, len: uint32(len(w.B)), key: r.Key()})
+		body = nil
+		s.stats.long.Add(1)
+	}
+	for _, ch := range w.Chunks {
+		r := s.ep.Register(ch.Data, fabric.RemoteRead)
+		pr.regions = append(pr.regions, r)
+		refs = append(refs, chunkRef{pos: uint32(ch.Pos), len: uint32(len(ch.Data)), key: r.Key()})
+	}
+	if len(refs) > maxChunks {
+		pr.release(s.ep)
+		return fmt.Errorf("fabricrpc: reply with %d chunks", len(refs))
+	}
+	head := appendHeader(make([]byte, 0, headerSize(len(refs))), xid, refs)
+	if len(refs) > 0 && !sc.hold(s, xid, pr) {
+		pr.release(s.ep)
+		return fabric.ErrClosed
+	}
+	s.stats.inline.Add(int64(len(head) + len(body)))
+	err := c.SendPacket(uint64(xid), head, body)
+	if len(refs) == 0 {
+		pr.release(s.ep)
+	} else if err != nil {
+		sc.release(xid, false, &s.stats)
+	}
+	return err
+}
+
+// hold records pr until DONE or the timeout; false if the connection is
+// gone.
+func (sc *sconn) hold(s *Server, xid uint32, pr *pendingReply) bool {
+	sc.mu.Lock()
+	if sc.closed {
+		sc.mu.Unlock()
+		return false
+	}
+	sc.seq++
+	pr.seq = sc.seq
+	old := sc.pending[xid] // a retransmission: its earlier reply's DONE is not coming
+	sc.pending[xid] = pr
+	var oldest uint32
+	evict := false
+	if len(sc.pending) > sc.maxPending(s) {
+		first := true
+		for x, q := range sc.pending {
+			if first || q.seq < sc.pending[oldest].seq {
+				oldest, first = x, false
+			}
+		}
+		evict = true
+	}
+	sc.mu.Unlock()
+	if old != nil {
+		old.release(s.ep)
+	}
+	if evict {
+		sc.release(oldest, true, &s.stats)
+	}
+	pr.timer = time.AfterFunc(s.DoneTimeout, func() { sc.releaseIf(xid, pr, &s.stats, s.ep) })
+	return true
+}
+
+// release frees the reply awaiting DONE under xid, if any.
+func (sc *sconn) release(xid uint32, early bool, st *counters) {
+	sc.mu.Lock()
+	pr := sc.pending[xid]
+	delete(sc.pending, xid)
+	sc.mu.Unlock()
+	if pr == nil {
+		return
+	}
+	if early {
+		st.timeouts.Add(1)
+	}
+	if pr.timer != nil {
+		pr.timer.Stop()
+	}
+	pr.release(sc.ep)
+}
+
+// releaseIf frees pr at its timeout unless DONE came first.
+func (sc *sconn) releaseIf(xid uint32, pr *pendingReply, st *counters, ep *fabric.Endpoint) {
+	sc.mu.Lock()
+	if sc.pending[xid] != pr {
+		sc.mu.Unlock()
+		return
+	}
+	delete(sc.pending, xid)
+	sc.mu.Unlock()
+	st.timeouts.Add(1)
+	pr.release(ep)
+}
+
+func (pr *pendingReply) release(ep *fabric.Endpoint) {
+	for _, r := range pr.regions {
+		ep.Deregister(r)
+	}
+	pr.regions = nil
+	pr.w.Release()
+}
