@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,14 +17,19 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
-var reNFSListen = regexp.MustCompile(`^sluice: NFSv3 gateway listening on (\S+) `)
+var (
+	reNFSListen       = regexp.MustCompile(`^sluice: NFSv3 gateway listening on (\S+) `)
+	reNFSFabricListen = regexp.MustCompile(`^sluice: NFSv3 over the fabric listening on (\S+)`)
+)
 
-// nfsGateway starts `sluice nfs` for a cluster and returns its address.
-func nfsGateway(t *testing.T, conf string) string {
+// nfsGateway starts `sluice nfs` for a cluster and returns its TCP
+// address and its fabric transport's.
+func nfsGateway(t *testing.T, conf string) (string, string) {
 	t.Helper()
 	base := filepath.Dir(filepath.Dir(conf))
-	p := startProc(t, base, "nfs-"+fmt.Sprint(time.Now().UnixNano()), "nfs", "--listen", "127.0.0.1:0", "--conf", conf)
-	return p.waitLine(t, reNFSListen, 20*time.Second)[1]
+	p := startProc(t, base, "nfs-"+fmt.Sprint(time.Now().UnixNano()), "nfs", "--listen", "127.0.0.1:0", "--fabric-listen", "127.0.0.1:0", "--conf", conf)
+	tcp := p.waitLine(t, reNFSListen, 20*time.Second)[1]
+	return tcp, p.waitLine(t, reNFSFabricListen, 20*time.Second)[1]
 }
 
 // requireLibnfs skips when the libnfs command-line client is missing
@@ -73,7 +79,7 @@ func libnfs(t *testing.T, args ...string) []byte {
 func TestNFSWithLibnfs(t *testing.T) {
 	requireLibnfs(t)
 	c := startUp(t, filepath.Join(baseDir(t), "data"), 3)
-	addr := nfsGateway(t, c.conf)
+	addr, faddr := nfsGateway(t, c.conf)
 	local := filepath.Join(baseDir(t), "local")
 	if err := os.MkdirAll(local, 0o755); err != nil {
 		t.Fatal(err)
@@ -120,6 +126,19 @@ func TestNFSWithLibnfs(t *testing.T) {
 		if got := mustRun(t, c.conf, nil, "cat", fmt.Sprintf("/nfs/in/g%d", n)).stdout; !bytes.Equal(got, data) {
 			t.Fatalf("sluice nfs-put of %d bytes: the CLI reads %d bytes that differ", n, len(got))
 		}
+		// The same over the fabric transport (RPC with chunks pulled by
+		// one-sided READs): deep read-ahead beyond the credits, and
+		// WRITEs whose data the gateway pulls.
+		stats := filepath.Join(local, "stats.json")
+		if got := mustRun(t, c.conf, nil, "nfs-get", "--transport", "fabric", "--server", faddr, "--rsize", "65536", "--readahead", "40",
+			"--stats-json", stats, fmt.Sprintf("/nfs/in/f%d", n), "-").stdout; !bytes.Equal(got, data) {
+			t.Fatalf("sluice nfs-get over the fabric of %d bytes differs (%d bytes)", n, len(got))
+		}
+		checkFabricStats(t, stats, n)
+		mustRun(t, c.conf, nil, "nfs-put", "--transport", "fabric", "--server", faddr, src, fmt.Sprintf("/nfs/in/h%d", n))
+		if got := mustRun(t, c.conf, nil, "cat", fmt.Sprintf("/nfs/in/h%d", n)).stdout; !bytes.Equal(got, data) {
+			t.Fatalf("sluice nfs-put over the fabric of %d bytes: the CLI reads %d bytes that differ", n, len(got))
+		}
 		t.Logf("%d bytes: in %s, out %s", n, in.Round(time.Millisecond), out.Round(time.Millisecond))
 	}
 	// A large directory, listed whole (several READDIRPLUS replies).
@@ -141,6 +160,38 @@ func TestNFSWithLibnfs(t *testing.T) {
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
 		t.Fatalf("nfs-ls listed %d entries, want %d (first lines: %q)", len(got), len(want), tail(out, 5))
+	}
+}
+
+// checkFabricStats checks that a read of n bytes over the fabric moved
+// its data by one-sided pulls into the client's buffers, not inline.
+func checkFabricStats(t *testing.T, file string, n int) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Bytes        int64
+		ClientFabric struct{ PulledBytes, Copied int64 } `json:"client_fabric"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Bytes != int64(n) {
+		t.Fatalf("fabric read: %d bytes reported, want %d", st.Bytes, n)
+	}
+	// READs of whole 64 KiB pieces are pulled; a tail under 1 KiB (the
+	// chunk threshold) comes inline.
+	want := int64(n - n%65536)
+	if n%65536 >= 1024 {
+		want = int64(n)
+	}
+	if st.ClientFabric.PulledBytes != want {
+		t.Fatalf("fabric read of %d bytes pulled %d, want %d", n, st.ClientFabric.PulledBytes, want)
+	}
+	if n >= 1<<20 && st.ClientFabric.Copied > int64(n)/50 {
+		t.Fatalf("fabric read of %d bytes copied %d bytes in the client", n, st.ClientFabric.Copied)
 	}
 }
 

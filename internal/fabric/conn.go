@@ -436,7 +436,20 @@ func (c *Conn) recvReadReq(h header) error {
 	select {
 	case c.readSem <- struct{}{}:
 	default:
-		return c.accessDenied(h.id, errors.New("too many outstanding remote reads"))
+		// The initiator keeps MaxReads outstanding, but it may issue the
+		// next READ as soon as the last response arrives, before the
+		// goroutine that sent it has let its slot go: wait a moment for
+		// that before calling it a violation.
+		t := time.NewTimer(time.Second)
+		select {
+		case c.readSem <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			return c.accessDenied(h.id, errors.New("too many outstanding remote reads"))
+		case <-c.done:
+			t.Stop()
+			return ErrClosed
+		}
 	}
 	// Serve off the reader goroutine: sending may block on the peer.
 	go func() {
