@@ -29,6 +29,8 @@ const statsProg = 0x40534c55
 type gatewayStats struct {
 	TCP    oncrpc.Stats    `json:"tcp"`
 	Fabric fabricrpc.Stats `json:"fabric"`
+	// The read cache: block lookups that hit and missed, bytes held.
+	CacheHits, CacheMisses, CacheBytes int64
 }
 
 func statsProgram(get func() gatewayStats) oncrpc.Program {
@@ -48,6 +50,7 @@ func statsProgram(get func() gatewayStats) oncrpc.Program {
 
 func (a *app) nfsCmd() *cobra.Command {
 	var listen, fabricListen string
+	var cacheMiB int64
 	cmd := &cobra.Command{
 		Use:   "nfs",
 		Short: "Serve the cluster over NFSv3 (NFS and MOUNT on one TCP port), in the foreground until SIGINT/SIGTERM",
@@ -63,7 +66,11 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withClient(func(cl *client.Client) error {
-				g, err := nfs3.New(nfs3.Options{Client: cl, Logger: a.logger().With("svc", "nfs")})
+				cache := cacheMiB << 20
+				if cache <= 0 {
+					cache = -1 // none
+				}
+				g, err := nfs3.New(nfs3.Options{Client: cl, Logger: a.logger().With("svc", "nfs"), CacheBytes: cache})
 				if err != nil {
 					return err
 				}
@@ -74,7 +81,9 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 				srv := &oncrpc.Server{MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs")}
 				fsrv := &fabricrpc.Server{RPC: srv, Logger: a.logger().With("svc", "nfs-fabric")}
 				srv.Programs = append(g.Programs(), statsProgram(func() gatewayStats {
-					return gatewayStats{TCP: srv.Stats(), Fabric: fsrv.Stats()}
+					st := gatewayStats{TCP: srv.Stats(), Fabric: fsrv.Stats()}
+					st.CacheHits, st.CacheMisses, st.CacheBytes = g.CacheStats()
+					return st
 				}))
 				fmt.Fprintf(a.stdout, "sluice: NFSv3 gateway listening on %s (NFS and MOUNT; export /)\n", ln.Addr())
 				if fabricListen != "" {
@@ -98,6 +107,7 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to export to the network)")
+	cmd.Flags().Int64Var(&cacheMiB, "cache-mib", 256, "MiB of file data the gateway caches for READ (0 for none); other clients' writes show within a second, the gateway's own at once")
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
 	return cmd
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -131,12 +132,18 @@ func (c *procCluster) start(ctx context.Context, exe, name string, ready *regexp
 	found := make(chan string, 1)
 	go func() {
 		defer close(p.read)
+		// ready is matched against all output so far, so it may span
+		// lines; its groups come back joined by spaces.
 		sc := bufio.NewScanner(out)
+		var seen strings.Builder
 		for sc.Scan() {
 			fmt.Fprintln(logf, sc.Text())
-			if m := ready.FindStringSubmatch(sc.Text()); m != nil {
+			if seen.Len() < 64<<10 {
+				seen.WriteString(sc.Text() + "\n")
+			}
+			if m := ready.FindStringSubmatch(seen.String()); m != nil {
 				select {
-				case found <- m[1]:
+				case found <- strings.Join(m[1:], " "):
 				default:
 				}
 			}

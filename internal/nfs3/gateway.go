@@ -23,6 +23,12 @@ type Options struct {
 	// for READ's end of file) before asking meta again; other clients'
 	// changes show within it. Default 1 s.
 	AttrTTL time.Duration
+	// CacheBytes bounds the read cache of file data (blocks of 1 MiB
+	// that READ serves without asking the storage nodes): 0 is 256 MiB,
+	// negative turns the cache off. Blocks pinned by replies still being
+	// sent may hold memory beyond it (at most a block per READ in
+	// flight). See cache.go.
+	CacheBytes int64
 }
 
 // Gateway serves the cluster's namespace over NFSv3.
@@ -42,6 +48,8 @@ type Gateway struct {
 	statAt time.Time
 
 	bufs sync.Pool // READ buffers of MaxData bytes
+
+	cache *blockCache // nil: no read cache
 }
 
 // openFile is an SDK handle the gateway keeps for READ and WRITE, so a
@@ -70,6 +78,12 @@ func New(opts Options) (*Gateway, error) {
 		return nil, fmt.Errorf("nfs3: write verifier: %w", err)
 	}
 	g.lists.init()
+	switch {
+	case opts.CacheBytes == 0:
+		g.cache = newBlockCache(defaultCacheBytes)
+	case opts.CacheBytes > 0:
+		g.cache = newBlockCache(opts.CacheBytes)
+	}
 	g.bufs.New = func() any { b := make([]byte, MaxData); return &b }
 	return g, nil
 }
@@ -157,11 +171,32 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
 }
 
 // forget drops what the gateway keeps of ino (after a change through it
-// that the SDK handle does not see: SETATTR, REMOVE, RENAME over it).
+// that the SDK handle does not see: SETATTR, REMOVE, RENAME over it),
+// its cached data included.
 func (g *Gateway) forget(ino ids.Ino) {
 	g.filesMu.Lock()
 	delete(g.files, ino)
 	g.filesMu.Unlock()
+	g.invalidate(ino)
+}
+
+// invalidate drops ino's cached data (after a change through the
+// gateway: the next READ reads it afresh).
+func (g *Gateway) invalidate(ino ids.Ino) {
+	if g.cache != nil {
+		g.cache.invalidate(ino)
+	}
+}
+
+// CacheStats reports the read cache's hits (blocks READ found cached,
+// or being filled by another READ: one READ across two blocks looks up
+// two), misses (blocks filled from the cluster) and the bytes its blocks
+// are charged; all zero with the cache off.
+func (g *Gateway) CacheStats() (hits, misses, bytes int64) {
+	if g.cache == nil {
+		return 0, 0, 0
+	}
+	return g.cache.stats()
 }
 
 // status returns the cluster's status, cached for a second (FSSTAT).

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/nfs3"
 	"github.com/sluicefs/sluice/internal/oncrpc"
@@ -23,11 +24,19 @@ import (
 // env is a cluster, a gateway serving it on loopback, and an RPC client.
 type env struct {
 	cl   *client.Client
+	conf config.ClientConf
 	rpc  *oncrpc.Client
 	cred *oncrpc.AuthSysCred
+	opts nfs3.Options // the gateway's (Client is filled in)
+	gw   *nfs3.Gateway
 }
 
 func newEnv(t *testing.T) *env {
+	t.Helper()
+	return newEnvOpts(t, nfs3.Options{})
+}
+
+func newEnvOpts(t *testing.T, opts nfs3.Options) *env {
 	t.Helper()
 	dir := t.TempDir()
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
@@ -48,7 +57,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close() })
-	e := &env{cl: cl, cred: &oncrpc.AuthSysCred{Machine: "test", UID: 0, GID: 0}}
+	e := &env{cl: cl, conf: conf, opts: opts, cred: &oncrpc.AuthSysCred{Machine: "test", UID: 0, GID: 0}}
 	e.serve(t)
 	return e
 }
@@ -57,10 +66,13 @@ func newEnv(t *testing.T) *env {
 // state) and connects e's RPC client to it.
 func (e *env) serve(t *testing.T) {
 	t.Helper()
-	g, err := nfs3.New(nfs3.Options{Client: e.cl})
+	opts := e.opts
+	opts.Client = e.cl
+	g, err := nfs3.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.gw = g
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

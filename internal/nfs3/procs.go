@@ -329,22 +329,85 @@ func (g *Gateway) read(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xd
 		return fail(ErrAcces, &a)
 	}
 	count = min(count, MaxData)
+	// reply answers with data p; it reports whether the reply still
+	// refers to p (a chunk the transport sends from p, over the fabric)
+	// rather than holding a copy.
+	reply := func(p []byte) bool {
+		w.Uint32(uint32(OK))
+		putPostOp(w, &a)
+		w.Uint32(uint32(len(p)))
+		w.Bool(off+uint64(len(p)) >= uint64(a.Size))
+		chunks := len(w.Chunks)
+		w.Opaque(p)
+		return len(w.Chunks) > chunks
+	}
+	// replyPooled answers with (*bp)[:n], a pooled buffer, which goes
+	// back to the pool once the reply no longer refers to it.
+	replyPooled := func(bp *[]byte, n int) bool {
+		if reply((*bp)[:n]) {
+			w.Hold(func() { g.bufs.Put(bp) })
+		} else {
+			g.bufs.Put(bp)
+		}
+		return true
+	}
+	if g.cache == nil {
+		bp := g.bufs.Get().(*[]byte)
+		n := 0
+		if off < uint64(a.Size) {
+			n, err = f.ReadAtContext(ctx, (*bp)[:count], int64(off))
+			if err != nil && !errors.Is(err, io.EOF) {
+				g.bufs.Put(bp)
+				return fail(statusOf(err), &a)
+			}
+		}
+		return replyPooled(bp, n)
+	}
+
+	// From the read cache: [off, end) lies within one block or spans
+	// two (count is at most MaxData, one block).
+	end := min(off+uint64(count), uint64(a.Size))
+	if off >= end {
+		reply(nil)
+		return true
+	}
+	ver := verOf(&a)
+	first, last := int64(off/blockSize), int64((end-1)/blockSize)
+	b, err := g.cache.get(ctx, f, ino, first, ver)
+	if err != nil {
+		return fail(statusOf(err), &a)
+	}
+	lo, hi := int(off-uint64(first)*blockSize), int(end-uint64(first)*blockSize)
+	if first == last {
+		// Straight from the block: pinned until the reply is sent (or
+		// copied into it).
+		hi = min(hi, len(b.data)) // shorter: the file shrank during the fill
+		if reply(b.data[min(lo, hi):hi]) {
+			w.Hold(b.release)
+		} else {
+			b.release()
+		}
+		return true
+	}
+	// Across two blocks: both parts copied into one buffer.
 	bp := g.bufs.Get().(*[]byte)
-	defer g.bufs.Put(bp)
-	buf := (*bp)[:count]
+	buf := (*bp)[:end-off]
 	n := 0
-	if off < uint64(a.Size) {
-		n, err = f.ReadAtContext(ctx, buf, int64(off))
-		if err != nil && !errors.Is(err, io.EOF) {
+	if lo < len(b.data) {
+		n = copy(buf, b.data[lo:])
+	}
+	full := len(b.data) == blockSize
+	b.release()
+	if full {
+		b, err = g.cache.get(ctx, f, ino, last, ver)
+		if err != nil {
+			g.bufs.Put(bp)
 			return fail(statusOf(err), &a)
 		}
+		n += copy(buf[n:], b.data)
+		b.release()
 	}
-	w.Uint32(uint32(OK))
-	putPostOp(w, &a)
-	w.Uint32(uint32(n))
-	w.Bool(off+uint64(n) >= uint64(a.Size))
-	w.Opaque(buf[:n])
-	return true
+	return replyPooled(bp, n)
 }
 
 // write is durable when it returns: every WRITE is written through to
@@ -379,10 +442,14 @@ func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *x
 		return fail(ErrAcces, &a)
 	}
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
-		if _, err := f.WriteAtContext(ctx, data, int64(off)); err != nil {
+		_, err := f.WriteAtContext(ctx, data, int64(off))
+		if err != nil {
 			g.forget(ino)
 			return fail(statusOf(err), g.attrOf(ctx, ino))
 		}
+		// After the write: a fill in progress may have read the old
+		// data, and is dropped too.
+		g.invalidate(ino)
 	}
 	a := f.Attr()
 	w.Uint32(uint32(OK))
@@ -418,6 +485,7 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		putWcc(w, nil)
 		return true
 	}
+	g.invalidate(ino)
 	putWcc(w, &a)
 	w.Fixed(g.verf[:])
 	return true
