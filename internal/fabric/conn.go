@@ -65,6 +65,8 @@ type Conn struct {
 	pre      []byte   // one-sided prefix scratch for one batch, under sendMu
 	iov      [][]byte // iovec scratch, under sendMu
 	deadline time.Time
+	lazy     []byte // packets (headers included) to go with the next send, under sendMu
+	lazyDue  bool   // a timer will flush lazy, under sendMu
 
 	nextID atomic.Uint64
 
@@ -573,6 +575,44 @@ func (c *Conn) SendPacket(id uint64, head, body []byte) error {
 	return c.flush()
 }
 
+// lazyDelay bounds how long SendLater holds a message when nothing else
+// is sent.
+const lazyDelay = 2 * time.Millisecond
+
+// SendLater queues a one-packet message to go out with the connection's
+// next send, or within lazyDelay if none comes, sparing it a system call
+// of its own: for notices that need no haste (RPC's DONE). It keeps the
+// order of sends. msg is copied.
+func (c *Conn) SendLater(id uint64, msg []byte) error {
+	if len(msg) > c.sendMTU {
+		return fmt.Errorf("fabric: message of %d bytes exceeds MTU %d", len(msg), c.sendMTU)
+	}
+	if c.ep.opts.Link != nil {
+		// The link emulation paces packets as they are sent.
+		return c.SendPacket(id, msg, nil)
+	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if err := c.Err(); err != nil {
+		return err
+	}
+	var h [HeaderSize]byte
+	putHeader(h[:], header{kind: KindSend, flags: FlagFirst | FlagLast, length: uint32(len(msg)), id: id})
+	c.lazy = append(append(c.lazy, h[:]...), msg...)
+	if !c.lazyDue {
+		c.lazyDue = true
+		time.AfterFunc(lazyDelay, func() {
+			c.sendMu.Lock()
+			defer c.sendMu.Unlock()
+			c.lazyDue = false
+			if len(c.lazy) > 0 {
+				c.flush()
+			}
+		})
+	}
+	return nil
+}
+
 func (c *Conn) sendOne(kind Kind, flags uint8, id uint64, data []byte) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
@@ -599,6 +639,13 @@ func (c *Conn) flush() error {
 	if err := c.Err(); err != nil {
 		c.iov = c.iov[:0]
 		return err
+	}
+	if len(c.lazy) > 0 {
+		// Queued packets go first: they were sent earlier.
+		c.iov = append(c.iov, nil)
+		copy(c.iov[1:], c.iov)
+		c.iov[0] = c.lazy
+		defer func() { c.lazy = c.lazy[:0] }()
 	}
 	if l := c.ep.opts.Link; l != nil {
 		err := c.sendEmulated(l)

@@ -437,3 +437,46 @@ func TestStalledPeerIsClosedIdlePeerIsNot(t *testing.T) {
 		t.Fatal("idle connection was closed")
 	}
 }
+
+// TestSendLater: a queued message goes out with the next send, ahead of
+// it, or on its own within the delay when nothing else is sent.
+func TestSendLater(t *testing.T) {
+	col := newCollector()
+	_, _, pc := pair(t, Options{MTU: MinMTU, Quota: 8}, col)
+	next := func() uint64 {
+		select {
+		case id := <-col.done:
+			return id
+		case <-time.After(5 * time.Second):
+			t.Fatal("no message")
+			return 0
+		}
+	}
+	// Alone: delivered by the timer.
+	if err := pc.SendLater(1, []byte("later")); err != nil {
+		t.Fatal(err)
+	}
+	if id := next(); id != 1 {
+		t.Fatalf("got %d", id)
+	}
+	// Queued twice, then a send: the order holds.
+	pc.SendLater(2, []byte("a"))
+	pc.SendLater(3, []byte("b"))
+	if err := pc.SendPacket(4, []byte("now"), []byte("!")); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []uint64{2, 3, 4} {
+		if id := next(); id != want {
+			t.Fatalf("got message %d, want %d", id, want)
+		}
+	}
+	col.mu.Lock()
+	got := string(col.hdrs[3]) + string(col.hdrs[4])
+	col.mu.Unlock()
+	if got != "bnow!" {
+		t.Fatalf("contents %q", got)
+	}
+	if err := pc.SendLater(5, make([]byte, MinMTU+1)); err == nil {
+		t.Fatal("a message over the MTU was queued")
+	}
+}
