@@ -86,6 +86,9 @@ func (c *Client) HandlePacket(p *fabric.Packet) {
 	c.stats.inline.Add(int64(len(p.Data)))
 	var r creply
 	if err := parseHeader(p.Data, &r.h, MaxChunk, 2*MaxChunk); err != nil || r.h.proc != procMsg {
+		if err == nil {
+			err = fmt.Errorf("%w: DONE from the server", ErrProtocol)
+		}
 		p.Conn.CloseWithError(fmt.Errorf("fabricrpc: bad reply: %w", err))
 		return
 	}
@@ -172,6 +175,7 @@ func (c *Client) Call(ctx context.Context, prog, vers, proc uint32, cred *oncrpc
 	var err error
 	if body == nil {
 		err = c.conn.SendPacket(uint64(xid), head, nil)
+		c.stats.inline.Add(int64(len(head)))
 	} else {
 		// The RPC header joins the transport header; the arguments are
 		// sent from where they are.
@@ -240,8 +244,15 @@ func (c *Client) receive(ctx context.Context, r creply, dst []byte) (*xdr.Reader
 		}
 	}
 	if len(r.h.refs) > 0 && c.conn.Err() == nil {
-		// Without waiting: the server frees the reply's memory.
-		c.conn.Post(uint64(r.h.xid), doneMsg(r.h.xid))
+		// Without waiting for an answer: the server frees the reply's
+		// memory. Queued before the call's credit is returned, to go
+		// with the next send (or within milliseconds), so the server
+		// sees it ahead of any call the credit lets through and its
+		// replies awaiting DONE stay within the credits (a DONE behind
+		// later calls could find its reply evicted); riding along
+		// spares each call a system call.
+		c.conn.SendLater(uint64(r.h.xid), doneMsg(r.h.xid))
+		c.stats.inline.Add(fixedHeader)
 	}
 	if err != nil {
 		return nil, err

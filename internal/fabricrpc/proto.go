@@ -101,10 +101,12 @@ func doneMsg(xid uint32) []byte {
 // the message is long enough to hold one, so a caller can answer it.
 func parseHeader(b []byte, h *header, maxChunk, maxTotal int) error {
 	h.refs, h.body, h.long, h.xid, h.proc = h.refs[:0], nil, false, 0, 0
+	if len(b) >= 4 {
+		h.xid = binary.BigEndian.Uint32(b)
+	}
 	if len(b) < fixedHeader {
 		return fmt.Errorf("%w: message of %d bytes", ErrProtocol, len(b))
 	}
-	h.xid = binary.BigEndian.Uint32(b)
 	if v := binary.BigEndian.Uint32(b[4:]); v != Version {
 		return fmt.Errorf("%w: version %d", ErrProtocol, v)
 	}

@@ -1,6 +1,7 @@
 package fabricrpc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/oncrpc"
@@ -195,11 +197,6 @@ func (s *Server) Closed(c *fabric.Conn, err error) {
 func (s *Server) serve(sc *sconn, p *fabric.Packet, h header, herr error) {
 	ctx := context.Background()
 	var pulled []*[]byte
-	defer func() {
-		for _, b := range pulled {
-			s.bufs.Put(b)
-		}
-	}()
 	pull := func(r chunkRef) ([]byte, error) {
 		bp := s.bufs.Get().(*[]byte)
 		pulled = append(pulled, bp)
@@ -232,10 +229,28 @@ func (s *Server) serve(sc *sconn, p *fabric.Packet, h header, herr error) {
 			chunks = append(chunks, xdr.Chunk{Pos: int(r.pos), Data: d})
 		}
 	}
+	if len(pulled) > 0 {
+		// The reply may refer to the pulled data (a handler answering
+		// with its arguments' bytes): the buffers go back to the pool
+		// when the reply is released, after DONE for a chunked one.
+		w.Hold(func() {
+			for _, b := range pulled {
+				s.bufs.Put(b)
+			}
+		})
+	}
 	ok := false
 	switch {
 	case err == nil:
 		ok = s.RPC.Dispatch(sc.remote, sc.client, body, chunks, w)
+		// Likewise reply chunks in the call's receive buffer, which goes
+		// back now: copied.
+		for i := range w.Chunks {
+			if d := w.Chunks[i].Data; overlaps(d, p.Data) {
+				w.Chunks[i].Data = bytes.Clone(d)
+				s.stats.copied.Add(int64(len(d)))
+			}
+		}
 	case errors.Is(err, ErrProtocol) && len(p.Data) >= 4:
 		// The call's xid is known: tell the caller its message was bad.
 		s.log.Debug("fabricrpc: bad call", "remote", sc.remote, "xid", h.xid, "err", err)
@@ -268,10 +283,20 @@ func (s *Server) serve(sc *sconn, p *fabric.Packet, h header, herr error) {
 // long message if even the de-chunked message does not fit.
 func (s *Server) reply(sc *sconn, xid uint32, w *xdr.Writer) error {
 	c := sc.c
+	long := headerSize(len(w.Chunks))+len(w.B) > c.MTU()
+	if n := len(w.Chunks); n > maxChunks || long && n+1 > maxChunks {
+		// More chunks than a message may list: the caller gets an error
+		// rather than no reply at all.
+		s.log.Error("fabricrpc: reply with too many chunks", "remote", sc.remote, "xid", xid, "chunks", n)
+		w.Release()
+		w = &xdr.Writer{}
+		oncrpc.AppendAccepted(w, xid, oncrpc.SystemErr)
+		long = false
+	}
 	pr := &pendingReply{w: w}
 	refs := make([]chunkRef, 0, len(w.Chunks)+1)
 	body := w.B
-	if headerSize(len(w.Chunks))+len(w.B) > c.MTU() {
+	if long {
 		r := s.ep.Register(w.B, fabric.RemoteRead)
 		pr.regions = append(pr.regions, r)
 		refs = append(refs, chunkRef{pos: 0, len: uint32(len(w.B)), key: r.Key()})
@@ -282,10 +307,6 @@ func (s *Server) reply(sc *sconn, xid uint32, w *xdr.Writer) error {
 		r := s.ep.Register(ch.Data, fabric.RemoteRead)
 		pr.regions = append(pr.regions, r)
 		refs = append(refs, chunkRef{pos: uint32(ch.Pos), len: uint32(len(ch.Data)), key: r.Key()})
-	}
-	if len(refs) > maxChunks {
-		pr.release(s.ep)
-		return fmt.Errorf("fabricrpc: reply with %d chunks", len(refs))
 	}
 	head := appendHeader(make([]byte, 0, headerSize(len(refs))), xid, refs)
 	if len(refs) > 0 && !sc.hold(s, xid, pr) {
@@ -312,6 +333,9 @@ func (sc *sconn) hold(s *Server, xid uint32, pr *pendingReply) bool {
 	}
 	sc.seq++
 	pr.seq = sc.seq
+	// Set under the lock: whoever takes pr from pending (DONE, eviction,
+	// the close) stops it.
+	pr.timer = time.AfterFunc(s.DoneTimeout, func() { sc.releaseIf(xid, pr, &s.stats, s.ep) })
 	old := sc.pending[xid] // a retransmission: its earlier reply's DONE is not coming
 	sc.pending[xid] = pr
 	var oldest uint32
@@ -332,7 +356,6 @@ func (sc *sconn) hold(s *Server, xid uint32, pr *pendingReply) bool {
 	if evict {
 		sc.release(oldest, true, &s.stats)
 	}
-	pr.timer = time.AfterFunc(s.DoneTimeout, func() { sc.releaseIf(xid, pr, &s.stats, s.ep) })
 	return true
 }
 
@@ -373,4 +396,14 @@ func (pr *pendingReply) release(ep *fabric.Endpoint) {
 	}
 	pr.regions = nil
 	pr.w.Release()
+}
+
+// overlaps reports whether a and b share memory (b up to its capacity).
+func overlaps(a, b []byte) bool {
+	if len(a) == 0 || cap(b) == 0 {
+		return false
+	}
+	pa := uintptr(unsafe.Pointer(unsafe.SliceData(a)))
+	pb := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return pa < pb+uintptr(cap(b)) && pb < pa+uintptr(len(a))
 }
