@@ -500,11 +500,22 @@ func (c *Conn) recvCompletion(h header) error {
 			return err
 		}
 	}
-	var err error
 	if h.kind == KindAccessErr {
-		err = &AccessError{Reason: string(msg)}
+		// Fatal to the connection, as on an RDMA queue pair: it is
+		// failed before the initiator hears why, so it finds it broken.
+		err := &AccessError{Reason: string(msg)}
+		c.opsMu.Lock()
+		o := c.ops[h.id]
+		delete(c.ops, h.id)
+		c.opsMu.Unlock()
+		if o == nil {
+			return fmt.Errorf("%w: %s for unknown operation %d", ErrProtocol, h.kind, h.id)
+		}
+		c.fail(err)
+		o.done <- err
+		return err
 	}
-	if !c.complete(h.id, err) {
+	if !c.complete(h.id, nil) {
 		return fmt.Errorf("%w: %s for unknown operation %d", ErrProtocol, h.kind, h.id)
 	}
 	return nil

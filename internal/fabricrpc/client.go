@@ -21,18 +21,34 @@ type ClientOptions struct {
 	ChunkMin int
 }
 
-// Client makes RPC calls over one fabric connection, as many in flight as
-// the server posted receive buffers for (less one, kept for DONE).
+// Client makes RPC calls over a fabric connection, as many in flight as
+// the server posted receive buffers for (less one, kept for DONE). When
+// the connection breaks under a call whose reply had come (its chunks
+// could not be pulled: a DONE timeout at the server, say), it connects
+// again and retransmits the call once, with the same xid, as seed 001's
+// client does; the server's duplicate-request cache answers a
+// non-idempotent call that already ran.
 type Client struct {
 	ep       *fabric.Endpoint
-	conn     *fabric.Conn
+	addr     string
+	opts     ClientOptions
 	chunkMin int
-	credits  chan struct{}
 	stats    counters
 
-	mu      sync.Mutex
+	dialMu sync.Mutex // one redial at a time
+	mu     sync.Mutex
+	cur    *cconn
+	// pending are the calls awaiting replies, by xid (xids are unique
+	// across the client's connections).
 	pending map[uint32]chan creply
 	next    uint32
+	closed  bool
+}
+
+// cconn is one connection and its credits.
+type cconn struct {
+	c       *fabric.Conn
+	credits chan struct{}
 }
 
 // creply is a reply's transport header and a copy of its inline part.
@@ -47,22 +63,54 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 	if err != nil {
 		return nil, fmt.Errorf("fabricrpc: %w", err)
 	}
-	c := &Client{ep: ep, chunkMin: cmpOr(opts.ChunkMin, DefaultChunkMin), pending: map[uint32]chan creply{}, next: rand.Uint32()}
-	conn, err := ep.Dial(ctx, addr, c)
-	if err != nil {
+	c := &Client{ep: ep, addr: addr, opts: opts, chunkMin: cmpOr(opts.ChunkMin, DefaultChunkMin), pending: map[uint32]chan creply{}, next: rand.Uint32()}
+	if _, err := c.conn(ctx, nil); err != nil {
 		ep.Close()
-		return nil, fmt.Errorf("fabricrpc: %w", err)
+		return nil, err
 	}
-	c.conn = conn
-	// Credits: the server's buffers less one for DONE, and no more than
-	// our own buffers less one, so neither side's SENDs ever wait.
-	n := max(1, min(conn.PeerQuota(), cmpOr(opts.BufCount, DefaultBufCount))-1)
-	c.credits = make(chan struct{}, n)
 	return c, nil
 }
 
+// conn returns the current connection, connecting again if it is broken
+// (or is the broken one the caller names).
+func (c *Client) conn(ctx context.Context, broken *cconn) (*cconn, error) {
+	c.mu.Lock()
+	cc, closed := c.cur, c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("fabricrpc: %w", fabric.ErrClosed)
+	}
+	if cc != nil && cc != broken && cc.c.Err() == nil {
+		return cc, nil
+	}
+	c.dialMu.Lock()
+	defer c.dialMu.Unlock()
+	c.mu.Lock()
+	cc = c.cur
+	c.mu.Unlock()
+	if cc != nil && cc != broken && cc.c.Err() == nil {
+		return cc, nil // another caller reconnected
+	}
+	conn, err := c.ep.Dial(ctx, c.addr, c)
+	if err != nil {
+		return nil, fmt.Errorf("fabricrpc: %w", err)
+	}
+	// Credits: the server's buffers less one for DONE, and no more than
+	// our own buffers less one, so neither side's SENDs ever wait.
+	n := max(1, min(conn.PeerQuota(), cmpOr(c.opts.BufCount, DefaultBufCount))-1)
+	cc = &cconn{c: conn, credits: make(chan struct{}, n)}
+	c.mu.Lock()
+	c.cur = cc
+	c.mu.Unlock()
+	return cc, nil
+}
+
 // Credits is how many calls may be outstanding at once.
-func (c *Client) Credits() int { return cap(c.credits) }
+func (c *Client) Credits() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cap(c.cur.credits)
+}
 
 // ChunkMin is the size from which call data goes as a chunk: callers
 // building arguments set it on their xdr.Writer.
@@ -72,7 +120,12 @@ func (c *Client) ChunkMin() int { return c.chunkMin }
 func (c *Client) Stats() Stats { return c.stats.snapshot() }
 
 // Close closes the connection; calls in flight fail.
-func (c *Client) Close() error { return c.ep.Close() }
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	return c.ep.Close()
+}
 
 // HandlePacket takes a reply to whoever waits for it (fabric.Handler). Its
 // inline part is copied out (it is at most a receive buffer) so the buffer
@@ -116,28 +169,51 @@ func (c *Client) Closed(*fabric.Conn, error) {}
 // reply (READ data) is pulled straight into dst when it fits there, else
 // into a new buffer. Errors are as oncrpc.Client's.
 func (c *Client) Call(ctx context.Context, prog, vers, proc uint32, cred *oncrpc.AuthSysCred, args *xdr.Writer, dst []byte) (*xdr.Reader, error) {
-	select {
-	case c.credits <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-c.conn.Done():
-		return nil, c.conn.Err()
-	}
-	defer func() { <-c.credits }()
-	ch := make(chan creply, 1)
 	c.mu.Lock()
 	xid := c.next
 	for c.pending[xid] != nil {
 		xid++
 	}
 	c.next = xid + 1
-	c.pending[xid] = ch
 	c.mu.Unlock()
-	forget := func() {
-		c.mu.Lock()
-		delete(c.pending, xid)
-		c.mu.Unlock()
+	var broken *cconn
+	for attempt := 0; ; attempt++ {
+		cc, err := c.conn(ctx, broken)
+		if err != nil {
+			return nil, err
+		}
+		r, err, again := c.callOn(ctx, cc, xid, prog, vers, proc, cred, args, dst)
+		if !again || attempt > 0 || ctx.Err() != nil {
+			return r, err
+		}
+		c.stats.retransmits.Add(1)
+		broken = cc
 	}
+}
+
+// callOn makes one attempt of a call on cc; again reports a broken
+// connection after which the call may be sent again (it was not sent, or
+// its reply came but could not be pulled).
+func (c *Client) callOn(ctx context.Context, cc *cconn, xid, prog, vers, proc uint32, cred *oncrpc.AuthSysCred, args *xdr.Writer, dst []byte) (_ *xdr.Reader, _ error, again bool) {
+	select {
+	case cc.credits <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err(), false
+	case <-cc.c.Done():
+		return nil, fmt.Errorf("fabricrpc: %w", cc.c.Err()), true
+	}
+	defer func() { <-cc.credits }()
+	rc := make(chan creply, 1)
+	c.mu.Lock()
+	c.pending[xid] = rc
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.pending[xid] == rc {
+			delete(c.pending, xid)
+		}
+		c.mu.Unlock()
+	}()
 
 	hw := xdr.Writer{B: make([]byte, 0, 128)}
 	oncrpc.AppendCall(&hw, xid, prog, vers, proc, cred)
@@ -153,7 +229,7 @@ func (c *Client) Call(ctx context.Context, prog, vers, proc uint32, cred *oncrpc
 	}()
 	refs := make([]chunkRef, 0, len(args.Chunks)+1)
 	body := [][]byte{hw.B, args.B}
-	if headerSize(len(args.Chunks))+len(hw.B)+len(args.B) > c.conn.MTU() {
+	if headerSize(len(args.Chunks))+len(hw.B)+len(args.B) > cc.c.MTU() {
 		whole := append(hw.B, args.B...)
 		c.stats.copied.Add(int64(len(args.B)))
 		r := c.ep.Register(whole, fabric.RemoteRead)
@@ -168,46 +244,45 @@ func (c *Client) Call(ctx context.Context, prog, vers, proc uint32, cred *oncrpc
 		refs = append(refs, chunkRef{pos: uint32(shift + ch.Pos), len: uint32(len(ch.Data)), key: r.Key()})
 	}
 	if len(refs) > maxChunks {
-		forget()
-		return nil, fmt.Errorf("fabricrpc: a call with %d chunks", len(refs))
+		return nil, fmt.Errorf("fabricrpc: a call with %d chunks", len(refs)), false
 	}
 	head := appendHeader(make([]byte, 0, headerSize(len(refs))+shift), xid, refs)
 	var err error
 	if body == nil {
-		err = c.conn.SendPacket(uint64(xid), head, nil)
+		err = cc.c.SendPacket(uint64(xid), head, nil)
 		c.stats.inline.Add(int64(len(head)))
 	} else {
 		// The RPC header joins the transport header; the arguments are
 		// sent from where they are.
 		head = append(head, hw.B...)
-		err = c.conn.SendPacket(uint64(xid), head, args.B)
+		err = cc.c.SendPacket(uint64(xid), head, args.B)
 		c.stats.inline.Add(int64(len(head) + len(args.B)))
 	}
 	if err != nil {
-		forget()
-		return nil, fmt.Errorf("fabricrpc: sending a call: %w", err)
+		return nil, fmt.Errorf("fabricrpc: sending a call: %w", err), cc.c.Err() != nil
 	}
 	c.stats.calls.Add(1)
 
 	var r creply
 	select {
-	case r = <-ch:
+	case r = <-rc:
 	case <-ctx.Done():
-		forget()
-		return nil, ctx.Err()
-	case <-c.conn.Done():
+		return nil, ctx.Err(), false
+	case <-cc.c.Done():
 		select {
-		case r = <-ch:
+		case r = <-rc:
 		default:
-			return nil, fmt.Errorf("fabricrpc: %w", c.conn.Err())
+			// Whether the server ran the call is unknown: not sent again.
+			return nil, fmt.Errorf("fabricrpc: %w", cc.c.Err()), false
 		}
 	}
-	return c.receive(ctx, r, dst)
+	res, err := c.receive(ctx, cc, r, dst)
+	return res, err, err != nil && cc.c.Err() != nil && ctx.Err() == nil
 }
 
 // receive pulls a reply's chunks, sends DONE, and decodes the RPC reply
 // header.
-func (c *Client) receive(ctx context.Context, r creply, dst []byte) (*xdr.Reader, error) {
+func (c *Client) receive(ctx context.Context, cc *cconn, r creply, dst []byte) (*xdr.Reader, error) {
 	msg, refs := r.buf, r.h.refs
 	var err error
 	pull := func(ref chunkRef, into []byte) ([]byte, error) {
@@ -215,7 +290,7 @@ func (c *Client) receive(ctx context.Context, r creply, dst []byte) (*xdr.Reader
 			into = make([]byte, ref.len)
 		}
 		into = into[:ref.len]
-		if err := c.conn.Read(ctx, ref.key, ref.addr, into); err != nil {
+		if err := cc.c.Read(ctx, ref.key, ref.addr, into); err != nil {
 			return nil, fmt.Errorf("fabricrpc: pulling a reply chunk: %w", err)
 		}
 		c.stats.pulled.Add(int64(ref.len))
@@ -243,7 +318,7 @@ func (c *Client) receive(ctx context.Context, r creply, dst []byte) (*xdr.Reader
 			chunks = append(chunks, xdr.Chunk{Pos: int(ref.pos), Data: d})
 		}
 	}
-	if len(r.h.refs) > 0 && c.conn.Err() == nil {
+	if len(r.h.refs) > 0 && cc.c.Err() == nil {
 		// Without waiting for an answer: the server frees the reply's
 		// memory. Queued before the call's credit is returned, to go
 		// with the next send (or within milliseconds), so the server
@@ -251,7 +326,7 @@ func (c *Client) receive(ctx context.Context, r creply, dst []byte) (*xdr.Reader
 		// replies awaiting DONE stay within the credits (a DONE behind
 		// later calls could find its reply evicted); riding along
 		// spares each call a system call.
-		c.conn.SendLater(uint64(r.h.xid), doneMsg(r.h.xid))
+		cc.c.SendLater(uint64(r.h.xid), doneMsg(r.h.xid))
 		c.stats.inline.Add(fixedHeader)
 	}
 	if err != nil {

@@ -80,8 +80,8 @@ func TestCredits(t *testing.T) {
 	if st := s.Stats(); st.Calls != calls {
 		t.Errorf("server answered %d calls, want %d", st.Calls, calls)
 	}
-	if len(c.credits) != 0 {
-		t.Errorf("%d credits still taken", len(c.credits))
+	if n := len(c.cur.credits); n != 0 {
+		t.Errorf("%d credits still taken", n)
 	}
 }
 

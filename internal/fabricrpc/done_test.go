@@ -191,3 +191,43 @@ func TestRetransmitPending(t *testing.T) {
 		t.Fatal("no reply to a call after the DONE")
 	}
 }
+
+// TestRetransmitAfterRevokedReply: a reply whose regions are gone before
+// the client pulls them (a DONE timeout) fails the pull, which breaks
+// the connection; the client connects again and retransmits the call
+// once, with the same xid, and gets its data.
+func TestRetransmitAfterRevokedReply(t *testing.T) {
+	s, svc, addr := startServer(t, nil)
+	c := dialClient(t, addr, ClientOptions{})
+	data := pattern(7, 64<<10)
+	s.revokeNext.Store(true)
+	got, err := echo(testCtx(t), c, data, make([]byte, len(data)))
+	if err != nil {
+		t.Fatalf("echo after a revoked reply: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("wrong data after the retransmission")
+	}
+	if st := c.Stats(); st.Retransmits != 1 {
+		t.Fatalf("%d retransmissions, want 1", st.Retransmits)
+	}
+	if st := s.Stats(); st.DoneTimeouts != 1 || st.Calls != 2 {
+		t.Fatalf("server stats %+v: want the call answered twice, one early release", st)
+	}
+	// On the new connection a non-idempotent call runs once. (Only a
+	// reply with chunks can be revoked, and the duplicate-request cache's
+	// replies are inline, so a retransmitted non-idempotent call meets
+	// the cache as over TCP: see TestRetransmitNonIdempotent.)
+	before := svc.count.Load()
+	w := &xdr.Writer{ChunkMin: c.ChunkMin()}
+	if _, err := c.Call(testCtx(t), testProg, testVers, procCount, nil, w, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := svc.count.Load() - before; n != 1 {
+		t.Fatalf("a counter call ran %d times", n)
+	}
+	// The connection works on.
+	if got, err := echo(testCtx(t), c, data, nil); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("echo after reconnecting: %v", err)
+	}
+}

@@ -329,7 +329,7 @@ func TestChunkLimits(t *testing.T) {
 	if got, err := echo(ctx, c, data, nil); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("connection unusable after the refused calls: %v", err)
 	}
-	if n := c.Credits(); len(c.credits) != 0 {
-		t.Errorf("%d of %d credits still taken", len(c.credits), n)
+	if n := c.Credits(); len(c.cur.credits) != 0 {
+		t.Errorf("%d of %d credits still taken", len(c.cur.credits), n)
 	}
 }

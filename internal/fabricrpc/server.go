@@ -38,15 +38,17 @@ type Stats struct {
 	Copied       int64 // bytes copied in memory by the transport
 	LongMessages int64 // messages sent or received as a chunk at offset 0
 	DoneTimeouts int64 // replies whose regions were released without DONE (server)
+	Retransmits  int64 // calls sent again on a new connection (client)
 }
 
 type counters struct {
-	calls, inline, pulled, copied, long, timeouts atomic.Int64
+	calls, inline, pulled, copied, long, timeouts, retransmits atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
 	return Stats{Calls: c.calls.Load(), InlineBytes: c.inline.Load(), PulledBytes: c.pulled.Load(),
-		Copied: c.copied.Load(), LongMessages: c.long.Load(), DoneTimeouts: c.timeouts.Load()}
+		Copied: c.copied.Load(), LongMessages: c.long.Load(), DoneTimeouts: c.timeouts.Load(),
+		Retransmits: c.retransmits.Load()}
 }
 
 // Server serves an oncrpc.Server's programs over the fabric. Set its
@@ -69,6 +71,10 @@ type Server struct {
 	log   *slog.Logger
 	stats counters
 	bufs  sync.Pool // pulled chunk buffers of MaxChunk bytes
+
+	// revokeNext, in tests, revokes the next chunked reply's regions as
+	// it is sent, as a DONE timeout would before a slow client's pull.
+	revokeNext atomic.Bool
 }
 
 // Stats returns the server's counters.
@@ -312,6 +318,9 @@ func (s *Server) reply(sc *sconn, xid uint32, w *xdr.Writer) error {
 	if len(refs) > 0 && !sc.hold(s, xid, pr) {
 		pr.release(s.ep)
 		return fabric.ErrClosed
+	}
+	if len(refs) > 0 && s.revokeNext.CompareAndSwap(true, false) {
+		sc.release(xid, true, &s.stats)
 	}
 	s.stats.inline.Add(int64(len(head) + len(body)))
 	err := c.SendPacket(uint64(xid), head, body)
