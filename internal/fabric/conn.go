@@ -78,6 +78,7 @@ type Conn struct {
 	readSem   chan struct{} // bounds remote READs served concurrently
 	readSlots chan struct{} // bounds our READs outstanding at the peer (its readSem)
 	peerQuota int           // receive buffers the peer announced
+	inHost    string        // the peer's IP for an inbound connection under MaxConnsPerHost
 
 	wire *wire // emulated link delivery, if the endpoint has a Link
 
@@ -136,7 +137,7 @@ func (c *Conn) flushCtrl(d time.Duration) {
 // than exceed it at the peer, where it would be a fatal access error.
 const MaxReads = 8
 
-func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int) *Conn {
+func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, inHost string) *Conn {
 	o := ep.opts
 	c := &Conn{
 		ep:         ep,
@@ -154,6 +155,7 @@ func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int) *Conn
 		readSem:    make(chan struct{}, MaxReads),
 		readSlots:  make(chan struct{}, MaxReads),
 		peerQuota:  peerQuota,
+		inHost:     inHost,
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
 	}

@@ -26,6 +26,9 @@ type Options struct {
 	HandshakeTimeout time.Duration
 	// MaxConns bounds inbound connections; more are refused. Default 4096.
 	MaxConns int
+	// MaxConnsPerHost, if positive, bounds inbound connections from one
+	// IP address, so one client cannot take every slot.
+	MaxConnsPerHost int
 	// StallTimeout closes a connection whose peer stops sending in the
 	// middle of a packet for this long. Default 10s.
 	StallTimeout time.Duration
@@ -75,7 +78,8 @@ type Endpoint struct {
 	mu          sync.Mutex
 	lns         []net.Listener
 	conns       map[*Conn]struct{}
-	handshaking int // accepted connections still in their hello
+	handshaking int            // accepted connections still in their hello
+	hosts       map[string]int // inbound connections by peer IP (with MaxConnsPerHost)
 	closed      bool
 	wg          sync.WaitGroup
 	// readers counts connections whose reader goroutine has not exited:
@@ -91,7 +95,7 @@ func NewEndpoint(opts Options) (*Endpoint, error) {
 	if err := opts.fill(); err != nil {
 		return nil, err
 	}
-	e := &Endpoint{opts: opts, conns: make(map[*Conn]struct{}), stop: make(chan struct{})}
+	e := &Endpoint{opts: opts, conns: make(map[*Conn]struct{}), hosts: make(map[string]int), stop: make(chan struct{})}
 	e.clock.Store(time.Now().UnixNano())
 	e.wg.Add(1)
 	go e.watch()
@@ -188,21 +192,36 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 			continue
 		}
 		backoff = 0
+		var host string
+		if e.opts.MaxConnsPerHost > 0 {
+			host = nc.RemoteAddr().String()
+			if h, _, err := net.SplitHostPort(host); err == nil {
+				host = h
+			}
+		}
 		e.mu.Lock()
 		full := len(e.conns)+e.handshaking >= e.opts.MaxConns
-		if !full {
+		hostFull := host != "" && e.hosts[host] >= e.opts.MaxConnsPerHost
+		if !full && !hostFull {
 			e.handshaking++
+			if host != "" {
+				e.hosts[host]++
+			}
 		}
 		e.mu.Unlock()
-		if full {
-			e.opts.Logger.Warn("fabric: refusing connection, too many open", "peer", nc.RemoteAddr(), "max", e.opts.MaxConns)
+		if full || hostFull {
+			e.opts.Logger.Warn("fabric: refusing connection, too many open", "peer", nc.RemoteAddr(), "max", e.opts.MaxConns,
+				"from_this_host", hostFull)
 			nc.Close()
 			continue
 		}
 		go func() {
-			_, err := e.handshake(nc, h)
+			_, err := e.handshake(nc, h, host)
 			e.mu.Lock()
 			e.handshaking--
+			if err != nil {
+				e.unhost(host)
+			}
 			e.mu.Unlock()
 			if err != nil {
 				e.opts.Logger.Debug("fabric: handshake failed", "peer", nc.RemoteAddr(), "err", err)
@@ -219,7 +238,7 @@ func (e *Endpoint) Dial(ctx context.Context, addr string, h Handler) (*Conn, err
 	if err != nil {
 		return nil, fmt.Errorf("fabric: dialing %s: %w", addr, err)
 	}
-	c, err := e.handshake(nc, h)
+	c, err := e.handshake(nc, h, "")
 	if err != nil {
 		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, err)
 	}
@@ -230,7 +249,9 @@ const helloSize = 16
 
 var helloMagic = [4]byte{'S', 'L', 'F', 1}
 
-func (e *Endpoint) handshake(nc net.Conn, h Handler) (*Conn, error) {
+// handshake opens a connection; inHost is the peer's IP for an inbound
+// connection counted against MaxConnsPerHost ("" otherwise).
+func (e *Endpoint) handshake(nc net.Conn, h Handler, inHost string) (*Conn, error) {
 	var hello [helloSize]byte
 	copy(hello[:], helloMagic[:])
 	binary.LittleEndian.PutUint32(hello[4:], uint32(e.opts.MTU))
@@ -270,7 +291,7 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler) (*Conn, error) {
 		return nil, ErrClosed
 	}
 	e.readers.Add(1)
-	c := newConn(e, nc, h, mtu, pq)
+	c := newConn(e, nc, h, mtu, pq, inHost)
 	e.conns[c] = struct{}{}
 	e.mu.Unlock()
 	return c, nil
@@ -278,8 +299,21 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler) (*Conn, error) {
 
 func (e *Endpoint) forget(c *Conn) {
 	e.mu.Lock()
-	delete(e.conns, c)
+	if _, ok := e.conns[c]; ok {
+		delete(e.conns, c)
+		e.unhost(c.inHost)
+	}
 	e.mu.Unlock()
+}
+
+// unhost uncounts an inbound connection from host. Caller holds e.mu.
+func (e *Endpoint) unhost(host string) {
+	if host == "" {
+		return
+	}
+	if e.hosts[host]--; e.hosts[host] <= 0 {
+		delete(e.hosts, host)
+	}
 }
 
 // Close stops listening and closes every connection.

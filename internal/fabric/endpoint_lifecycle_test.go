@@ -147,3 +147,64 @@ func countFDs(t *testing.T) int {
 	}
 	return n
 }
+
+// TestMaxConnsPerHost: inbound connections from one IP beyond the bound
+// are refused, another IP is still served, and a closed connection frees
+// its host's slot.
+func TestMaxConnsPerHost(t *testing.T) {
+	srv, err := NewEndpoint(Options{MaxConnsPerHost: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	addr, err := srv.Listen("127.0.0.1:0", newCollector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, _ := NewEndpoint(Options{HandshakeTimeout: 2 * time.Second})
+	defer cli.Close()
+	from := func(ip net.IP) (*Conn, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}
+		nc, err := d.Dial("tcp", addr.String())
+		if err != nil {
+			t.Skipf("cannot dial from %s: %v", ip, err)
+		}
+		c, err := cli.handshake(nc, newCollector(), "")
+		if err != nil {
+			return nil, err
+		}
+		// A refused connection may pass the hello before the server
+		// closes it: check it stays up.
+		select {
+		case <-c.Done():
+			return nil, c.Err()
+		case <-time.After(100 * time.Millisecond):
+			return c, nil
+		}
+	}
+	lo := net.IPv4(127, 0, 0, 1)
+	a, err := from(lo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := from(lo); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := from(lo); err == nil {
+		t.Fatal("a third connection from one host was accepted with MaxConnsPerHost 2")
+	}
+	if _, err := from(net.IPv4(127, 0, 0, 2)); err != nil {
+		t.Fatalf("another host refused: %v", err)
+	}
+	a.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := from(lo); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no slot freed by closing a connection")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

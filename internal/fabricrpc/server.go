@@ -22,6 +22,9 @@ const (
 	DefaultBufSize     = 4 << 10 // receive buffer (fabric MTU): a READDIR page fits
 	DefaultBufCount    = 32      // receive buffers per connection
 	DefaultDoneTimeout = 10 * time.Second
+	// Connections served at once, in all and from one IP address.
+	DefaultMaxConns        = 1024
+	DefaultMaxConnsPerHost = 64
 	// MaxChunk bounds one chunk: an NFS READ or WRITE of 1 MiB, or a long
 	// message of that order.
 	MaxChunk = 1<<20 + 64<<10
@@ -65,7 +68,13 @@ type Server struct {
 	// DoneTimeout releases a reply's regions when no DONE came; default
 	// DefaultDoneTimeout.
 	DoneTimeout time.Duration
-	Logger      *slog.Logger
+	// MaxConns and MaxConnsPerHost bound the connections served, in all
+	// and from one IP address; defaults DefaultMaxConns and
+	// DefaultMaxConnsPerHost. Each connection may hold its receive
+	// buffers, their calls' pulled data and 2 × BufCount replies
+	// awaiting DONE.
+	MaxConns, MaxConnsPerHost int
+	Logger                    *slog.Logger
 
 	ep    *fabric.Endpoint
 	log   *slog.Logger
@@ -93,7 +102,8 @@ func (s *Server) Listen(addr string) (net.Addr, error) {
 		s.DoneTimeout = DefaultDoneTimeout
 	}
 	s.bufs.New = func() any { b := make([]byte, MaxChunk); return &b }
-	ep, err := fabric.NewEndpoint(fabric.Options{MTU: cmpOr(s.BufSize, DefaultBufSize), Quota: cmpOr(s.BufCount, DefaultBufCount), Logger: s.log})
+	ep, err := fabric.NewEndpoint(fabric.Options{MTU: cmpOr(s.BufSize, DefaultBufSize), Quota: cmpOr(s.BufCount, DefaultBufCount),
+		MaxConns: cmpOr(s.MaxConns, DefaultMaxConns), MaxConnsPerHost: cmpOr(s.MaxConnsPerHost, DefaultMaxConnsPerHost), Logger: s.log})
 	if err != nil {
 		return nil, fmt.Errorf("fabricrpc: %w", err)
 	}

@@ -44,6 +44,7 @@ const (
 	defaultMaxInFlight  = 64
 	defaultDRCEntries   = 4096
 	defaultMaxConns     = 1024
+	defaultMaxPerHost   = 64
 	defaultWriteTimeout = 30 * time.Second
 	defaultIdleTimeout  = 5 * time.Minute
 	drcMaxBytes         = 64 << 20
@@ -69,6 +70,10 @@ type Server struct {
 	// as they come, logged); default 1024. Each may hold up to
 	// MaxInFlight calls' records.
 	MaxConns int
+	// MaxConnsPerHost bounds the connections from one IP address, so one
+	// client cannot take every slot; default 64 (Linux's nconnect goes
+	// to 16 per mount).
+	MaxConnsPerHost int
 	// WriteTimeout bounds writing one reply: a client that stops reading
 	// loses its connection instead of holding its calls; default 30 s.
 	WriteTimeout time.Duration
@@ -90,6 +95,7 @@ type Server struct {
 	closed    bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
+	hosts     map[string]int // connections served per client IP
 	wg        sync.WaitGroup // connections; each waits for its handlers
 }
 
@@ -107,6 +113,7 @@ func (s *Server) init() {
 		s.drc = newDRC(entries, drcMaxBytes)
 		s.listeners = make(map[net.Listener]struct{})
 		s.conns = make(map[net.Conn]struct{})
+		s.hosts = make(map[string]int)
 	})
 }
 
@@ -172,6 +179,14 @@ func (s *Server) Serve(ln net.Listener) error {
 			nc.Close()
 			continue
 		}
+		host := hostOf(nc.RemoteAddr().String())
+		if s.hosts[host] >= cmp.Or(s.MaxConnsPerHost, defaultMaxPerHost) {
+			s.mu.Unlock()
+			s.log.Warn("oncrpc: too many connections from one host; closing a new one", "remote", nc.RemoteAddr(), "max", cmp.Or(s.MaxConnsPerHost, defaultMaxPerHost))
+			nc.Close()
+			continue
+		}
+		s.hosts[host]++
 		s.conns[nc] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
@@ -217,10 +232,7 @@ type conn struct {
 func (s *Server) serveConn(nc net.Conn) {
 	defer s.wg.Done()
 	c := &conn{s: s, nc: nc, remote: nc.RemoteAddr().String(), slots: make(chan struct{}, s.maxInFlight())}
-	c.client = c.remote
-	if host, _, err := net.SplitHostPort(c.remote); err == nil {
-		c.client = host
-	}
+	c.client = hostOf(c.remote)
 	br := bufio.NewReaderSize(nc, 32<<10)
 	var err error
 	for {
@@ -250,6 +262,9 @@ func (s *Server) serveConn(nc net.Conn) {
 	nc.Close()
 	s.mu.Lock()
 	delete(s.conns, nc)
+	if s.hosts[c.client]--; s.hosts[c.client] <= 0 {
+		delete(s.hosts, c.client)
+	}
 	s.mu.Unlock()
 
 	switch {
@@ -326,6 +341,14 @@ func (c *conn) respond(rec []byte, w *xdr.Writer) []byte {
 		return nil
 	}
 	return w.B
+}
+
+// hostOf is the IP of addr (host:port), or addr itself.
+func hostOf(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
 }
 
 // Stats returns the server's counters (TCP connections only).

@@ -763,3 +763,27 @@ func TestIdleTimeout(t *testing.T) {
 		t.Fatal("the idle connection was not closed by the server")
 	}
 }
+
+// TestMaxConnsPerHost: one host's connections beyond its bound are
+// closed as they come, while another host is still served.
+func TestMaxConnsPerHost(t *testing.T) {
+	_, addr := start(t, newService(), func(s *Server) { s.MaxConnsPerHost = 2 })
+	a, b := dialRaw(t, addr), dialRaw(t, addr)
+	for _, nc := range []net.Conn{a, b} {
+		exchange(t, nc, rawCall(1, 2, procNull, nil))
+	}
+	extra := dialRaw(t, addr)
+	WriteRecord(extra, rawCall(2, 2, procNull, nil))
+	extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := ReadRecord(extra, nil, 1<<20); err == nil {
+		t.Fatal("a third connection from one host was served with MaxConnsPerHost 2")
+	}
+	// Another loopback address is another host.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	other, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot dial from 127.0.0.2: %v", err)
+	}
+	defer other.Close()
+	exchange(t, other, rawCall(3, 2, procNull, nil))
+}
