@@ -407,7 +407,7 @@ func (c *Conn) recvWrite(h header) error {
 	}
 	key, off := binary.LittleEndian.Uint64(pre), binary.LittleEndian.Uint64(pre[8:])
 	n := uint64(h.length) - oneSidedPrefix
-	dst, aerr := c.ep.regions.access(key, off, n, RemoteWrite)
+	r, dst, aerr := c.ep.regions.access(key, off, n, RemoteWrite)
 	if aerr != nil {
 		if _, err := io.CopyN(io.Discard, c.br, int64(n)); err != nil {
 			return err
@@ -415,7 +415,9 @@ func (c *Conn) recvWrite(h header) error {
 		return c.accessDenied(h.id, aerr)
 	}
 	// Direct placement: the payload goes from the socket into the region.
-	if _, err := io.ReadFull(c.br, dst); err != nil {
+	_, err = io.ReadFull(c.br, dst)
+	r.unuse()
+	if err != nil {
 		return err
 	}
 	if h.flags&FlagSignal != 0 {
@@ -433,7 +435,7 @@ func (c *Conn) recvReadReq(h header) error {
 		return err
 	}
 	key, off, n := binary.LittleEndian.Uint64(pre), binary.LittleEndian.Uint64(pre[8:]), binary.LittleEndian.Uint64(pre[16:])
-	src, aerr := c.ep.regions.access(key, off, n, RemoteRead)
+	r, src, aerr := c.ep.regions.access(key, off, n, RemoteRead)
 	if aerr != nil {
 		return c.accessDenied(h.id, aerr)
 	}
@@ -449,15 +451,20 @@ func (c *Conn) recvReadReq(h header) error {
 		case c.readSem <- struct{}{}:
 			t.Stop()
 		case <-t.C:
+			r.unuse()
 			return c.accessDenied(h.id, errors.New("too many outstanding remote reads"))
 		case <-c.done:
 			t.Stop()
+			r.unuse()
 			return ErrClosed
 		}
 	}
 	// Serve off the reader goroutine: sending may block on the peer.
 	go func() {
 		defer func() { <-c.readSem }()
+		// The memory stays the region's until the response is written,
+		// even if the owner revokes the key meanwhile.
+		defer r.unuse()
 		if err := c.sendStream(KindReadResp, h.id, src); err != nil {
 			c.fail(err)
 		}

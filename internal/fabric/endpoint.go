@@ -142,8 +142,21 @@ func (e *Endpoint) Options() Options { return e.opts }
 // Register makes buf accessible to peers with perm.
 func (e *Endpoint) Register(buf []byte, perm Perm) *Region { return e.regions.register(buf, perm) }
 
-// Deregister revokes a region; later accesses fail with an access error.
-func (e *Endpoint) Deregister(r *Region) { e.regions.deregister(r) }
+// Deregister revokes a region: later accesses fail with an access error.
+// It returns once no one-sided operation that began before is using the
+// memory (a READ response still being written from it, a WRITE still
+// being placed), so the caller may reuse it.
+func (e *Endpoint) Deregister(r *Region) {
+	idle := make(chan struct{})
+	e.regions.deregister(r, func() { close(idle) })
+	<-idle
+}
+
+// Release revokes r's key, like Deregister, and calls idle once no
+// one-sided operation that began before is still using its memory (at
+// once if none is): only then may the owner reuse or free it. idle may
+// run on another goroutine.
+func (e *Endpoint) Release(r *Region, idle func()) { e.regions.deregister(r, idle) }
 
 // Listen accepts connections on addr (host:port) and hands their messages
 // to h. It returns the bound address.

@@ -28,6 +28,54 @@ type Region struct {
 	key  uint64
 	buf  []byte
 	perm Perm
+
+	// One-sided operations using the memory now: deregistering revokes
+	// the key at once, but the memory is the owner's again only when the
+	// last of them is done (onIdle).
+	mu     sync.Mutex
+	inUse  int
+	gone   bool
+	onIdle []func()
+}
+
+// use marks an operation on the region's memory; false once revoked.
+func (r *Region) use() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gone {
+		return false
+	}
+	r.inUse++
+	return true
+}
+
+// unuse ends an operation begun by use.
+func (r *Region) unuse() {
+	r.mu.Lock()
+	r.inUse--
+	var run []func()
+	if r.inUse == 0 && r.gone {
+		run, r.onIdle = r.onIdle, nil
+	}
+	r.mu.Unlock()
+	for _, f := range run {
+		f()
+	}
+}
+
+// revoke marks the region gone and runs idle (if not nil) once no
+// operation uses its memory.
+func (r *Region) revoke(idle func()) {
+	r.mu.Lock()
+	r.gone = true
+	now := r.inUse == 0
+	if !now && idle != nil {
+		r.onIdle = append(r.onIdle, idle)
+	}
+	r.mu.Unlock()
+	if now && idle != nil {
+		idle()
+	}
 }
 
 // Key names the region to peers.
@@ -72,26 +120,31 @@ func (t *regions) register(buf []byte, perm Perm) *Region {
 	}
 }
 
-func (t *regions) deregister(r *Region) {
+func (t *regions) deregister(r *Region, idle func()) {
 	t.mu.Lock()
 	delete(t.m, r.key)
 	t.mu.Unlock()
+	r.revoke(idle)
 }
 
-// access returns the slice [off, off+n) of the region key if perm allows it.
-func (t *regions) access(key, off, n uint64, perm Perm) ([]byte, error) {
+// access returns the slice [off, off+n) of the region key if perm allows
+// it, and the region, marked in use: the caller calls unuse when done
+// with the memory.
+func (t *regions) access(key, off, n uint64, perm Perm) (*Region, []byte, error) {
 	t.mu.RLock()
 	r := t.m[key]
 	t.mu.RUnlock()
-	if r == nil {
-		return nil, fmt.Errorf("%w %#x", ErrNoRegion, key)
+	if r == nil || !r.use() {
+		return nil, nil, fmt.Errorf("%w %#x", ErrNoRegion, key)
 	}
 	if r.perm&perm != perm {
-		return nil, ErrPerm
+		r.unuse()
+		return nil, nil, ErrPerm
 	}
 	end := off + n
 	if end < off || end > uint64(len(r.buf)) {
-		return nil, fmt.Errorf("%w: [%d,+%d) of %d bytes", ErrBounds, off, n, len(r.buf))
+		r.unuse()
+		return nil, nil, fmt.Errorf("%w: [%d,+%d) of %d bytes", ErrBounds, off, n, len(r.buf))
 	}
-	return r.buf[off:end], nil
+	return r, r.buf[off:end], nil
 }

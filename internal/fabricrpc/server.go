@@ -409,12 +409,27 @@ func (sc *sconn) releaseIf(xid uint32, pr *pendingReply, st *counters, ep *fabri
 	pr.release(ep)
 }
 
+// release revokes the reply's keys at once and releases what it holds
+// (unpins cache blocks, returns buffers) once no READ of the client's is
+// still being answered from that memory: a client that sends DONE while
+// its own pull streams must not see the memory reused under it. It does
+// not wait (it runs on the connection's reader for DONE).
 func (pr *pendingReply) release(ep *fabric.Endpoint) {
-	for _, r := range pr.regions {
-		ep.Deregister(r)
-	}
+	regions, w := pr.regions, pr.w
 	pr.regions = nil
-	pr.w.Release()
+	if len(regions) == 0 {
+		w.Release()
+		return
+	}
+	var left atomic.Int32
+	left.Store(int32(len(regions)))
+	for _, r := range regions {
+		ep.Release(r, func() {
+			if left.Add(-1) == 0 {
+				w.Release()
+			}
+		})
+	}
 }
 
 // overlaps reports whether a and b share memory (b up to its capacity).

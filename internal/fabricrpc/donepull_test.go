@@ -1,0 +1,113 @@
+package fabricrpc
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/fabric"
+)
+
+// parkClient is a raw client whose reader can be parked in HandlePacket,
+// so it stops reading its socket and the server's writes back up.
+type parkClient struct {
+	msgs chan []byte
+	mu   sync.Mutex
+	park chan struct{} // non-nil: the next packet waits for it to close
+	in   chan struct{}
+}
+
+func (s *parkClient) HandlePacket(p *fabric.Packet) {
+	m := append([]byte(nil), p.Data...)
+	p.Release()
+	s.mu.Lock()
+	park := s.park
+	s.park = nil
+	s.mu.Unlock()
+	s.msgs <- m
+	if park != nil {
+		close(s.in)
+		<-park
+	}
+}
+
+func (s *parkClient) Closed(*fabric.Conn, error) {}
+
+// TestDoneDuringPull: a client that sends DONE while its own pull of the
+// reply is still streaming must not get memory the server has reused
+// (a cache block recycled for another file): the key is revoked at once,
+// but what the reply held is released only when the pull is done.
+func TestDoneDuringPull(t *testing.T) {
+	_, svc, addr := startServer(t, nil)
+	orig := append([]byte(nil), svc.static...)
+	ep, err := fabric.NewEndpoint(fabric.Options{MTU: DefaultBufSize, Quota: DefaultBufCount})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &parkClient{msgs: make(chan []byte, 16), in: make(chan struct{})}
+	conn, err := ep.Dial(context.Background(), addr, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	defer func() {
+		close(gate)
+		ep.Close()
+	}()
+	if err := conn.SendPacket(1, callMsg(1, procHeld, nil, words(1<<20)), nil); err != nil {
+		t.Fatal(err)
+	}
+	rep := decodeReply(t, <-pc.msgs)
+	if len(rep.h.refs) != 1 {
+		t.Fatalf("%d chunks", len(rep.h.refs))
+	}
+	ref := rep.h.refs[0]
+	// Park our reader on the next reply, then pull: the server's
+	// response stalls once the socket buffers fill.
+	pc.mu.Lock()
+	pc.park = gate
+	pc.mu.Unlock()
+	if err := conn.SendPacket(2, callMsg(2, procNull, nil, nil), nil); err != nil {
+		t.Fatal(err)
+	}
+	<-pc.in
+	const pulls = 8
+	dsts := make([][]byte, pulls)
+	rerr := make(chan error, pulls)
+	for i := range dsts {
+		dsts[i] = make([]byte, ref.len)
+		go func() { rerr <- conn.Read(context.Background(), ref.key, ref.addr, dsts[i]) }()
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := conn.SendPacket(3, doneMsg(1), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-svc.held:
+		t.Fatal("the reply's memory was released while a pull of it was still being answered")
+	case <-time.After(300 * time.Millisecond):
+	}
+	// Let the pulls finish: they get the original bytes, then the memory
+	// is released.
+	pc.mu.Lock()
+	close(gate)
+	gate = make(chan struct{})
+	pc.mu.Unlock()
+	for range pulls {
+		if err := <-rerr; err != nil {
+			t.Fatalf("pull: %v", err)
+		}
+	}
+	for _, dst := range dsts {
+		if !bytes.Equal(dst, orig[:len(dst)]) {
+			t.Fatal("pulled data differ from the reply's")
+		}
+	}
+	select {
+	case <-svc.held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reply's memory was not released after the pulls")
+	}
+}
