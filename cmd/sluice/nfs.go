@@ -21,8 +21,9 @@ import (
 )
 
 // statsProg is a private RPC program (in the transient range) the
-// gateway serves beside NFS and MOUNT: procedure 1 returns its transport
-// and cache counters as JSON, for `sluice bench nfs`.
+// gateway serves beside NFS and MOUNT, to callers on the same machine:
+// procedure 1 returns its transport and cache counters as JSON, for
+// `sluice bench nfs`.
 const statsProg = 0x40534c55
 
 // gatewayStats are the counters the stats program reports.
@@ -36,6 +37,11 @@ type gatewayStats struct {
 func statsProgram(get func() gatewayStats) oncrpc.Program {
 	return oncrpc.Program{Prog: statsProg, Low: 1, High: 1,
 		Handle: func(_ context.Context, c *oncrpc.Call, _ *xdr.Reader, res *xdr.Writer) oncrpc.AcceptStat {
+			// Only for callers on this machine: the counters describe
+			// every client's traffic.
+			if host, _, err := net.SplitHostPort(c.Remote); err != nil || !net.ParseIP(host).IsLoopback() {
+				return oncrpc.ProgUnavail
+			}
 			switch c.Proc {
 			case 0:
 			case 1:
@@ -66,6 +72,9 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withClient(func(cl *client.Client) error {
+				if cacheMiB > 1<<30 {
+					return fmt.Errorf("--cache-mib %d: more than 1 PiB", cacheMiB)
+				}
 				cache := cacheMiB << 20
 				if cache <= 0 {
 					cache = -1 // none

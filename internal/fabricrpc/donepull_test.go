@@ -111,3 +111,53 @@ func TestDoneDuringPull(t *testing.T) {
 		t.Fatal("the reply's memory was not released after the pulls")
 	}
 }
+
+// TestPullTimeout: a client that lists a chunk and then never answers
+// the server's READ of it loses its connection after DoneTimeout instead
+// of holding the call (its goroutine and buffer) forever.
+func TestPullTimeout(t *testing.T) {
+	_, _, addr := startServer(t, func(s *Server) { s.DoneTimeout = 300 * time.Millisecond })
+	ep, err := fabric.NewEndpoint(fabric.Options{MTU: DefaultBufSize, Quota: DefaultBufCount})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &parkClient{msgs: make(chan []byte, 16), in: make(chan struct{})}
+	conn, err := ep.Dial(context.Background(), addr, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	defer func() {
+		close(gate)
+		ep.Close()
+	}()
+	// Park our reader on a reply: from then on the server's READ requests
+	// go unanswered.
+	pc.mu.Lock()
+	pc.park = gate
+	pc.mu.Unlock()
+	if err := conn.SendPacket(1, callMsg(1, procNull, nil, nil), nil); err != nil {
+		t.Fatal(err)
+	}
+	<-pc.in
+	data := make([]byte, 4096)
+	r := ep.Register(data, fabric.RemoteRead)
+	args := words(uint32(len(data)))
+	msg := callMsg(2, procEcho, []chunkRef{{pos: uint32(len(callMsg(2, procEcho, nil, nil)) - headerSize(0) + 4), len: uint32(len(data)), key: r.Key()}}, args)
+	if err := conn.SendPacket(2, msg, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Past the timeout, let our reader go: it finds the connection closed
+	// by the server (without the timeout it would answer the pull, and
+	// the call would complete on an open connection).
+	time.Sleep(time.Second)
+	pc.mu.Lock()
+	close(gate)
+	gate = make(chan struct{})
+	pc.mu.Unlock()
+	select {
+	case <-conn.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection of a client that did not answer the server's pull in time is still open")
+	}
+}

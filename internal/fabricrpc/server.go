@@ -79,7 +79,8 @@ type Server struct {
 	ep    *fabric.Endpoint
 	log   *slog.Logger
 	stats counters
-	bufs  sync.Pool // pulled chunk buffers of MaxChunk bytes
+	small sync.Pool // pulled chunk buffers of smallChunk bytes
+	large sync.Pool // pulled chunk buffers of MaxChunk bytes
 
 	// revokeNext, in tests, revokes the next chunked reply's regions as
 	// it is sent, as a DONE timeout would before a slow client's pull.
@@ -101,7 +102,6 @@ func (s *Server) Listen(addr string) (net.Addr, error) {
 	if s.DoneTimeout <= 0 {
 		s.DoneTimeout = DefaultDoneTimeout
 	}
-	s.bufs.New = func() any { b := make([]byte, MaxChunk); return &b }
 	ep, err := fabric.NewEndpoint(fabric.Options{MTU: cmpOr(s.BufSize, DefaultBufSize), Quota: cmpOr(s.BufCount, DefaultBufCount),
 		MaxConns: cmpOr(s.MaxConns, DefaultMaxConns), MaxConnsPerHost: cmpOr(s.MaxConnsPerHost, DefaultMaxConnsPerHost), Logger: s.log})
 	if err != nil {
@@ -114,6 +114,47 @@ func (s *Server) Listen(addr string) (net.Addr, error) {
 		return nil, fmt.Errorf("fabricrpc: %w", err)
 	}
 	return a, nil
+}
+
+// smallChunk is the size class of pulled buffers below MaxChunk: a
+// chunk costs about its own size, not a 1 MiB buffer.
+const smallChunk = 64 << 10
+
+// getBuf returns a buffer for a pulled chunk of n bytes.
+func (s *Server) getBuf(n int) *[]byte {
+	pool, size := &s.large, MaxChunk
+	switch {
+	case n <= 4<<10:
+		b := make([]byte, n)
+		return &b
+	case n <= smallChunk:
+		pool, size = &s.small, smallChunk
+	}
+	if b, ok := pool.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, size)
+	return &b
+}
+
+// putBuf returns a buffer from getBuf.
+func (s *Server) putBuf(b *[]byte) {
+	switch cap(*b) {
+	case smallChunk:
+		s.small.Put(b)
+	case MaxChunk:
+		s.large.Put(b)
+	}
+}
+
+// refers reports whether w's reply chunks point into b.
+func refers(w *xdr.Writer, b []byte) bool {
+	for _, c := range w.Chunks {
+		if overlaps(c.Data, b) {
+			return true
+		}
+	}
+	return false
 }
 
 // Close stops serving and closes every connection.
@@ -211,10 +252,15 @@ func (s *Server) Closed(c *fabric.Conn, err error) {
 
 // serve pulls a call's chunks, runs it and sends the reply.
 func (s *Server) serve(sc *sconn, p *fabric.Packet, h header, herr error) {
-	ctx := context.Background()
+	// A client that registers chunks and then stops answering READs
+	// must not hold this call (its goroutine, its buffers) forever: the
+	// pulls have DoneTimeout, and a pull that times out fails the
+	// connection.
+	ctx, cancel := context.WithTimeout(context.Background(), s.DoneTimeout)
+	defer cancel()
 	var pulled []*[]byte
 	pull := func(r chunkRef) ([]byte, error) {
-		bp := s.bufs.Get().(*[]byte)
+		bp := s.getBuf(int(r.len))
 		pulled = append(pulled, bp)
 		dst := (*bp)[:r.len]
 		if err := sc.c.Read(ctx, r.key, r.addr, dst); err != nil {
@@ -245,16 +291,6 @@ func (s *Server) serve(sc *sconn, p *fabric.Packet, h header, herr error) {
 			chunks = append(chunks, xdr.Chunk{Pos: int(r.pos), Data: d})
 		}
 	}
-	if len(pulled) > 0 {
-		// The reply may refer to the pulled data (a handler answering
-		// with its arguments' bytes): the buffers go back to the pool
-		// when the reply is released, after DONE for a chunked one.
-		w.Hold(func() {
-			for _, b := range pulled {
-				s.bufs.Put(b)
-			}
-		})
-	}
 	ok := false
 	switch {
 	case err == nil:
@@ -279,6 +315,24 @@ func (s *Server) serve(sc *sconn, p *fabric.Packet, h header, herr error) {
 		if errors.Is(err, ErrProtocol) {
 			sc.c.CloseWithError(err)
 		}
+	}
+	// Pulled buffers go back now, except those the reply refers to (a
+	// handler answering with its arguments' bytes): they go when the
+	// reply is released, after DONE for a chunked one.
+	var kept []*[]byte
+	for _, b := range pulled {
+		if refers(w, *b) {
+			kept = append(kept, b)
+		} else {
+			s.putBuf(b)
+		}
+	}
+	if len(kept) > 0 {
+		w.Hold(func() {
+			for _, b := range kept {
+				s.putBuf(b)
+			}
+		})
 	}
 	// The call's buffer goes back before the reply leaves, so a client
 	// whose credit the reply returns never finds it still taken.
@@ -370,6 +424,7 @@ func (sc *sconn) hold(s *Server, xid uint32, pr *pendingReply) bool {
 	}
 	sc.mu.Unlock()
 	if old != nil {
+		old.timer.Stop()
 		old.release(s.ep)
 	}
 	if evict {

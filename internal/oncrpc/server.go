@@ -402,9 +402,15 @@ func (s *Server) dispatch(remote, client string, rec []byte, chunks []xdr.Chunk,
 
 	// The cache keeps inline replies only.
 	w.ChunkMin = 0
+	// The key covers the arguments, chunks included: the same xid with
+	// other data is another call.
 	a := rec[args.Pos():]
-	key := drcKey{client: client, xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc,
-		sum: crc32.ChecksumIEEE(a), size: len(a)}
+	sum, size := crc32.ChecksumIEEE(a), len(a)
+	for _, c := range chunks {
+		sum = crc32.Update(sum, crc32.IEEETable, c.Data)
+		size += len(c.Data)
+	}
+	key := drcKey{client: client, xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc, sum: sum, size: size}
 	switch state, reply := s.drc.begin(key); state {
 	case drcInProgress:
 		s.log.Debug("oncrpc: duplicate of a running call dropped", "remote", remote, "xid", call.XID)
