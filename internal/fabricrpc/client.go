@@ -202,17 +202,15 @@ func (c *Client) callOn(ctx context.Context, cc *cconn, xid, prog, vers, proc ui
 	case <-cc.c.Done():
 		return nil, fmt.Errorf("fabricrpc: %w", cc.c.Err()), true
 	}
-	defer func() { <-cc.credits }()
 	rc := make(chan creply, 1)
 	c.mu.Lock()
 	c.pending[xid] = rc
 	c.mu.Unlock()
+	abandoned := false
 	defer func() {
-		c.mu.Lock()
-		if c.pending[xid] == rc {
-			delete(c.pending, xid)
+		if !abandoned {
+			c.settle(cc, xid, rc)
 		}
-		c.mu.Unlock()
 	}()
 
 	hw := xdr.Writer{B: make([]byte, 0, 128)}
@@ -267,6 +265,11 @@ func (c *Client) callOn(ctx context.Context, cc *cconn, xid, prog, vers, proc ui
 	select {
 	case r = <-rc:
 	case <-ctx.Done():
+		// The server still holds the call's receive buffer: the credit
+		// stays taken until its reply comes, and the reply's chunks are
+		// released with DONE without being pulled.
+		abandoned = true
+		go c.abandon(cc, xid, rc)
 		return nil, ctx.Err(), false
 	case <-cc.c.Done():
 		select {
@@ -278,6 +281,29 @@ func (c *Client) callOn(ctx context.Context, cc *cconn, xid, prog, vers, proc ui
 	}
 	res, err := c.receive(ctx, cc, r, dst)
 	return res, err, err != nil && cc.c.Err() != nil && ctx.Err() == nil
+}
+
+// settle ends a call: it forgets xid and gives the credit back.
+func (c *Client) settle(cc *cconn, xid uint32, rc chan creply) {
+	c.mu.Lock()
+	if c.pending[xid] == rc {
+		delete(c.pending, xid)
+	}
+	c.mu.Unlock()
+	<-cc.credits
+}
+
+// abandon waits for the reply of a call given up on, sends DONE for its
+// chunks, and settles the call.
+func (c *Client) abandon(cc *cconn, xid uint32, rc chan creply) {
+	select {
+	case r := <-rc:
+		if len(r.h.refs) > 0 && cc.c.Err() == nil {
+			cc.c.SendLater(uint64(xid), doneMsg(xid))
+		}
+	case <-cc.c.Done():
+	}
+	c.settle(cc, xid, rc)
 }
 
 // receive pulls a reply's chunks, sends DONE, and decodes the RPC reply

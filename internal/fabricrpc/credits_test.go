@@ -99,3 +99,42 @@ func TestCreditsOwnBuffers(t *testing.T) {
 		}
 	}
 }
+
+// TestAbandonedCallsKeepCredits: a call given up on (its context ended)
+// still holds a receive buffer at the server until its reply, so its
+// credit stays taken until then; calls made meanwhile wait rather than
+// overrun the server's buffers.
+func TestAbandonedCallsKeepCredits(t *testing.T) {
+	_, svc, addr := startServer(t, func(s *Server) { s.BufCount = 4 })
+	c := dialClient(t, addr, ClientOptions{})
+	n := c.Credits()
+	block := func(ctx context.Context) error {
+		w := &xdr.Writer{ChunkMin: c.ChunkMin()}
+		w.Opaque([]byte("x"))
+		_, err := c.Call(ctx, testProg, testVers, procBlock, nil, w, nil)
+		return err
+	}
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		go func() { defer cancel(); block(ctx) }()
+	}
+	waitFor(5*time.Second, func() bool { return svc.running.Load() == int32(n) })
+	time.Sleep(200 * time.Millisecond) // the first calls have given up
+	done := make(chan error, n)
+	for range n {
+		go func() { done <- block(testCtx(t)) }()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if r := svc.running.Load(); r > int32(n) {
+		t.Fatalf("%d calls running at the server with %d credits", r, n)
+	}
+	svc.openGate()
+	for range n {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := svc.maxRunning.Load(); m > int32(n) {
+		t.Fatalf("%d calls ran at once with %d credits", m, n)
+	}
+}
