@@ -231,3 +231,42 @@ func TestRetransmitAfterRevokedReply(t *testing.T) {
 		t.Fatalf("echo after reconnecting: %v", err)
 	}
 }
+
+// TestPendingBytesBound: replies awaiting DONE on all connections pin at
+// most MaxPendingBytes; past it the oldest, whichever connection it is
+// on, is released early.
+func TestPendingBytesBound(t *testing.T) {
+	const size, limit = 2048, 3 * 2048
+	s, svc, addr := startServer(t, func(s *Server) { s.DoneTimeout = time.Minute; s.MaxPendingBytes = limit })
+	a, b := dialRaw(t, addr), dialRaw(t, addr)
+	first := rawHeld(t, a, 1, size)
+	rawHeld(t, b, 2, size)
+	rawHeld(t, a, 3, size)
+	if st := s.Stats(); st.PendingBytes != limit || st.DoneTimeouts != 0 {
+		t.Fatalf("stats %+v: want %d bytes pending, none released", st, limit)
+	}
+	rawHeld(t, b, 4, size) // over: the oldest (on a) goes
+	waitHeld(t, svc, 5*time.Second)
+	if st := s.Stats(); st.PendingBytes != limit || st.DoneTimeouts != 1 {
+		t.Fatalf("stats %+v: want %d bytes pending, one released early", st, limit)
+	}
+	var ae *fabric.AccessError
+	if err := a.conn.Read(testCtx(t), first.key, 0, make([]byte, size)); !errors.As(err, &ae) {
+		t.Fatalf("pull of the reply released early: %v, want an access error", err)
+	}
+	// The access error ended a's connection, releasing its other reply;
+	// DONE and b's close release the rest, and the count follows.
+	if !waitFor(5*time.Second, func() bool { return s.Stats().PendingBytes == 2*size }) {
+		t.Fatalf("pending bytes %d after a's connection ended, want %d", s.Stats().PendingBytes, 2*size)
+	}
+	if err := b.send(doneMsg(2)); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(5*time.Second, func() bool { return s.Stats().PendingBytes == size }) {
+		t.Fatalf("pending bytes %d after a DONE, want %d", s.Stats().PendingBytes, size)
+	}
+	b.conn.Close()
+	if !waitFor(5*time.Second, func() bool { return s.Stats().PendingBytes == 0 }) {
+		t.Fatalf("pending bytes %d after both closed, want 0", s.Stats().PendingBytes)
+	}
+}

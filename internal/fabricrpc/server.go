@@ -2,6 +2,7 @@ package fabricrpc
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ const (
 	// Connections served at once, in all and from one IP address.
 	DefaultMaxConns        = 1024
 	DefaultMaxConnsPerHost = 64
+	DefaultMaxPendingBytes = 512 << 20
 	// MaxChunk bounds one chunk: an NFS READ or WRITE of 1 MiB, or a long
 	// message of that order.
 	MaxChunk = 1<<20 + 64<<10
@@ -42,6 +44,7 @@ type Stats struct {
 	LongMessages int64 // messages sent or received as a chunk at offset 0
 	DoneTimeouts int64 // replies whose regions were released without DONE (server)
 	Retransmits  int64 // calls sent again on a new connection (client)
+	PendingBytes int64 // memory pinned by replies awaiting DONE (server)
 }
 
 type counters struct {
@@ -74,7 +77,12 @@ type Server struct {
 	// buffers, their calls' pulled data and 2 × BufCount replies
 	// awaiting DONE.
 	MaxConns, MaxConnsPerHost int
-	Logger                    *slog.Logger
+	// MaxPendingBytes bounds the memory that replies awaiting DONE pin
+	// across all connections (cache blocks, buffers); past it the oldest
+	// are released early, and their clients' late pulls fail and are
+	// retried. Default DefaultMaxPendingBytes.
+	MaxPendingBytes int64
+	Logger          *slog.Logger
 
 	ep    *fabric.Endpoint
 	log   *slog.Logger
@@ -82,13 +90,24 @@ type Server struct {
 	small sync.Pool // pulled chunk buffers of smallChunk bytes
 	large sync.Pool // pulled chunk buffers of MaxChunk bytes
 
+	// Replies awaiting DONE on every connection, oldest first, and the
+	// bytes they pin: over MaxPendingBytes, the oldest go early.
+	pmu      sync.Mutex
+	plist    list.List
+	pbytes   int64
+	pendingN atomic.Int64 // bytes pinned, for Stats
+
 	// revokeNext, in tests, revokes the next chunked reply's regions as
 	// it is sent, as a DONE timeout would before a slow client's pull.
 	revokeNext atomic.Bool
 }
 
 // Stats returns the server's counters.
-func (s *Server) Stats() Stats { return s.stats.snapshot() }
+func (s *Server) Stats() Stats {
+	st := s.stats.snapshot()
+	st.PendingBytes = s.pendingN.Load()
+	return st
+}
 
 // Listen starts serving on addr and returns the address bound.
 func (s *Server) Listen(addr string) (net.Addr, error) {
@@ -174,6 +193,7 @@ func cmpOr(v, def int) int {
 
 // sconn is a connection's state.
 type sconn struct {
+	srv    *Server
 	c      *fabric.Conn
 	ep     *fabric.Endpoint
 	remote string
@@ -191,6 +211,12 @@ type pendingReply struct {
 	regions []*fabric.Region
 	w       *xdr.Writer // its holds pin the chunks' memory
 	timer   *time.Timer
+
+	// In the server's list of replies awaiting DONE, oldest first.
+	sc    *sconn
+	xid   uint32
+	bytes int64
+	elem  *list.Element
 }
 
 // maxPending bounds the replies awaiting DONE per connection: a client
@@ -202,7 +228,7 @@ func (s *Server) state(c *fabric.Conn) *sconn {
 	if sc, ok := c.Local.(*sconn); ok {
 		return sc
 	}
-	sc := &sconn{c: c, ep: s.ep, remote: c.RemoteAddr().String(), pending: map[uint32]*pendingReply{}}
+	sc := &sconn{srv: s, c: c, ep: s.ep, remote: c.RemoteAddr().String(), pending: map[uint32]*pendingReply{}}
 	sc.client = sc.remote
 	if host, _, err := net.SplitHostPort(sc.remote); err == nil {
 		sc.client = host
@@ -363,7 +389,7 @@ func (s *Server) reply(sc *sconn, xid uint32, w *xdr.Writer) error {
 		oncrpc.AppendAccepted(w, xid, oncrpc.SystemErr)
 		long = false
 	}
-	pr := &pendingReply{w: w}
+	pr := &pendingReply{w: w, sc: sc, xid: xid}
 	refs := make([]chunkRef, 0, len(w.Chunks)+1)
 	body := w.B
 	if long {
@@ -379,6 +405,9 @@ func (s *Server) reply(sc *sconn, xid uint32, w *xdr.Writer) error {
 		refs = append(refs, chunkRef{pos: uint32(ch.Pos), len: uint32(len(ch.Data)), key: r.Key()})
 	}
 	head := appendHeader(make([]byte, 0, headerSize(len(refs))), xid, refs)
+	for _, r := range pr.regions {
+		pr.bytes += int64(r.Len())
+	}
 	if len(refs) > 0 && !sc.hold(s, xid, pr) {
 		pr.release(s.ep)
 		return fabric.ErrClosed
@@ -422,6 +451,8 @@ func (sc *sconn) hold(s *Server, xid uint32, pr *pendingReply) bool {
 		}
 		evict = true
 	}
+	// Listed while it is in pending, so whoever releases it unlists it.
+	victims := s.listPending(pr)
 	sc.mu.Unlock()
 	if old != nil {
 		old.timer.Stop()
@@ -430,7 +461,45 @@ func (sc *sconn) hold(s *Server, xid uint32, pr *pendingReply) bool {
 	if evict {
 		sc.release(oldest, true, &s.stats)
 	}
+	for _, q := range victims {
+		q.sc.releaseIf(q.xid, q, &s.stats, s.ep)
+	}
 	return true
+}
+
+// listPending adds pr to the server's list and returns the oldest
+// replies (on any connection) to release early while over
+// MaxPendingBytes. The caller holds pr's connection's lock.
+func (s *Server) listPending(pr *pendingReply) []*pendingReply {
+	limit := s.MaxPendingBytes
+	if limit <= 0 {
+		limit = DefaultMaxPendingBytes
+	}
+	var victims []*pendingReply
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	pr.elem = s.plist.PushBack(pr)
+	s.pbytes += pr.bytes
+	over := s.pbytes - limit
+	for e := s.plist.Front(); over > 0 && e != nil && e.Value != pr; e = e.Next() {
+		q := e.Value.(*pendingReply)
+		victims = append(victims, q)
+		over -= q.bytes
+	}
+	s.pendingN.Store(s.pbytes)
+	return victims
+}
+
+// unlistPending takes pr off the server's list (once it is released).
+func (s *Server) unlistPending(pr *pendingReply) {
+	s.pmu.Lock()
+	if pr.elem != nil {
+		s.plist.Remove(pr.elem)
+		s.pbytes -= pr.bytes
+		pr.elem = nil
+	}
+	s.pendingN.Store(s.pbytes)
+	s.pmu.Unlock()
 }
 
 // release frees the reply awaiting DONE under xid, if any.
@@ -460,6 +529,7 @@ func (sc *sconn) releaseIf(xid uint32, pr *pendingReply, st *counters, ep *fabri
 	}
 	delete(sc.pending, xid)
 	sc.mu.Unlock()
+	pr.timer.Stop()
 	st.timeouts.Add(1)
 	pr.release(ep)
 }
@@ -470,6 +540,9 @@ func (sc *sconn) releaseIf(xid uint32, pr *pendingReply, st *counters, ep *fabri
 // its own pull streams must not see the memory reused under it. It does
 // not wait (it runs on the connection's reader for DONE).
 func (pr *pendingReply) release(ep *fabric.Endpoint) {
+	if pr.sc != nil {
+		pr.sc.srv.unlistPending(pr)
+	}
 	regions, w := pr.regions, pr.w
 	pr.regions = nil
 	if len(regions) == 0 {
