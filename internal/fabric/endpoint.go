@@ -147,9 +147,10 @@ func (e *Endpoint) Register(buf []byte, perm Perm) *Region { return e.regions.re
 // memory (a READ response still being written from it, a WRITE still
 // being placed), so the caller may reuse it.
 func (e *Endpoint) Deregister(r *Region) {
-	idle := make(chan struct{})
-	e.regions.deregister(r, func() { close(idle) })
-	<-idle
+	e.regions.unmap(r)
+	if idle := r.revokeWait(); idle != nil {
+		<-idle
+	}
 }
 
 // Release revokes r's key, like Deregister, and calls idle once no

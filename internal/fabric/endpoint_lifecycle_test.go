@@ -208,3 +208,51 @@ func TestMaxConnsPerHost(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestDeregisterWaitsForUse: Deregister revokes the key at once but
+// returns only when an operation already using the memory is done;
+// Release calls back then.
+func TestDeregisterWaitsForUse(t *testing.T) {
+	ep, err := NewEndpoint(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	for _, wait := range []bool{true, false} {
+		r := ep.Register(make([]byte, 64), RemoteRead)
+		got, _, err := ep.regions.access(r.Key(), 0, 64, RemoteRead)
+		if err != nil || got != r {
+			t.Fatal("access", err)
+		}
+		done := make(chan struct{})
+		if wait {
+			go func() { ep.Deregister(r); close(done) }()
+		} else {
+			ep.Release(r, func() { close(done) })
+		}
+		time.Sleep(50 * time.Millisecond)
+		if _, _, err := ep.regions.access(r.Key(), 0, 64, RemoteRead); !errors.Is(err, ErrNoRegion) {
+			t.Fatalf("the key still works after revoking: %v", err)
+		}
+		select {
+		case <-done:
+			t.Fatal("the memory was given back while in use")
+		default:
+		}
+		r.unuse()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("not given back once unused")
+		}
+	}
+	// Unused: at once.
+	r := ep.Register(make([]byte, 8), RemoteRead)
+	ep.Deregister(r)
+	called := false
+	r2 := ep.Register(make([]byte, 8), RemoteRead)
+	ep.Release(r2, func() { called = true })
+	if !called {
+		t.Fatal("Release of an unused region did not call back at once")
+	}
+}

@@ -36,6 +36,7 @@ type Region struct {
 	inUse  int
 	gone   bool
 	onIdle []func()
+	idle   chan struct{} // closed at idle, for Deregister; made only if it must wait
 }
 
 // use marks an operation on the region's memory; false once revoked.
@@ -56,11 +57,30 @@ func (r *Region) unuse() {
 	var run []func()
 	if r.inUse == 0 && r.gone {
 		run, r.onIdle = r.onIdle, nil
+		if r.idle != nil {
+			close(r.idle)
+			r.idle = nil
+		}
 	}
 	r.mu.Unlock()
 	for _, f := range run {
 		f()
 	}
+}
+
+// revokeWait marks the region gone and returns a channel closed once no
+// operation uses its memory, or nil if none does now.
+func (r *Region) revokeWait() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gone = true
+	if r.inUse == 0 {
+		return nil
+	}
+	if r.idle == nil {
+		r.idle = make(chan struct{})
+	}
+	return r.idle
 }
 
 // revoke marks the region gone and runs idle (if not nil) once no
@@ -121,10 +141,14 @@ func (t *regions) register(buf []byte, perm Perm) *Region {
 }
 
 func (t *regions) deregister(r *Region, idle func()) {
+	t.unmap(r)
+	r.revoke(idle)
+}
+
+func (t *regions) unmap(r *Region) {
 	t.mu.Lock()
 	delete(t.m, r.key)
 	t.mu.Unlock()
-	r.revoke(idle)
 }
 
 // access returns the slice [off, off+n) of the region key if perm allows
