@@ -212,3 +212,58 @@ func mkMany(t *testing.T, conf, dir string, names []string) {
 		}
 	}
 }
+
+// TestNFSFabricTuning: the fabric transport with tiny receive buffers
+// and a high chunk threshold, so READ replies under the threshold come
+// as long messages (the whole reply pulled from offset 0) and larger
+// ones as chunks; files read and written through it are intact.
+func TestNFSFabricTuning(t *testing.T) {
+	c := startUp(t, filepath.Join(baseDir(t), "data"), 1)
+	base := filepath.Dir(filepath.Dir(c.conf))
+	p := startProc(t, base, "nfs-tuned", "nfs", "--listen", "127.0.0.1:0", "--fabric-listen", "127.0.0.1:0",
+		"--rpc-buffer-size", "1024", "--rpc-buffers", "4", "--chunk-min", "65536", "--conf", c.conf)
+	p.waitLine(t, reNFSListen, 20*time.Second)
+	faddr := p.waitLine(t, reNFSFabricListen, 20*time.Second)[1]
+	local := filepath.Join(baseDir(t), "local")
+	if err := os.MkdirAll(local, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(t, 3<<20+5)
+	src := filepath.Join(local, "src")
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	client := []string{"--transport", "fabric", "--server", faddr, "--rpc-buffer-size", "1024", "--rpc-buffers", "8", "--chunk-min", "2048"}
+	mustRun(t, c.conf, nil, append(append([]string{"nfs-put"}, client...), "--wsize", "16384", src, "/f")...)
+	if got := mustRun(t, c.conf, nil, "cat", "/f").stdout; !bytes.Equal(got, data) {
+		t.Fatal("written over the tuned fabric transport: the CLI reads other bytes")
+	}
+	for _, rsize := range []string{"16384", "65536"} {
+		stats := filepath.Join(local, "stats-"+rsize)
+		got := mustRun(t, c.conf, nil, append(append([]string{"nfs-get"}, client...), "--rsize", rsize, "--readahead", "6", "--stats-json", stats, "/f", "-")...).stdout
+		if !bytes.Equal(got, data) {
+			t.Fatalf("read with %s-byte READs over the tuned fabric transport: other bytes", rsize)
+		}
+		b, err := os.ReadFile(stats)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			ClientFabric struct{ PulledBytes, LongMessages int64 } `json:"client_fabric"`
+		}
+		if err := json.Unmarshal(b, &st); err != nil {
+			t.Fatal(err)
+		}
+		// 16 KiB READs are under the threshold: their replies exceed the
+		// 1 KiB buffers and come as long messages. 64 KiB ones are chunks.
+		if rsize == "16384" && st.ClientFabric.LongMessages < int64(len(data)/16384) {
+			t.Fatalf("16 KiB READs: %d long messages", st.ClientFabric.LongMessages)
+		}
+		if rsize == "65536" && st.ClientFabric.PulledBytes < int64(len(data)-len(data)%65536) {
+			t.Fatalf("64 KiB READs: %d bytes pulled", st.ClientFabric.PulledBytes)
+		}
+	}
+	if r := run(t, c.conf, nil, "nfs-get", "--transport", "fabric", "--server", faddr, "--chunk-min", "0", "/f", "-"); r.code == 0 || !strings.Contains(r.stderr, "chunk-min") {
+		t.Fatalf("--chunk-min 0 accepted: %d %q", r.code, r.stderr)
+	}
+}

@@ -56,6 +56,7 @@ func statsProgram(get func() gatewayStats) oncrpc.Program {
 
 func (a *app) nfsCmd() *cobra.Command {
 	var listen, fabricListen string
+	var fo fabricRPCFlags
 	var cacheMiB int64
 	cmd := &cobra.Command{
 		Use:   "nfs",
@@ -88,7 +89,12 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 					return fmt.Errorf("nfs: %w", err)
 				}
 				srv := &oncrpc.Server{MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs")}
-				fsrv := &fabricrpc.Server{RPC: srv, Logger: a.logger().With("svc", "nfs-fabric")}
+				if err := fo.check(); err != nil {
+					ln.Close()
+					return err
+				}
+				fsrv := &fabricrpc.Server{RPC: srv, Logger: a.logger().With("svc", "nfs-fabric"),
+					BufSize: fo.bufSize, BufCount: fo.bufCount, ChunkMin: fo.chunkMin}
 				srv.Programs = append(g.Programs(), statsProgram(func() gatewayStats {
 					st := gatewayStats{TCP: srv.Stats(), Fabric: fsrv.Stats()}
 					st.CacheHits, st.CacheMisses, st.CacheBytes = g.CacheStats()
@@ -118,11 +124,29 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to export to the network)")
 	cmd.Flags().Int64Var(&cacheMiB, "cache-mib", 256, "MiB of file data the gateway caches for READ (0 for none); other clients' writes show within a second, the gateway's own at once")
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
+	fo.add(cmd, "replies")
 	return cmd
+}
+
+// fabricRPCFlags tune RPC over the fabric on either side.
+type fabricRPCFlags struct{ bufSize, bufCount, chunkMin int }
+
+func (f *fabricRPCFlags) check() error {
+	if f.chunkMin < 1 {
+		return fmt.Errorf("--chunk-min %d: at least 1", f.chunkMin)
+	}
+	return nil
+}
+
+func (f *fabricRPCFlags) add(cmd *cobra.Command, what string) {
+	cmd.Flags().IntVar(&f.bufSize, "rpc-buffer-size", fabricrpc.DefaultBufSize, "fabric transport: bytes in each receive buffer posted per connection (a larger message goes as a long message)")
+	cmd.Flags().IntVar(&f.bufCount, "rpc-buffers", fabricrpc.DefaultBufCount, "fabric transport: receive buffers posted per connection (bounds the calls outstanding)")
+	cmd.Flags().IntVar(&f.chunkMin, "chunk-min", fabricrpc.DefaultChunkMin, "fabric transport: opaque data in "+what+" of at least this many bytes goes as a chunk the peer pulls, smaller inline")
 }
 
 // nfsClientFlags are the Sluice NFS client's settings.
 type nfsClientFlags struct {
+	fabric              fabricRPCFlags
 	server, transport   string
 	rsize, wsize, ahead int
 	statsFile           string
@@ -133,6 +157,7 @@ func (f *nfsClientFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.rsize, "rsize", nfs3.MaxData, "bytes per READ")
 	cmd.Flags().IntVar(&f.wsize, "wsize", nfs3.MaxData, "bytes per WRITE")
 	cmd.Flags().IntVar(&f.ahead, "readahead", 4, "READs in flight beyond the one being written out")
+	f.fabric.add(cmd, "calls (WRITE data)")
 	cmd.Flags().StringVar(&f.transport, "transport", "tcp", "RPC transport: tcp (any NFS server) or fabric (the Sluice gateway's --fabric-listen address)")
 	cmd.Flags().StringVar(&f.statsFile, "stats-json", "", "write the transfer's figures and the client's and server's transport counters (before and after) to this file as JSON (for sluice bench nfs)")
 	cmd.Flags().MarkHidden("stats-json")
@@ -176,7 +201,10 @@ func (f *nfsClientFlags) mount(ctx context.Context) (*nfsclient.Client, nfsclien
 		}
 		rpc, closer = nfsclient.TCP(rc), rc
 	case "fabric":
-		fc, err := fabricrpc.Dial(ctx, f.server, fabricrpc.ClientOptions{})
+		if err := f.fabric.check(); err != nil {
+			return nil, nil, nil, err
+		}
+		fc, err := fabricrpc.Dial(ctx, f.server, fabricrpc.ClientOptions{BufSize: f.fabric.bufSize, BufCount: f.fabric.bufCount, ChunkMin: f.fabric.chunkMin})
 		if err != nil {
 			return nil, nil, nil, err
 		}
