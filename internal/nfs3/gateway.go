@@ -232,8 +232,9 @@ func may(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
 // NFS3ERR_BAD_COOKIE, and the client starts again.
 type listings struct {
 	mu    sync.Mutex
-	m     map[uint64]*listing
-	names int // held in all listings
+	m        map[uint64]*listing
+	bytes    int64 // memory of the entries held in all listings
+	maxBytes int64
 }
 
 type listing struct {
@@ -245,13 +246,25 @@ type listing struct {
 	used    time.Time
 }
 
-// Bounds on what listings hold.
+// Bounds on what listings hold: their count, and the memory of their
+// entries (names are up to 255 bytes, so a bound on entries alone would
+// let long names take gigabytes).
 const (
 	maxListings     = 1024
-	maxListingNames = 4 << 20
+	maxListingBytes = 256 << 20
+	direntOverhead  = 48 // a Dirent's fixed part and the name's header
 )
 
-func (l *listings) init() { l.m = map[uint64]*listing{} }
+// entriesBytes is the memory ents hold.
+func entriesBytes(ents []metaapi.Dirent) int64 {
+	n := int64(len(ents)) * direntOverhead
+	for _, e := range ents {
+		n += int64(len(e.Name))
+	}
+	return n
+}
+
+func (l *listings) init() { l.m, l.maxBytes = map[uint64]*listing{}, maxListingBytes }
 
 // start begins a listing of dir and returns its verifier.
 func (l *listings) start(dir ids.Ino) (uint64, *listing) {
@@ -291,7 +304,7 @@ func (l *listings) add(ls *listing, ents []metaapi.Dirent, done bool) {
 	ls.ents = append(ls.ents, ents...)
 	ls.done = done
 	if !ls.evicted {
-		l.names += len(ents)
+		l.bytes += entriesBytes(ents)
 		l.evictLocked(ls)
 	}
 }
@@ -299,7 +312,7 @@ func (l *listings) add(ls *listing, ents []metaapi.Dirent, done bool) {
 // evictLocked drops the least recently used listings, never keep, while
 // over bounds.
 func (l *listings) evictLocked(keep *listing) {
-	for len(l.m) >= maxListings || l.names > maxListingNames {
+	for len(l.m) >= maxListings || l.bytes > l.maxBytes {
 		var oldest uint64
 		var at time.Time
 		for v, ls := range l.m {
@@ -312,7 +325,7 @@ func (l *listings) evictLocked(keep *listing) {
 		}
 		ls := l.m[oldest]
 		ls.evicted = true
-		l.names -= len(ls.ents)
+		l.bytes -= entriesBytes(ls.ents)
 		delete(l.m, oldest)
 	}
 }
