@@ -231,7 +231,7 @@ func may(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
 // it. A listing the gateway no longer holds (evicted, or a restart) is
 // NFS3ERR_BAD_COOKIE, and the client starts again.
 type listings struct {
-	mu    sync.Mutex
+	mu       sync.Mutex
 	m        map[uint64]*listing
 	bytes    int64 // memory of the entries held in all listings
 	maxBytes int64
