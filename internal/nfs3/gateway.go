@@ -228,8 +228,9 @@ func may(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
 // Meta lists a directory in name order from a name; NFS resumes from a
 // 64-bit cookie. A listing remembers the names it returned, so cookie n
 // (the n-th entry) resumes after the n-th name; its cookie verifier names
-// it. A listing the gateway no longer holds (evicted, or a restart) is
-// NFS3ERR_BAD_COOKIE, and the client starts again.
+// it. For a listing the gateway no longer holds (evicted, or a restart),
+// READDIR lists again up to the cookie's place under a new verifier; a
+// cookie past the end is NFS3ERR_BAD_COOKIE.
 type listings struct {
 	mu       sync.Mutex
 	m        map[uint64]*listing
