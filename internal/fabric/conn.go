@@ -407,7 +407,7 @@ func (c *Conn) recvWrite(h header) error {
 	}
 	key, off := binary.LittleEndian.Uint64(pre), binary.LittleEndian.Uint64(pre[8:])
 	n := uint64(h.length) - oneSidedPrefix
-	r, dst, aerr := c.ep.regions.access(key, off, n, RemoteWrite)
+	r, dst, aerr := c.ep.regions.access(c, key, off, n, RemoteWrite)
 	if aerr != nil {
 		if _, err := io.CopyN(io.Discard, c.br, int64(n)); err != nil {
 			return err
@@ -435,7 +435,7 @@ func (c *Conn) recvReadReq(h header) error {
 		return err
 	}
 	key, off, n := binary.LittleEndian.Uint64(pre), binary.LittleEndian.Uint64(pre[8:]), binary.LittleEndian.Uint64(pre[16:])
-	r, src, aerr := c.ep.regions.access(key, off, n, RemoteRead)
+	r, src, aerr := c.ep.regions.access(c, key, off, n, RemoteRead)
 	if aerr != nil {
 		return c.accessDenied(h.id, aerr)
 	}

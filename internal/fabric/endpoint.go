@@ -140,7 +140,14 @@ func (e *Endpoint) watch() {
 func (e *Endpoint) Options() Options { return e.opts }
 
 // Register makes buf accessible to peers with perm.
-func (e *Endpoint) Register(buf []byte, perm Perm) *Region { return e.regions.register(buf, perm) }
+func (e *Endpoint) Register(buf []byte, perm Perm) *Region { return e.regions.register(buf, perm, nil) }
+
+// RegisterFor registers buf for the peer of connection c alone: other
+// connections of the endpoint are refused it even with its key (as an
+// RDMA memory window bound to one queue pair).
+func (e *Endpoint) RegisterFor(c *Conn, buf []byte, perm Perm) *Region {
+	return e.regions.register(buf, perm, c)
+}
 
 // Deregister revokes a region: later accesses fail with an access error.
 // It returns once no one-sided operation that began before is using the

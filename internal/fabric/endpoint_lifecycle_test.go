@@ -220,7 +220,7 @@ func TestDeregisterWaitsForUse(t *testing.T) {
 	defer ep.Close()
 	for _, wait := range []bool{true, false} {
 		r := ep.Register(make([]byte, 64), RemoteRead)
-		got, _, err := ep.regions.access(r.Key(), 0, 64, RemoteRead)
+		got, _, err := ep.regions.access(nil, r.Key(), 0, 64, RemoteRead)
 		if err != nil || got != r {
 			t.Fatal("access", err)
 		}
@@ -231,7 +231,7 @@ func TestDeregisterWaitsForUse(t *testing.T) {
 			ep.Release(r, func() { close(done) })
 		}
 		time.Sleep(50 * time.Millisecond)
-		if _, _, err := ep.regions.access(r.Key(), 0, 64, RemoteRead); !errors.Is(err, ErrNoRegion) {
+		if _, _, err := ep.regions.access(nil, r.Key(), 0, 64, RemoteRead); !errors.Is(err, ErrNoRegion) {
 			t.Fatalf("the key still works after revoking: %v", err)
 		}
 		select {

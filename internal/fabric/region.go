@@ -28,6 +28,7 @@ type Region struct {
 	key  uint64
 	buf  []byte
 	perm Perm
+	conn *Conn // if set, the only connection that may access it
 
 	// One-sided operations using the memory now: deregistering revokes
 	// the key at once, but the memory is the owner's again only when the
@@ -120,7 +121,7 @@ type regions struct {
 	m  map[uint64]*Region
 }
 
-func (t *regions) register(buf []byte, perm Perm) *Region {
+func (t *regions) register(buf []byte, perm Perm, conn *Conn) *Region {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.m == nil {
@@ -133,7 +134,7 @@ func (t *regions) register(buf []byte, perm Perm) *Region {
 		}
 		k := binary.LittleEndian.Uint64(b[:])
 		if _, dup := t.m[k]; k != 0 && !dup {
-			r := &Region{key: k, buf: buf, perm: perm}
+			r := &Region{key: k, buf: buf, perm: perm, conn: conn}
 			t.m[k] = r
 			return r
 		}
@@ -154,11 +155,11 @@ func (t *regions) unmap(r *Region) {
 // access returns the slice [off, off+n) of the region key if perm allows
 // it, and the region, marked in use: the caller calls unuse when done
 // with the memory.
-func (t *regions) access(key, off, n uint64, perm Perm) (*Region, []byte, error) {
+func (t *regions) access(c *Conn, key, off, n uint64, perm Perm) (*Region, []byte, error) {
 	t.mu.RLock()
 	r := t.m[key]
 	t.mu.RUnlock()
-	if r == nil || !r.use() {
+	if r == nil || r.conn != nil && r.conn != c || !r.use() {
 		return nil, nil, fmt.Errorf("%w %#x", ErrNoRegion, key)
 	}
 	if r.perm&perm != perm {

@@ -230,14 +230,14 @@ func (c *Client) callOn(ctx context.Context, cc *cconn, xid, prog, vers, proc ui
 	if headerSize(len(args.Chunks))+len(hw.B)+len(args.B) > cc.c.MTU() {
 		whole := append(hw.B, args.B...)
 		c.stats.copied.Add(int64(len(args.B)))
-		r := c.ep.Register(whole, fabric.RemoteRead)
+		r := c.ep.RegisterFor(cc.c, whole, fabric.RemoteRead)
 		regions = append(regions, r)
 		refs = append(refs, chunkRef{len: uint32(len(whole)), key: r.Key()})
 		body = nil
 		c.stats.long.Add(1)
 	}
 	for _, ch := range args.Chunks {
-		r := c.ep.Register(ch.Data, fabric.RemoteRead)
+		r := c.ep.RegisterFor(cc.c, ch.Data, fabric.RemoteRead)
 		regions = append(regions, r)
 		refs = append(refs, chunkRef{pos: uint32(shift + ch.Pos), len: uint32(len(ch.Data)), key: r.Key()})
 	}

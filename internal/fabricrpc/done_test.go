@@ -270,3 +270,20 @@ func TestPendingBytesBound(t *testing.T) {
 		t.Fatalf("pending bytes %d after both closed, want 0", s.Stats().PendingBytes)
 	}
 }
+
+// TestReplyRegionsPerConnection: a reply's regions answer only the
+// connection the reply went to; another client holding the key is
+// refused (and loses its connection, as for any access error).
+func TestReplyRegionsPerConnection(t *testing.T) {
+	_, svc, addr := startServer(t, func(s *Server) { s.DoneTimeout = time.Minute })
+	a, b := dialRaw(t, addr), dialRaw(t, addr)
+	ref := rawHeld(t, a, 1, 2048)
+	var ae *fabric.AccessError
+	if err := b.conn.Read(testCtx(t), ref.key, 0, make([]byte, 2048)); !errors.As(err, &ae) {
+		t.Fatalf("another connection pulled a reply's chunk with its key: %v", err)
+	}
+	buf := make([]byte, 2048)
+	if err := a.conn.Read(testCtx(t), ref.key, 0, buf); err != nil || !bytes.Equal(buf, svc.static[:2048]) {
+		t.Fatalf("the reply's own connection: %v", err)
+	}
+}

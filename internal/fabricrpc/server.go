@@ -393,14 +393,14 @@ func (s *Server) reply(sc *sconn, xid uint32, w *xdr.Writer) error {
 	refs := make([]chunkRef, 0, len(w.Chunks)+1)
 	body := w.B
 	if long {
-		r := s.ep.Register(w.B, fabric.RemoteRead)
+		r := s.ep.RegisterFor(c, w.B, fabric.RemoteRead)
 		pr.regions = append(pr.regions, r)
 		refs = append(refs, chunkRef{pos: 0, len: uint32(len(w.B)), key: r.Key()})
 		body = nil
 		s.stats.long.Add(1)
 	}
 	for _, ch := range w.Chunks {
-		r := s.ep.Register(ch.Data, fabric.RemoteRead)
+		r := s.ep.RegisterFor(c, ch.Data, fabric.RemoteRead)
 		pr.regions = append(pr.regions, r)
 		refs = append(refs, chunkRef{pos: uint32(ch.Pos), len: uint32(len(ch.Data)), key: r.Key()})
 	}
