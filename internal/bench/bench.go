@@ -585,13 +585,7 @@ func tableFill(ctx context.Context, r *runner) error {
 var CSVHeader = []string{"experiment", "mode", "k", "size_bytes", "link", "p50_us", "p99_us", "throughput_MBps", "runs", "concurrency", "nacks", "m", "wire_bytes_per_byte"}
 
 func (r *runner) write() error {
-	path := filepath.Join(r.cfg.Out, r.name+".csv")
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	w.Write(CSVHeader)
+	rows := [][]string{CSVHeader}
 	us := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 1, 64) }
 	for _, p := range r.points {
 		conc, nacks := "", ""
@@ -608,18 +602,28 @@ func (r *runner) write() error {
 		if p.WireBytes > 0 {
 			wire = strconv.FormatFloat(p.WireBytes, 'f', 2, 64)
 		}
-		w.Write([]string{p.Experiment, p.Mode, strconv.Itoa(p.K), strconv.FormatInt(p.Size, 10), p.Link,
+		rows = append(rows, []string{p.Experiment, p.Mode, strconv.Itoa(p.K), strconv.FormatInt(p.Size, 10), p.Link,
 			us(p.P50), us(p.P99), strconv.FormatFloat(p.Throughput/1e6, 'f', 1, 64), strconv.Itoa(p.Runs), conc, nacks, m, wire})
 	}
-	w.Flush()
+	if err := writeCSV(filepath.Join(r.cfg.Out, r.name+".csv"), rows); err != nil {
+		return err
+	}
+	return plotExperiment(r.cfg.Out, r.name, r.points)
+}
+
+// writeCSV writes rows (the header first) to path.
+func writeCSV(path string, rows [][]string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	w.WriteAll(rows) // flushes
 	if err := w.Error(); err != nil {
 		f.Close()
 		return err
 	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return plotExperiment(r.cfg.Out, r.name, r.points)
+	return f.Close()
 }
 
 func sizeLabel(n int64) string {

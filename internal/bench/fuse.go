@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -405,12 +404,7 @@ func (r *runner) writeFuse(rows []fuseRow) error {
 		}
 		return 0
 	}
-	f, err := os.Create(filepath.Join(r.cfg.Out, "fuse.csv"))
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	w.Write([]string{"experiment", "op", "replicas", "via", "value", "unit", "vs_sdk", "vs_local", "vs_sdk_file"})
+	out := [][]string{{"experiment", "op", "replicas", "via", "value", "unit", "vs_sdk", "vs_local", "vs_sdk_file"}}
 	ratio := func(a, b float64) string {
 		if b == 0 {
 			return ""
@@ -428,13 +422,11 @@ func (r *runner) writeFuse(rows []fuseRow) error {
 			vsFile = ratio(x.value, find(x.op, x.replicas, "sdk-file"))
 			fmt.Fprintf(r.cfg.Log, "   %-10s %8d %8.1f %-5s %8s %8s %12s\n", x.op, x.replicas, x.value, x.unit, vsSDK, vsLocal, vsFile)
 		}
-		w.Write([]string{"fuse", x.op, strconv.Itoa(x.replicas), x.via, strconv.FormatFloat(x.value, 'f', 1, 64), x.unit, vsSDK, vsLocal, vsFile})
+		out = append(out, []string{"fuse", x.op, strconv.Itoa(x.replicas), x.via, strconv.FormatFloat(x.value, 'f', 1, 64), x.unit, vsSDK, vsLocal, vsFile})
 	}
-	w.Flush()
-	if err := w.Error(); err != nil {
-		f.Close()
+	if err := writeCSV(filepath.Join(r.cfg.Out, "fuse.csv"), out); err != nil {
 		return err
 	}
 	r.wrote = true
-	return f.Close()
+	return nil
 }

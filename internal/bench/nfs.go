@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -189,24 +188,14 @@ func nfsBench(ctx context.Context, r *runner) error {
 			pt.mbps, pt.rsize, pt.ahead, pf.mbps, pf.rsize, pf.ahead, pf.mbps/pt.mbps)
 	}
 
-	f, err := os.Create(filepath.Join(r.cfg.Out, "nfs.csv"))
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	w.Write([]string{"experiment", "transport", "read_size", "read_ahead", "file_bytes", "runs", "mb_per_s",
-		"client_cpu_s_per_gib", "gateway_cpu_s_per_gib", "copied_bytes_per_byte", "socket_bytes_per_byte"})
+	out := [][]string{{"experiment", "transport", "read_size", "read_ahead", "file_bytes", "runs", "mb_per_s",
+		"client_cpu_s_per_gib", "gateway_cpu_s_per_gib", "copied_bytes_per_byte", "socket_bytes_per_byte"}}
 	ff := func(v float64, p int) string { return strconv.FormatFloat(v, 'f', p, 64) }
 	for _, x := range rows {
-		w.Write([]string{"nfs", x.transport, strconv.Itoa(x.rsize), strconv.Itoa(x.ahead), strconv.FormatInt(size, 10), strconv.Itoa(runs),
+		out = append(out, []string{"nfs", x.transport, strconv.Itoa(x.rsize), strconv.Itoa(x.ahead), strconv.FormatInt(size, 10), strconv.Itoa(runs),
 			ff(x.mbps, 1), ff(x.clientCPU, 3), ff(x.gatewayCPU, 3), ff(x.copies, 4), ff(x.socketCopies, 3)})
 	}
-	w.Flush()
-	if err := w.Error(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
+	if err := writeCSV(filepath.Join(r.cfg.Out, "nfs.csv"), out); err != nil {
 		return err
 	}
 	r.wrote = true

@@ -3,9 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/csv"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -228,28 +226,21 @@ func waitRedundant(ctx context.Context, cl *client.Client, since time.Time, time
 
 func (r *runner) writeRepair(rows []repairRow) error {
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].policy < rows[j].policy })
-	f, err := os.Create(filepath.Join(r.cfg.Out, "repair.csv"))
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	w.Write([]string{"experiment", "policy", "client_load", "repair_rate_limit", "data_bytes", "repaired_bytes", "detect_s", "repair_s", "repair_gib_per_s",
-		"client_mb_per_s_before", "client_mb_per_s_during", "client_ratio"})
+	out := [][]string{{"experiment", "policy", "client_load", "repair_rate_limit", "data_bytes", "repaired_bytes", "detect_s", "repair_s", "repair_gib_per_s",
+		"client_mb_per_s_before", "client_mb_per_s_during", "client_ratio"}}
 	for _, x := range rows {
 		ratio := ""
 		if x.load {
 			ratio = strconv.FormatFloat(x.duringMBs/x.baseMBs, 'f', 2, 64)
 		}
-		w.Write([]string{"repair", x.policy, strconv.FormatBool(x.load), strconv.FormatInt(x.limit, 10), strconv.FormatInt(x.data, 10), strconv.FormatInt(x.repaired, 10),
+		out = append(out, []string{"repair", x.policy, strconv.FormatBool(x.load), strconv.FormatInt(x.limit, 10), strconv.FormatInt(x.data, 10), strconv.FormatInt(x.repaired, 10),
 			strconv.FormatFloat(x.detect.Seconds(), 'f', 2, 64), strconv.FormatFloat(x.repair.Seconds(), 'f', 2, 64),
 			strconv.FormatFloat(float64(x.repaired)/(1<<30)/x.repair.Seconds(), 'f', 3, 64),
 			strconv.FormatFloat(x.baseMBs, 'f', 1, 64), strconv.FormatFloat(x.duringMBs, 'f', 1, 64), ratio})
 	}
-	w.Flush()
-	if err := w.Error(); err != nil {
-		f.Close()
+	if err := writeCSV(filepath.Join(r.cfg.Out, "repair.csv"), out); err != nil {
 		return err
 	}
 	r.wrote = true
-	return f.Close()
+	return nil
 }

@@ -13,10 +13,57 @@ import (
 // parkClient is a raw client whose reader can be parked in HandlePacket,
 // so it stops reading its socket and the server's writes back up.
 type parkClient struct {
+	ep   *fabric.Endpoint
+	conn *fabric.Conn
 	msgs chan []byte
 	mu   sync.Mutex
 	park chan struct{} // non-nil: the next packet waits for it to close
-	in   chan struct{}
+	gate chan struct{} // what a parked reader waits for
+	in   chan struct{} // closed when the reader parks
+}
+
+// dialParked connects a parkClient to addr, unparked and closed when
+// the test ends.
+func dialParked(t *testing.T, addr string) *parkClient {
+	t.Helper()
+	ep, err := fabric.NewEndpoint(fabric.Options{MTU: DefaultBufSize, Quota: DefaultBufCount})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &parkClient{ep: ep, msgs: make(chan []byte, 16), in: make(chan struct{}), gate: make(chan struct{})}
+	if pc.conn, err = ep.Dial(context.Background(), addr, pc); err != nil {
+		ep.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pc.unpark()
+		ep.Close()
+	})
+	return pc
+}
+
+// parkOn makes the reader park on the reply to a NULL call, and waits
+// until it has.
+func (s *parkClient) parkOn(t *testing.T, xid uint32) {
+	t.Helper()
+	s.mu.Lock()
+	s.park = s.gate
+	s.mu.Unlock()
+	if err := s.conn.SendPacket(uint64(xid), callMsg(xid, procNull, nil, nil), nil); err != nil {
+		t.Fatal(err)
+	}
+	<-s.in
+}
+
+// unpark lets a parked reader go (once).
+func (s *parkClient) unpark() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.gate:
+	default:
+		close(s.gate)
+	}
 }
 
 func (s *parkClient) HandlePacket(p *fabric.Packet) {
@@ -42,20 +89,8 @@ func (s *parkClient) Closed(*fabric.Conn, error) {}
 func TestDoneDuringPull(t *testing.T) {
 	_, svc, addr := startServer(t, nil)
 	orig := append([]byte(nil), svc.static...)
-	ep, err := fabric.NewEndpoint(fabric.Options{MTU: DefaultBufSize, Quota: DefaultBufCount})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := &parkClient{msgs: make(chan []byte, 16), in: make(chan struct{})}
-	conn, err := ep.Dial(context.Background(), addr, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate := make(chan struct{})
-	defer func() {
-		close(gate)
-		ep.Close()
-	}()
+	pc := dialParked(t, addr)
+	conn := pc.conn
 	if err := conn.SendPacket(1, callMsg(1, procHeld, nil, words(1<<20)), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -66,13 +101,7 @@ func TestDoneDuringPull(t *testing.T) {
 	ref := rep.h.refs[0]
 	// Park our reader on the next reply, then pull: the server's
 	// response stalls once the socket buffers fill.
-	pc.mu.Lock()
-	pc.park = gate
-	pc.mu.Unlock()
-	if err := conn.SendPacket(2, callMsg(2, procNull, nil, nil), nil); err != nil {
-		t.Fatal(err)
-	}
-	<-pc.in
+	pc.parkOn(t, 2)
 	const pulls = 8
 	dsts := make([][]byte, pulls)
 	rerr := make(chan error, pulls)
@@ -91,10 +120,7 @@ func TestDoneDuringPull(t *testing.T) {
 	}
 	// Let the pulls finish: they get the original bytes, then the memory
 	// is released.
-	pc.mu.Lock()
-	close(gate)
-	gate = make(chan struct{})
-	pc.mu.Unlock()
+	pc.unpark()
 	for range pulls {
 		if err := <-rerr; err != nil {
 			t.Fatalf("pull: %v", err)
@@ -117,31 +143,13 @@ func TestDoneDuringPull(t *testing.T) {
 // of holding the call (its goroutine and buffer) forever.
 func TestPullTimeout(t *testing.T) {
 	_, _, addr := startServer(t, func(s *Server) { s.DoneTimeout = 300 * time.Millisecond })
-	ep, err := fabric.NewEndpoint(fabric.Options{MTU: DefaultBufSize, Quota: DefaultBufCount})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := &parkClient{msgs: make(chan []byte, 16), in: make(chan struct{})}
-	conn, err := ep.Dial(context.Background(), addr, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate := make(chan struct{})
-	defer func() {
-		close(gate)
-		ep.Close()
-	}()
+	pc := dialParked(t, addr)
+	conn := pc.conn
 	// Park our reader on a reply: from then on the server's READ requests
 	// go unanswered.
-	pc.mu.Lock()
-	pc.park = gate
-	pc.mu.Unlock()
-	if err := conn.SendPacket(1, callMsg(1, procNull, nil, nil), nil); err != nil {
-		t.Fatal(err)
-	}
-	<-pc.in
+	pc.parkOn(t, 1)
 	data := make([]byte, 4096)
-	r := ep.Register(data, fabric.RemoteRead)
+	r := pc.ep.Register(data, fabric.RemoteRead)
 	args := words(uint32(len(data)))
 	msg := callMsg(2, procEcho, []chunkRef{{pos: uint32(len(callMsg(2, procEcho, nil, nil)) - headerSize(0) + 4), len: uint32(len(data)), key: r.Key()}}, args)
 	if err := conn.SendPacket(2, msg, nil); err != nil {
@@ -151,10 +159,7 @@ func TestPullTimeout(t *testing.T) {
 	// by the server (without the timeout it would answer the pull, and
 	// the call would complete on an open connection).
 	time.Sleep(time.Second)
-	pc.mu.Lock()
-	close(gate)
-	gate = make(chan struct{})
-	pc.mu.Unlock()
+	pc.unpark()
 	select {
 	case <-conn.Done():
 	case <-time.After(5 * time.Second):

@@ -38,7 +38,7 @@ func (e *env) readAt(t *testing.T, fh []byte, off uint64, count uint32) ([]byte,
 	if st != nfs3.OK {
 		t.Fatalf("READ %d at %d: %d", count, off, st)
 	}
-	skipPostOp(r)
+	nfs3.SkipPostOp(r)
 	n, eof, got := r.Uint32(), r.Bool(), r.Opaque(nfs3.MaxData)
 	if r.Err() != nil || int(n) != len(got) {
 		t.Fatalf("READ %d at %d: count %d, %d bytes, %v", count, off, n, len(got), r.Err())

@@ -5,8 +5,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sluicefs/sluice/client"
-	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/oncrpc"
 	"github.com/sluicefs/sluice/internal/xdr"
@@ -21,21 +19,8 @@ var (
 // fuzz input (a cluster per input would be far too slow).
 func fuzzGateway(f *testing.F) *Gateway {
 	fuzzOnce.Do(func() {
-		dir := f.TempDir()
-		c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 1, MetaListen: "127.0.0.1:0", ChunkSize: 1 << 20})
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Cleanup(func() { c.Close() })
-		conf, err := c.Conf()
-		if err != nil {
-			f.Fatal(err)
-		}
-		cl, err := client.New(client.Options{Conf: conf})
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Cleanup(func() { cl.Close() })
+		cl, _ := StartTestCluster(f, 1)
+		var err error
 		if fuzzGW, err = New(Options{Client: cl}); err != nil {
 			f.Fatal(err)
 		}

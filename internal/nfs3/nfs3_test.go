@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sluicefs/sluice/client"
-	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/nfs3"
@@ -38,25 +36,7 @@ func newEnv(t *testing.T) *env {
 
 func newEnvOpts(t *testing.T, opts nfs3.Options) *env {
 	t.Helper()
-	dir := t.TempDir()
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		dir, _ = os.MkdirTemp("/dev/shm", "sluice-nfs3-")
-		t.Cleanup(func() { os.RemoveAll(dir) })
-	}
-	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 3, MetaListen: "127.0.0.1:0", ChunkSize: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	conf, err := c.Conf()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(client.Options{Conf: conf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	cl, conf := nfs3.StartTestCluster(t, 3)
 	e := &env{cl: cl, conf: conf, opts: opts, cred: &oncrpc.AuthSysCred{Machine: "test", UID: 0, GID: 0}}
 	e.serve(t)
 	return e
@@ -189,7 +169,7 @@ func TestGatewaySemantics(t *testing.T) {
 	if st != nfs3.OK {
 		t.Fatalf("WRITE: %d", st)
 	}
-	skipWcc(r)
+	nfs3.SkipWcc(r)
 	if n, committed := r.Uint32(), r.Uint32(); n != uint32(len(data)) || committed != nfs3.FileSync {
 		t.Fatalf("WRITE: count %d committed %d", n, committed)
 	}
@@ -201,7 +181,7 @@ func TestGatewaySemantics(t *testing.T) {
 	if st != nfs3.OK {
 		t.Fatalf("READ: %d", st)
 	}
-	skipPostOp(r)
+	nfs3.SkipPostOp(r)
 	n, eof, got := r.Uint32(), r.Bool(), r.Opaque(1<<20)
 	if r.Err() != nil || int(n) != len(data)-100 || !eof || !bytes.Equal(got, data[100:]) {
 		t.Fatalf("READ: %d bytes eof %v err %v", n, eof, r.Err())
@@ -300,7 +280,7 @@ func TestGatewaySemantics(t *testing.T) {
 		if st != nfs3.OK {
 			return st, nil
 		}
-		skipPostOp(r)
+		nfs3.SkipPostOp(r)
 		r.Uint32()
 		r.Bool()
 		return st, append([]byte(nil), r.Opaque(1<<20)...)
@@ -324,7 +304,7 @@ func TestGatewaySemantics(t *testing.T) {
 	if st != nfs3.OK {
 		t.Fatalf("root's READDIR: %d", st)
 	}
-	skipPostOp(r)
+	nfs3.SkipPostOp(r)
 	verf := append([]byte(nil), r.Fixed(8)...)
 
 	// Another user: no READ, no WRITE (and nothing written), no READDIR
@@ -408,19 +388,6 @@ func TestGatewayBadCalls(t *testing.T) {
 	}
 }
 
-func skipPostOp(r *xdr.Reader) {
-	if r.Bool() {
-		r.Fixed(84)
-	}
-}
-
-func skipWcc(r *xdr.Reader) {
-	if r.Bool() {
-		r.Fixed(24)
-	}
-	skipPostOp(r)
-}
-
 // readdirNames lists dir from cookie with verifier verf, in replies of
 // count bytes, to the end; it returns the names and the last verifier.
 func (e *env) readdirNames(t *testing.T, dir []byte, cookie uint64, verf []byte, count uint32, max int) ([]string, uint64, []byte) {
@@ -431,7 +398,7 @@ func (e *env) readdirNames(t *testing.T, dir []byte, cookie uint64, verf []byte,
 		if st != nfs3.OK {
 			t.Fatalf("READDIR at cookie %d: %d", cookie, st)
 		}
-		skipPostOp(r)
+		nfs3.SkipPostOp(r)
 		verf = append([]byte(nil), r.Fixed(8)...)
 		for r.Bool() {
 			r.Uint64()

@@ -214,6 +214,29 @@ func putWcc(w *xdr.Writer, after *metaapi.Attr) {
 	putPostOp(w, after)
 }
 
+// fattrSize and wccAttrSize are the encoded sizes of a fattr3 and a
+// wcc_attr.
+const (
+	fattrSize   = 84
+	wccAttrSize = 24
+)
+
+// SkipPostOp reads past a post_op_attr (for clients, which take their
+// sizes from GETATTR).
+func SkipPostOp(r *xdr.Reader) {
+	if r.Bool() {
+		r.Fixed(fattrSize)
+	}
+}
+
+// SkipWcc reads past wcc_data.
+func SkipWcc(r *xdr.Reader) {
+	if r.Bool() {
+		r.Fixed(wccAttrSize)
+	}
+	SkipPostOp(r)
+}
+
 // putPostFH appends a post_op_fh3.
 func putPostFH(w *xdr.Writer, ino ids.Ino) {
 	w.Bool(true)

@@ -3,11 +3,8 @@ package nfs3
 import (
 	"bytes"
 	"context"
-	"os"
 	"testing"
 
-	"github.com/sluicefs/sluice/client"
-	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/oncrpc"
 	"github.com/sluicefs/sluice/internal/xdr"
@@ -17,25 +14,7 @@ import (
 // (no transport), with a file of n bytes at /f.
 func testGateway(tb testing.TB, opts Options, n int) (*Gateway, ids.Ino, []byte) {
 	tb.Helper()
-	dir := tb.TempDir()
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		dir, _ = os.MkdirTemp("/dev/shm", "sluice-nfs3-")
-		tb.Cleanup(func() { os.RemoveAll(dir) })
-	}
-	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 1, MetaListen: "127.0.0.1:0", ChunkSize: 1 << 20})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { c.Close() })
-	conf, err := c.Conf()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cl, err := client.New(client.Options{Conf: conf})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { cl.Close() })
+	cl, _ := StartTestCluster(tb, 1)
 	opts.Client = cl
 	g, err := New(opts)
 	if err != nil {
@@ -73,9 +52,7 @@ func readCall(tb testing.TB, g *Gateway, w *xdr.Writer, ino ids.Ino, off uint64,
 	if st := Status(r.Uint32()); st != OK {
 		tb.Fatalf("READ: status %d", st)
 	}
-	if r.Bool() {
-		r.Fixed(84)
-	}
+	SkipPostOp(r)
 	n := r.Uint32()
 	r.Bool()
 	p := r.Opaque(MaxData)

@@ -102,7 +102,7 @@ func Mount(ctx context.Context, rpc Caller, export string, opts Options) (*Clien
 	if err != nil {
 		return nil, err
 	}
-	skipPostOp(fr)
+	nfs3.SkipPostOp(fr)
 	rtmax, _, _, wtmax := fr.Uint32(), fr.Uint32(), fr.Uint32(), fr.Uint32()
 	if fr.Err() != nil {
 		return nil, fmt.Errorf("nfs fsinfo: %w", fr.Err())
@@ -134,19 +134,6 @@ func (c *Client) call(ctx context.Context, op string, proc uint32, args *xdr.Wri
 		return nil, &StatusError{Op: op, Status: st}
 	}
 	return r, nil
-}
-
-func skipPostOp(r *xdr.Reader) {
-	if r.Bool() {
-		r.Fixed(84)
-	}
-}
-
-func skipWcc(r *xdr.Reader) {
-	if r.Bool() {
-		r.Fixed(24)
-	}
-	skipPostOp(r)
 }
 
 // Lookup walks p (slash-separated, relative to the export) and returns
@@ -286,7 +273,7 @@ func (c *Client) read(ctx context.Context, fh []byte, off int64, n int, dst []by
 		}
 		return nil, false, err
 	}
-	skipPostOp(r)
+	nfs3.SkipPostOp(r)
 	count, eof := r.Uint32(), r.Bool()
 	data := r.Opaque(nfs3.MaxData)
 	if r.Err() != nil || int(count) != len(data) {
@@ -351,7 +338,7 @@ func (c *Client) WriteFrom(ctx context.Context, fh []byte, src io.Reader) (int64
 			if err != nil {
 				return off, err
 			}
-			skipWcc(r)
+			nfs3.SkipWcc(r)
 			count, _ := r.Uint32(), r.Uint32()
 			v := r.Fixed(8)
 			if r.Err() != nil || int(count) != n {
@@ -379,7 +366,7 @@ func (c *Client) WriteFrom(ctx context.Context, fh []byte, src io.Reader) (int64
 	if err != nil {
 		return off, err
 	}
-	skipWcc(r)
+	nfs3.SkipWcc(r)
 	v := r.Fixed(8)
 	if r.Err() != nil {
 		return off, r.Err()
