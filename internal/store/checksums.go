@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
@@ -126,12 +127,22 @@ func (w *Write) growBlock(entries []uint32, k, page int64) bool {
 // does not cover: committed bytes before the write's start, or after its
 // end up to the block's end. They are read from the chunk file, which the
 // write does not modify there (overwrites are staged).
+//
+// The block's committed bytes must first pass their own checksum: a CRC
+// combined over corrupt bytes would vouch for them, hiding the corruption
+// for good. A bad edge block fails the write with ErrCorrupt (and is
+// reported); once the copy is healed the write goes through.
 func (w *Write) finishEdge(i int64, buf []byte) error {
 	bsize := int64(w.s.blockSize)
 	s0 := i * bsize
 	e0 := min(s0+bsize, w.newLen)
 	segS, segE := max(s0, w.off), min(e0, w.end)
 	crc := w.crcs[i-w.fb]
+	if kept := min(s0+bsize, w.old.Length); s0 < kept && (segS > s0 || segE < e0) {
+		if err := w.checkOldBlock(i, s0, kept, buf); err != nil {
+			return err
+		}
+	}
 	if segS > s0 {
 		pre, err := crcOfFile(w, s0, segS, buf)
 		if err != nil {
@@ -150,6 +161,26 @@ func (w *Write) finishEdge(i int64, buf []byte) error {
 	return nil
 }
 
+// checkOldBlock verifies block i's committed bytes [s0, kept) against the
+// checksum stored before this write.
+func (w *Write) checkOldBlock(i, s0, kept int64, buf []byte) error {
+	s := w.s
+	entries, err := s.loadPage(w.id, i/crcsPerPage, nil)
+	if err != nil {
+		return err
+	}
+	got, err := crcOfFile(w, s0, kept, buf)
+	if err != nil {
+		return err
+	}
+	if want := s.storedCRC(entries, i, w.old.Length); got != want {
+		bad := extent.List{{Off: s0, Len: kept - s0}}
+		s.noteCorrupt(w.id, w.old.Version, bad)
+		return fmt.Errorf("the block at %d, which the write covers in part, fails its checksum (crc %#08x, stored %#08x): %w", s0, got, want, ErrCorrupt)
+	}
+	return nil
+}
+
 // crcOfFile returns the CRC32C of the chunk file's bytes [from, to).
 func crcOfFile(w *Write, from, to int64, buf []byte) (uint32, error) {
 	var crc uint32
@@ -162,6 +193,21 @@ func crcOfFile(w *Write, from, to int64, buf []byte) (uint32, error) {
 		from += int64(len(p))
 	}
 	return crc, nil
+}
+
+// storedCRC is block i's checksum in a chunk of the given length, from
+// entries, the checksum page holding it: a block past the page's last
+// entry never held data, so it is zeros.
+func (s *Store) storedCRC(entries []uint32, i, length int64) uint32 {
+	bsize := int64(s.blockSize)
+	switch idx := i % crcsPerPage; {
+	case idx < int64(len(entries)):
+		return entries[idx]
+	case (i+1)*bsize <= length:
+		return s.zeroBlockCRC
+	default:
+		return crcZeros(length - i*bsize) // the last block
+	}
 }
 
 // loadPage appends the stored CRCs of a checksum page to dst (nothing if

@@ -137,7 +137,7 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 		t.Error("readers never got a view")
 	}
 	for id := ids.ChunkID(1); id <= writers*perWriter; id++ {
-		if err := s.Verify(id); err != nil {
+		if _, err := s.Verify(id); err != nil {
 			t.Error(err)
 		}
 	}

@@ -53,7 +53,7 @@ func TestCrashAfterIndexCommitReplaysRedo(t *testing.T) {
 				3, tc.off, data)
 			m.apply(3, tc.off, data)
 			m.check(t, s, 3)
-			if err := s.Verify(3); err != nil {
+			if _, err := s.Verify(3); err != nil {
 				t.Fatal(err)
 			}
 			assertNoRedo(t, s)
@@ -87,7 +87,7 @@ func TestCrashBeforeIndexCommitKeepsOld(t *testing.T) {
 			// its leftovers do not show through a new hole.
 			m.mustWrite(t, s, rng, 3, 400000, randBytes(rng, 10))
 			m.check(t, s, 3)
-			if err := s.Verify(3); err != nil {
+			if _, err := s.Verify(3); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -69,6 +69,7 @@ func (s *Store) delete(id ids.ChunkID) error {
 		return fmt.Errorf("commit delete: %w", err)
 	}
 	s.doubts.clear(id)
+	s.suspects.clear(id, 0)
 	if info.Version != 0 {
 		s.usedBytes.Add(-info.Length)
 		s.numChunks.Add(-1)

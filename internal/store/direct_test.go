@@ -29,7 +29,7 @@ func TestDirectPlacementRoundTrip(t *testing.T) {
 		m.mustWrite(t, s, rng, id, off, randBytes(rng, n))
 		m.check(t, s, id)
 	}
-	if err := s.Verify(id); err != nil {
+	if _, err := s.Verify(id); err != nil {
 		t.Fatal(err)
 	}
 	s = reopen(t, s)

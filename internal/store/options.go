@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+
+	"github.com/sluicefs/sluice/internal/extent"
+	"github.com/sluicefs/sluice/internal/ids"
 )
 
 // Options configure a Store.
@@ -15,6 +18,11 @@ type Options struct {
 	// RecycleBytes bounds the pool of deleted chunk files kept for reuse
 	// (see recycle.go). 0 means DefaultRecycleBytes; negative disables it.
 	RecycleBytes int64
+	// OnCorrupt, if set, is told of every block the store finds failing
+	// its checksum (by Verify, a write's edge check, or NoteCorrupt):
+	// the chunk, its committed version and the bad bytes. It must not
+	// block; the node passes it on to meta, which has the copy healed.
+	OnCorrupt func(id ids.ChunkID, version uint64, bad extent.List)
 }
 
 const (

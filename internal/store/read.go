@@ -89,10 +89,8 @@ func (r *Read) Checksums(first, n int, dst []uint32) ([]uint32, error) {
 		return dst, fmt.Errorf("store: checksums %v: %w", r.id, ErrClosed)
 	}
 	defer s.gate.exit()
-	bsize := int64(s.blockSize)
 	for i := int64(first); i < int64(first)+int64(n); i++ {
-		page, idx := i/crcsPerPage, i%crcsPerPage
-		if page != r.page {
+		if page := i / crcsPerPage; page != r.page {
 			var err error
 			if r.entries, err = s.loadPage(r.id, page, r.entries[:0]); err != nil {
 				r.page = -1
@@ -100,14 +98,7 @@ func (r *Read) Checksums(first, n int, dst []uint32) ([]uint32, error) {
 			}
 			r.page = page
 		}
-		switch {
-		case idx < int64(len(r.entries)):
-			dst = append(dst, r.entries[idx])
-		case (i+1)*bsize <= r.info.Length:
-			dst = append(dst, s.zeroBlockCRC) // a block that never held data
-		default:
-			dst = append(dst, crcZeros(r.info.Length-i*bsize)) // ... and is the last one
-		}
+		dst = append(dst, s.storedCRC(r.entries, i, r.info.Length))
 	}
 	return dst, nil
 }

@@ -39,7 +39,7 @@ func TestRecycledFilesNeverLeakOldData(t *testing.T) {
 			m.mustWrite(t, s, rng, nid, off, randBytes(rng, 1+rng.IntN(700000)))
 			m.check(t, s, nid)
 		}
-		if err := s.Verify(nid); err != nil {
+		if _, err := s.Verify(nid); err != nil {
 			t.Fatal(err)
 		}
 	}

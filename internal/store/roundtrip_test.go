@@ -90,7 +90,7 @@ func TestRoundTripRandom(t *testing.T) {
 				m.check(t, s, id)
 			}
 		case 1:
-			if err := s.Verify(id); err != nil {
+			if _, err := s.Verify(id); err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
 		}
@@ -99,7 +99,7 @@ func TestRoundTripRandom(t *testing.T) {
 	var total, count int64
 	for _, id := range chunks {
 		m.check(t, s, id)
-		if err := s.Verify(id); err != nil {
+		if _, err := s.Verify(id); err != nil {
 			t.Fatal(err)
 		}
 		if m.info[id].Version > 0 {
@@ -140,7 +140,7 @@ func TestHoleAfterExtendedBlock(t *testing.T) {
 	m.check(t, s, 9)
 	m.mustWrite(t, s, rng, 9, 5*B+100, randBytes(rng, 10)) // inside the hole tail
 	m.check(t, s, 9)
-	if err := s.Verify(9); err != nil {
+	if _, err := s.Verify(9); err != nil {
 		t.Fatal(err)
 	}
 }

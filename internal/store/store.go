@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
@@ -39,6 +40,10 @@ type Store struct {
 	pool   pool
 	doubts doubts
 	fences fences
+	// suspects are chunks found holding bad blocks; onCorrupt is told of
+	// each finding (Options.OnCorrupt).
+	suspects  suspects
+	onCorrupt func(ids.ChunkID, uint64, extent.List)
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -86,6 +91,8 @@ func Open(opts Options) (*Store, error) {
 		log:      opts.Logger,
 		db:       db,
 		gate:     newGate(),
+
+		onCorrupt: opts.OnCorrupt,
 	}
 	s.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }
 	if err := s.pool.open(opts.Dir, opts.RecycleBytes); err != nil {

@@ -4,41 +4,68 @@ import (
 	"fmt"
 	"hash/crc32"
 
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
+// MaxBadExtents bounds the bad extents Verify lists (merged runs of bad
+// blocks): a chunk with more is reported with its first MaxBadExtents,
+// which is enough to decide that it needs healing.
+const MaxBadExtents = 256
+
 // Verify re-reads every block of id and checks it against its stored
-// checksum, returning ErrCorrupt naming the first bad block. It works a
-// checksum page (256 blocks) per read view so a scrub never holds off
-// commits for long; a commit landing in between is simply verified from
-// the next page on.
-func (s *Store) Verify(id ids.ChunkID) error {
+// checksum. It returns the blocks that fail (merged into extents of chunk
+// offsets, at most MaxBadExtents), and then an error wrapping ErrCorrupt
+// that names the first. It works a checksum page (256 blocks) per read
+// view so a scrub never holds off commits for long; a commit landing in
+// between is simply verified from the next page on. Bad blocks found are
+// also noted (see Suspect) and reported to Options.OnCorrupt.
+func (s *Store) Verify(id ids.ChunkID) (extent.List, error) {
 	buf := make([]byte, s.blockSize)
 	var sums []uint32
-	for first := int64(0); ; first += crcsPerPage {
+	var bad extent.List
+	var first error
+	var version uint64
+	for page := int64(0); ; page += crcsPerPage {
 		r, err := s.OpenRead(id)
 		if err != nil {
-			return fmt.Errorf("store: verify: %w", err)
+			return bad, fmt.Errorf("store: verify: %w", err)
 		}
-		err = r.verifyPage(first, buf, &sums)
+		version = r.info.Version
+		bad, err = r.verifyPage(page, buf, &sums, bad)
+		last := page+crcsPerPage >= r.numBlocks()
 		r.Close()
-		if err != nil || first+crcsPerPage >= r.numBlocks() {
-			return err
+		if err != nil {
+			return bad, err
+		}
+		if first == nil && len(bad) > 0 {
+			first = fmt.Errorf("store: verify %v v%d: block at %d fails its checksum (%d bad bytes in %d extents): %w",
+				id, version, bad[0].Off, bad.Bytes(), len(bad), ErrCorrupt)
+		}
+		if last {
+			break
 		}
 	}
+	if len(bad) == 0 {
+		s.suspects.clear(id, version)
+		return nil, nil
+	}
+	s.noteCorrupt(id, version, bad)
+	return bad, first
 }
 
-// verifyPage checks blocks [first, first+crcsPerPage) that exist.
-func (r *Read) verifyPage(first int64, buf []byte, sums *[]uint32) error {
+// verifyPage checks blocks [first, first+crcsPerPage) that exist and adds
+// those that fail to bad.
+func (r *Read) verifyPage(first int64, buf []byte, sums *[]uint32, bad extent.List) (extent.List, error) {
 	nb := r.numBlocks()
 	if first >= nb {
-		return nil
+		return bad, nil
 	}
 	n := min(crcsPerPage, nb-first)
 	var err error
 	*sums, err = r.Checksums(int(first), int(n), (*sums)[:0])
 	if err != nil {
-		return fmt.Errorf("store: verify %v: %w", r.id, err)
+		return bad, fmt.Errorf("store: verify %v: %w", r.id, err)
 	}
 	bsize := int64(r.s.blockSize)
 	for j, want := range *sums {
@@ -46,12 +73,11 @@ func (r *Read) verifyPage(first int64, buf []byte, sums *[]uint32) error {
 		start := i * bsize
 		p := buf[:min(bsize, r.info.Length-start)]
 		if err := readFull(r.f, p, start); err != nil {
-			return fmt.Errorf("store: verify %v block %d: %w", r.id, i, err)
+			return bad, fmt.Errorf("store: verify %v block %d: %w", r.id, i, err)
 		}
-		if got := crc32.Checksum(p, castagnoli); got != want {
-			return fmt.Errorf("store: verify %v v%d: block %d [%d, %d) has crc %#08x, want %#08x: %w",
-				r.id, r.info.Version, i, start, start+int64(len(p)), got, want, ErrCorrupt)
+		if crc32.Checksum(p, castagnoli) != want && (len(bad) < MaxBadExtents || bad[len(bad)-1].End() == start) {
+			bad = bad.Add(start, int64(len(p)))
 		}
 	}
-	return nil
+	return bad, nil
 }
