@@ -28,10 +28,12 @@ package policy
 
 import (
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
@@ -86,6 +88,10 @@ type Deps struct {
 	// each) for erasure-coded writes; past them, aggregation uses host
 	// memory (HostBuffer). Default 256.
 	Accumulators int
+	// ReportCorrupt, if set, passes on to meta that node's copy of chunk
+	// at version holds bad, blocks failing their checksums (found by a
+	// repair reading it). It must not block.
+	ReportCorrupt func(chunk ids.ChunkID, node ids.NodeID, version uint64, bad extent.List)
 	// Now returns unix nanoseconds (for capability expiry).
 	Now    func() int64
 	Logger *slog.Logger
@@ -153,7 +159,8 @@ func New(d Deps) *Policies {
 	w := newWriter(&d)
 	r := newReader(&d)
 	r.codes = &w.codes
-	rep := &repairer{d: &d, codes: &w.codes, slots: make(chan struct{}, 2)}
+	rep := &repairer{d: &d, codes: &w.codes, slots: make(chan struct{}, 2),
+		pieces: sync.Pool{New: func() any { b := make([]byte, repairPiece); return &b }}}
 	return &Policies{w: w, r: r, rep: rep}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/erasure"
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -212,11 +213,18 @@ func (x *reader) readScaled(r *engine.Request, h *wire.ReadHeader) ([]byte, erro
 			return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", h.Chunk, start, err)
 		}
 	}
+	var bad extent.List
 	for i := range nb {
 		b := data[int64(i)*bs : min(int64(i+1)*bs, end-start)]
 		if crc32.Checksum(b, castagnoli) != crcs[i] {
-			return nil, wire.Errorf(wire.StatusIO, "chunk %v fails its checksum in the block at %d", h.Chunk, start+int64(i)*bs)
+			bad = bad.Add(start+int64(i)*bs, int64(len(b)))
 		}
+	}
+	if len(bad) > 0 {
+		// The rebuilder takes these blocks from other units; meta has
+		// this copy healed.
+		x.d.Store.NoteCorrupt(h.Chunk, info.Version, bad)
+		return nil, wire.Errorf(wire.StatusIO, "chunk %v fails its checksum in %v", h.Chunk, bad)
 	}
 	if err := x.codes.Multiply(h.Coef, data, prod); err != nil {
 		return nil, wire.Errorf(wire.StatusIO, "%v", err)

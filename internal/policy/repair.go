@@ -1,17 +1,17 @@
 package policy
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"hash/crc32"
+	"slices"
 	"sync"
-	"time"
+	"sync/atomic"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/erasure"
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -28,9 +28,10 @@ import (
 // copied the same way from one survivor (copy mode). Fence mode raises a
 // member's fence and reports its state (docs/failures.md).
 type repairer struct {
-	d     *Deps
-	codes *erasure.Codes
-	slots chan struct{}
+	d      *Deps
+	codes  *erasure.Codes
+	slots  chan struct{}
+	pieces sync.Pool // of *[]byte, repairPiece bytes: survivors' pieces gathered block by block
 }
 
 // repairPiece is how much of a unit is rebuilt per round.
@@ -39,8 +40,19 @@ const repairPiece = readPiece
 type repairState struct {
 	h         wire.RepairHeader // Cap, Survivors and Addrs copied out of the packet
 	cap       capability.Capability
-	survivors []int
+	survivors []survivor
 	addrs     []string
+}
+
+// survivor is a member a repair takes bytes from.
+type survivor struct {
+	unit int // index in the replica set or stripe group
+	node ids.NodeID
+	addr string
+	// failed: it could not serve (down, another version): not asked again
+	// during this repair. Bad blocks are not a failure: only those blocks
+	// come from elsewhere.
+	failed bool
 }
 
 func (x *repairer) context() *engine.Context {
@@ -76,7 +88,7 @@ func (x *repairer) header(r *engine.Request, hdr []byte) error {
 		return wire.Errorf(wire.StatusBadRequest, "chunk %v is erasure-coded: its units are rebuilt, not copied", h.Chunk)
 	case h.Mode != wire.RepairCopy && !ec:
 		return wire.Errorf(wire.StatusBadRequest, "chunk %v is not erasure-coded", h.Chunk)
-	case h.Mode != wire.RepairCopy && len(h.Survivors) != int(c.Data):
+	case h.Mode != wire.RepairCopy && len(h.Survivors) < int(c.Data):
 		return wire.Errorf(wire.StatusBadRequest, "%d survivors for %d units of which %d data", len(h.Survivors), c.NReplicas, c.Data)
 	case h.Version == 0:
 		return wire.Errorf(wire.StatusBadRequest, "rebuilding version 0")
@@ -86,11 +98,11 @@ func (x *repairer) header(r *engine.Request, hdr []byte) error {
 	default:
 		return wire.Errorf(wire.StatusBusy, "repairs in progress on this node")
 	}
-	for _, s := range h.Survivors {
-		st.survivors = append(st.survivors, int(s))
-	}
 	for i := range h.Addrs.Len() {
 		st.addrs = append(st.addrs, string(h.Addrs.At(i)))
+	}
+	for _, u := range h.Survivors {
+		st.survivors = append(st.survivors, survivor{unit: int(u), node: c.Replicas[u]})
 	}
 	h.Cap = append([]byte(nil), h.Cap...)
 	h.Survivors, h.Addrs = nil, wire.Addrs{}
@@ -113,8 +125,11 @@ func (x *repairer) completion(r *engine.Request) {
 				r.Finish(wire.AppendError(nil, storeError(err)))
 				return
 			}
+			// A copy known to hold bad blocks says so: the reconciliation
+			// heals it even if meta has not heard yet.
+			corrupt := len(x.d.Store.Suspect(st.h.Chunk, fs.Info.Version)) > 0
 			r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: fs.Info.Version,
-				ChunkLen: uint64(fs.Info.Length), Partial: fs.Doubt}, nil, ""))
+				ChunkLen: uint64(fs.Info.Length), Partial: fs.Doubt, Corrupt: corrupt}, nil, ""))
 		}()
 		return
 	}
@@ -139,15 +154,9 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	} else if code, err = x.codes.Get(k, int(c.NReplicas)-k); err != nil {
 		return store.Info{}, wire.Errorf(wire.StatusBadRequest, "%v", err)
 	}
-	var coef []byte
-	if h.Mode == wire.RepairDistributed {
-		if coef, err = code.DecodeCoefficients(int(h.Unit), st.survivors); err != nil {
-			return store.Info{}, wire.Errorf(wire.StatusBadRequest, "%v", err)
-		}
-	}
-	addrs := make([]string, k)
-	for i, u := range st.survivors {
-		if addrs[i], err = x.d.peerAddr(c.Replicas[u], []byte(st.addrs[u]), fmt.Sprintf("unit %d's node", u)); err != nil {
+	for i := range st.survivors {
+		sv := &st.survivors[i]
+		if sv.addr, err = x.d.peerAddr(sv.node, []byte(st.addrs[sv.unit]), fmt.Sprintf("unit %d's node", sv.unit)); err != nil {
 			return store.Info{}, err
 		}
 	}
@@ -161,6 +170,19 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	if c.Epoch < fs.Fence {
 		return store.Info{}, wire.Errorf(wire.StatusFenced, "chunk %v is fenced at epoch %d, this repair was planned on %d", h.Chunk, fs.Fence, c.Epoch)
 	}
+	if h.Flags&wire.RepairHeal != 0 {
+		return x.heal(st, code)
+	}
+	var coef []byte
+	if h.Mode == wire.RepairDistributed {
+		units := make([]int, k)
+		for i := range units {
+			units[i] = st.survivors[i].unit
+		}
+		if coef, err = code.DecodeCoefficients(int(h.Unit), units); err != nil {
+			return store.Info{}, wire.Errorf(wire.StatusBadRequest, "%v", err)
+		}
+	}
 	// What this node holds of the unit (stale, corrupt or half-written)
 	// is replaced whole.
 	if err := x.d.Store.Delete(h.Chunk); err != nil {
@@ -173,13 +195,16 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	if err := planned(w, c.Epoch); err != nil {
 		return store.Info{}, err
 	}
-	// Two rounds in flight: the next piece is fetched from the survivors
-	// while this one is combined and stored.
+	// Two rounds in flight: the next piece is fetched from the first K
+	// survivors (the first one, for a copy) while this one is combined and
+	// stored. A piece they cannot give whole — a block failing its
+	// checksum, a survivor gone — is gathered from every survivor instead,
+	// block by block from those intact there.
 	type round struct {
 		off, n  int64
 		bufs    [][]byte
 		regions []*fabric.Region
-		err     error
+		failed  bool
 	}
 	ep := x.d.Forward.Endpoint()
 	free := make(chan *round, 2)
@@ -195,6 +220,7 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	fetched := make(chan *round, 2)
 	stop := make(chan struct{})
 	defer close(stop)
+	var fastBroken atomic.Bool // a first-K survivor failed: gather the rest
 	go func() {
 		defer close(fetched)
 		for off := int64(0); off < int64(h.Len); off += repairPiece {
@@ -204,28 +230,31 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 			case <-stop:
 				return
 			}
-			rd.off, rd.n = off, min(repairPiece, int64(h.Len)-off)
-			errs := make([]error, k)
-			var wg sync.WaitGroup
-			for i := range k {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					rh := wire.ReadHeader{Chunk: h.Chunk, Off: uint64(rd.off), Len: uint64(rd.n), RegionKey: rd.regions[i].Key(), Cap: h.Cap}
-					if coef != nil {
-						rh.Scaled, rh.Coef = true, coef[i]
-					}
-					if err := x.fetch(addrs[i], &rh, h.Version, rd.bufs[i][:rd.n]); err != nil {
-						errs[i] = fmt.Errorf("survivor unit %d (%s): %w", st.survivors[i], addrs[i], err)
-					}
-				}()
+			rd.off, rd.n, rd.failed = off, min(repairPiece, int64(h.Len)-off), fastBroken.Load()
+			if !rd.failed {
+				bad := make([]bool, k)
+				var wg sync.WaitGroup
+				for i := range k {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						rh := wire.ReadHeader{Chunk: h.Chunk, Off: uint64(rd.off), Len: uint64(rd.n), RegionKey: rd.regions[i].Key(), Cap: h.Cap}
+						if coef != nil {
+							rh.Scaled, rh.Coef = true, coef[i]
+						}
+						sv := &st.survivors[i]
+						blocks, err := x.fetch(sv.addr, &rh, h.Version, rd.bufs[i][:rd.n])
+						bad[i] = err != nil || len(blocks) > 0
+						if err != nil && !softFailure(err) {
+							fastBroken.Store(true)
+							x.d.Logger.Warn("repair: a survivor failed; gathering from the others", "chunk", h.Chunk, "unit", sv.unit, "addr", sv.addr, "err", err)
+						}
+					}()
+				}
+				wg.Wait()
+				rd.failed = slices.Contains(bad, true)
 			}
-			wg.Wait()
-			rd.err = errors.Join(errs...)
 			fetched <- rd
-			if rd.err != nil {
-				return
-			}
 		}
 	}()
 	out := make([]byte, repairPiece)
@@ -233,13 +262,16 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	if code != nil {
 		shards = make([][]byte, code.Units())
 	}
+	whole := make(extent.List, 1)
 	for rd := range fetched {
-		if rd.err != nil {
-			w.Abort()
-			return store.Info{}, wire.Errorf(wire.StatusReplica, "rebuilding unit %d of chunk %v: %v", h.Unit, h.Chunk, rd.err)
-		}
 		res := out[:rd.n]
 		switch {
+		case rd.failed:
+			whole[0] = extent.Extent{Off: rd.off, Len: rd.n}
+			if err := x.gather(st, code, rd.off, rd.n, whole, res); err != nil {
+				w.Abort()
+				return store.Info{}, wire.Errorf(wire.StatusReplica, "rebuilding unit %d of chunk %v: %v", h.Unit, h.Chunk, err)
+			}
 		case code == nil: // a copy
 			res = rd.bufs[0][:rd.n]
 		case coef != nil:
@@ -249,14 +281,13 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 			}
 		default:
 			clear(shards)
-			for i, u := range st.survivors {
-				shards[u] = rd.bufs[i][:rd.n]
+			for i := range k {
+				shards[st.survivors[i].unit] = rd.bufs[i][:rd.n]
 			}
-			if err := code.ReconstructOne(shards, int(h.Unit)); err != nil {
+			if err := reconstructInto(code, shards, int(h.Unit), res); err != nil {
 				w.Abort()
 				return store.Info{}, wire.Errorf(wire.StatusIO, "decoding unit %d of chunk %v: %v", h.Unit, h.Chunk, err)
 			}
-			copy(res, shards[h.Unit])
 		}
 		if err := w.Place(rd.off, res); err != nil {
 			w.Abort()
@@ -273,73 +304,8 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 		return store.Info{}, storeError(err)
 	}
 	// Read the rebuilt unit back against the checksums just stored.
-	if err := x.d.Store.Verify(h.Chunk); err != nil {
+	if _, err := x.d.Store.Verify(h.Chunk); err != nil {
 		return store.Info{}, wire.Errorf(wire.StatusIO, "rebuilt unit %d of chunk %v does not verify: %v", h.Unit, h.Chunk, err)
 	}
 	return info, nil
-}
-
-// fetch reads one piece of a survivor into buf (registered under rh's
-// region) and checks it: the survivor's version must be the group's, and
-// every block must match the checksum the survivor sent.
-func (x *repairer) fetch(addr string, rh *wire.ReadHeader, version uint64, buf []byte) error {
-	ctx, cancel := context.WithTimeout(context.Background(), x.d.ReplyTimeout)
-	defer cancel()
-	hdr, err := wire.AppendRead(nil, rh)
-	if err != nil {
-		return err
-	}
-	pc, err := x.d.Forward.Get(ctx, addr)
-	if err != nil {
-		return err
-	}
-	id := pc.NewID()
-	replies := pc.Replies.Expect(id)
-	if err := pc.Send(id, hdr); err != nil {
-		pc.Close()
-		return err
-	}
-	var rep wire.Reply
-	select {
-	case p, ok := <-replies:
-		if !ok {
-			return fmt.Errorf("connection lost: %v", pc.Err())
-		}
-		err := wire.ParseReply(p.Data, &rep)
-		if err == nil {
-			err = rep.Err()
-		}
-		crcs := make([]uint32, rep.NCRC())
-		for i := range crcs {
-			crcs[i] = rep.CRC(i)
-		}
-		p.Release()
-		if err != nil {
-			x.d.Forward.Put(pc)
-			return err
-		}
-		x.d.Forward.Put(pc)
-		return checkPiece(buf, &rep, crcs, rh.Off, version)
-	case <-time.After(x.d.ReplyTimeout):
-		pc.Close()
-		return fmt.Errorf("no reply within %s", x.d.ReplyTimeout)
-	}
-}
-
-func checkPiece(buf []byte, rep *wire.Reply, crcs []uint32, off uint64, version uint64) error {
-	bs := int64(rep.BlockSize)
-	switch {
-	case rep.Version != version:
-		return fmt.Errorf("at version %d, the group is at %d", rep.Version, version)
-	case rep.DataOff != off || rep.DataLen != uint64(len(buf)):
-		return fmt.Errorf("sent [%d,+%d) for [%d,+%d)", rep.DataOff, rep.DataLen, off, len(buf))
-	case bs <= 0 || int64(len(crcs)) != (int64(len(buf))+bs-1)/bs:
-		return fmt.Errorf("%d checksums of %d-byte blocks for %d bytes", len(crcs), bs, len(buf))
-	}
-	for i, want := range crcs {
-		if got := crc32.Checksum(buf[int64(i)*bs:min(int64(i+1)*bs, int64(len(buf)))], castagnoli); got != want {
-			return fmt.Errorf("checksum mismatch in the block at %d", int64(off)+int64(i)*bs)
-		}
-	}
-	return nil
 }

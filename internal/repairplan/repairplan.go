@@ -23,7 +23,10 @@ type Member struct {
 	// Fresh: placed by this reconciliation, so whatever it holds is not
 	// the chunk's (a copy from before it was last moved away).
 	Fresh bool
-	// Corrupt: the scrubber found a block that fails its checksum.
+	// Corrupt: blocks of its copy fail their checksums (a scrub, a read
+	// or the member itself found them). Only those blocks are lost: it
+	// still holds its version, serves every other block, and is healed in
+	// place.
 	Corrupt bool
 }
 
@@ -31,47 +34,56 @@ type Member struct {
 type Plan struct {
 	Version uint64
 	Length  int64
-	// Sources are members holding Version intact: for replicas any one
-	// of them serves a copy; for a stripe group the first K rebuild.
+	// Sources are the members holding Version, whole ones first then
+	// corrupt ones: each block is taken from the first whose copy of it
+	// passes its checksum (for a stripe group, from the first K such).
 	Sources []int
 	// Targets receive the chunk (a copy, or a rebuilt unit).
 	Targets []int
+	// Heal are corrupt sources: they keep their copy, and only its bad
+	// blocks are replaced from the other sources.
+	Heal []int
 	// Resolve are sources holding an unresolved write: once every
 	// member holds Version, nothing can hold the write in doubt but
 	// copies already discarded, and the doubt is cleared.
 	Resolve []int
 }
 
-// Done reports whether nothing needs copying or resolving.
-func (p Plan) Done() bool { return len(p.Targets) == 0 && len(p.Resolve) == 0 }
+// Done reports whether nothing needs copying, healing or resolving.
+func (p Plan) Done() bool { return len(p.Targets) == 0 && len(p.Heal) == 0 && len(p.Resolve) == 0 }
 
-func (m Member) sound() bool { return m.Answered && !m.Fresh && !m.Corrupt }
+// holds reports whether the member's version is the chunk's to judge by:
+// it answered and was not just placed. A corrupt copy holds its version
+// (its bad blocks are judged one by one).
+func (m Member) holds() bool { return m.Answered && !m.Fresh }
 
 // Replicated plans a replica set. Every replica commits only whole
 // writes, so any version a replica holds is complete; the highest one
 // among the members is the chunk's (a write that reached only some
 // replicas was never acknowledged, and keeping it is as good as dropping
-// it). Members at another version, fresh or corrupt receive a copy.
+// it). Members at another version, or fresh, receive a copy; corrupt
+// ones at it are healed.
 func Replicated(ms []Member) (Plan, error) {
 	var p Plan
 	for _, m := range ms {
-		if m.sound() && m.Version > p.Version {
+		if m.holds() && m.Version > p.Version {
 			p.Version, p.Length = m.Version, m.Length
 		}
 	}
-	return classify(p, ms, len(ms))
+	return classify(p, ms, false)
 }
 
 // Striped plans a stripe group of k data units: its version is the
-// newest at least k sound units hold (a version k units hold is a
-// complete write; fewer cannot be decoded). Units not at it are rebuilt
-// from the first k that are.
+// newest at least k units hold (a version k units hold is a complete
+// write; fewer cannot be decoded). Units not at it are rebuilt from those
+// that are, block by block from k intact there; corrupt units at it are
+// healed.
 func Striped(ms []Member, k int) (Plan, error) {
 	count := map[uint64]int{}
 	written := false
 	for _, m := range ms {
 		written = written || m.Version > 0
-		if m.sound() && m.Version > 0 {
+		if m.holds() && m.Version > 0 {
 			count[m.Version]++
 		}
 	}
@@ -82,23 +94,24 @@ func Striped(ms []Member, k int) (Plan, error) {
 		}
 	}
 	if p.Version == 0 && written {
-		return Plan{}, fmt.Errorf("fewer than %d of %d units hold one version intact (%v): the group cannot be rebuilt", k, len(ms), count)
+		return Plan{}, fmt.Errorf("fewer than %d of %d units hold one version (%v): the group cannot be rebuilt", k, len(ms), count)
 	}
 	for _, m := range ms {
-		if m.sound() && m.Version == p.Version {
+		if m.holds() && m.Version == p.Version {
 			p.Length = max(p.Length, m.Length)
 		}
 	}
-	return classify(p, ms, k)
+	return classify(p, ms, true)
 }
 
-// classify sorts members into sources (at most want), targets and
-// doubts to resolve, for the version and length p carries.
-func classify(p Plan, ms []Member, want int) (Plan, error) {
+// classify sorts members into sources, targets, members to heal and
+// doubts to resolve, for the version and length p carries. Units of a
+// stripe group may be shorter than the longest (striped).
+func classify(p Plan, ms []Member, striped bool) (Plan, error) {
 	if p.Version == 0 {
 		for i, m := range ms {
 			if m.Version > 0 {
-				return Plan{}, fmt.Errorf("no intact copy is left (member %d holds version %d, but it is fresh or corrupt)", i, m.Version)
+				return Plan{}, fmt.Errorf("no copy is left to judge by (member %d holds version %d, but it was just placed)", i, m.Version)
 			}
 		}
 		// Never written anywhere: no member holds data; fencing told the
@@ -110,10 +123,13 @@ func classify(p Plan, ms []Member, want int) (Plan, error) {
 		}
 		return p, nil
 	}
+	var corrupt []int
 	for i, m := range ms {
 		switch {
-		case m.sound() && m.Version == p.Version && (m.Length == p.Length || want < len(ms)):
-			if len(p.Sources) < want {
+		case m.holds() && m.Version == p.Version && (m.Length == p.Length || striped):
+			if m.Corrupt {
+				corrupt = append(corrupt, i)
+			} else {
 				p.Sources = append(p.Sources, i)
 			}
 			if m.Doubt {
@@ -125,6 +141,8 @@ func classify(p Plan, ms []Member, want int) (Plan, error) {
 			p.Targets = append(p.Targets, i)
 		}
 	}
+	p.Sources = append(p.Sources, corrupt...)
+	p.Heal = corrupt
 	return p, nil
 }
 

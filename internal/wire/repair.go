@@ -29,10 +29,17 @@ const (
 	// A non-zero Version also clears an unresolved write if the member
 	// is at that version (every member is: the reconciliation is over).
 	RepairFence RepairMode = 2
-	// RepairCopy: copy a replicated chunk whole from one survivor (the
-	// only one listed) at Version; Len is the survivor's length.
+	// RepairCopy: copy a replicated chunk whole at Version from the
+	// survivors listed, in order: each block from the first whose copy of
+	// it passes its checksum. Len is the chunk's length.
 	RepairCopy RepairMode = 3
 )
+
+// RepairHeal (a flag, with RepairCopy, RepairDistributed or RepairGather):
+// the member already holds Version at Len; only its blocks that fail their
+// checksums are replaced, in place, from the survivors. Blocks are judged
+// one by one, so copies that each have other bad blocks heal each other.
+const RepairHeal uint8 = 1 << 0
 
 func (m RepairMode) String() string {
 	switch m {
@@ -51,11 +58,13 @@ func (m RepairMode) String() string {
 const repairFixed = 32
 
 // RepairHeader: rebuild bytes [0, Len) of unit Unit of chunk Chunk at
-// Version, from the units Survivors (exactly as many as the code's data
-// units). Addrs are the group's unit addresses; Cap is a capability with
+// Version, from the units Survivors (for a stripe group at least as many
+// as the code's data units: the first ones are used, the others stand in
+// for blocks that fail their checksums; for a copy, at least one). Addrs are the group's unit addresses; Cap is a capability with
 // write rights for the group.
 type RepairHeader struct {
 	Mode      RepairMode
+	Flags     uint8 // RepairHeal
 	Unit      uint8
 	Chunk     ids.ChunkID
 	Version   uint64
@@ -72,7 +81,7 @@ func AppendRepair(b []byte, h *RepairHeader, addrs []string) ([]byte, error) {
 	}
 	b = append(b, byte(OpRepair), byte(h.Mode), h.Unit, byte(len(addrs)))
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.Cap)))
-	b = append(b, byte(len(h.Survivors)), 0)
+	b = append(b, byte(len(h.Survivors)), h.Flags)
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.Chunk))
 	b = binary.LittleEndian.AppendUint64(b, h.Version)
 	b = binary.LittleEndian.AppendUint64(b, h.Len)
@@ -91,11 +100,11 @@ func ParseRepair(b []byte, h *RepairHeader) error {
 	}
 	h.Mode, h.Unit = RepairMode(b[1]), b[2]
 	n, capLen, ns := int(b[3]), int(binary.LittleEndian.Uint16(b[4:])), int(b[6])
-	if h.Mode > RepairCopy || b[7] != 0 {
-		return malformed("repair mode %d, reserved %d", b[1], b[7])
+	h.Flags = b[7]
+	if h.Mode > RepairCopy || h.Flags&^RepairHeal != 0 || (h.Mode == RepairFence && h.Flags != 0) {
+		return malformed("repair mode %d, flags %#x", b[1], b[7])
 	}
-	if n == 0 || n > MaxAddrs || int(h.Unit) >= n || ns >= n ||
-		(h.Mode == RepairFence) != (ns == 0) || (h.Mode == RepairCopy && ns != 1) {
+	if n == 0 || n > MaxAddrs || int(h.Unit) >= n || ns >= n || (h.Mode == RepairFence) != (ns == 0) {
 		return malformed("%s of unit %d of %d with %d survivors", h.Mode, h.Unit, n, ns)
 	}
 	h.Chunk = ids.ChunkID(binary.LittleEndian.Uint64(b[8:]))

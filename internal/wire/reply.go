@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+
+	"github.com/sluicefs/sluice/internal/extent"
 )
 
 // Status is the outcome a reply reports.
@@ -87,7 +90,8 @@ func Errorf(s Status, format string, args ...any) *Error {
 const (
 	replyPartial = 1 << 0
 	replySkipped = 1 << 1 // Skipped follows the fixed part
-	replyFlags   = replyPartial | replySkipped
+	replyCorrupt = 1 << 2
+	replyFlags   = replyPartial | replySkipped | replyCorrupt
 )
 
 // MaxMsg bounds a reply's error text.
@@ -104,6 +108,9 @@ type Reply struct {
 	// Partial (on a failed write): replicas below the one replying may
 	// have committed the write, so its version must not be reused.
 	Partial bool
+	// Corrupt (a fence's answer): the member knows blocks of its copy
+	// fail their checksums, so it needs healing.
+	Corrupt bool
 	Version uint64
 	// Skipped (a flat write's reservation): how many versions below
 	// Version the reserved write skips because it covers an unresolved
@@ -122,6 +129,23 @@ func (r *Reply) CRC(i int) uint32 { return binary.LittleEndian.Uint32(r.CRCs[4*i
 
 // NCRC is the number of checksums carried.
 func (r *Reply) NCRC() int { return len(r.CRCs) / 4 }
+
+// BadBlocks adds to bad the blocks of data, the reply's DataLen bytes from
+// DataOff, that fail the checksums it carries, as chunk offsets. The
+// caller has checked that the checksums cover data (NCRC blocks of
+// BlockSize, the last possibly short).
+func (r *Reply) BadBlocks(data []byte, bad extent.List) extent.List {
+	bs := int(r.BlockSize)
+	for i := range r.NCRC() {
+		b := data[i*bs : min((i+1)*bs, len(data))]
+		if crc32.Checksum(b, castagnoli) != r.CRC(i) {
+			bad = bad.Add(int64(r.DataOff)+int64(i*bs), int64(len(b)))
+		}
+	}
+	return bad
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Err returns nil for OK, else an *Error, wrapped in a *PartialError if
 // the reply says so (allocates).
@@ -159,6 +183,9 @@ func AppendReply(b []byte, r *Reply, crcs []uint32, msg string) []byte {
 	}
 	if r.Skipped > 0 {
 		flags |= replySkipped
+	}
+	if r.Corrupt {
+		flags |= replyCorrupt
 	}
 	b = append(b, flags, 0, 0, 0)
 	if r.Skipped > 0 {
@@ -223,6 +250,7 @@ func ParseReply(b []byte, r *Reply) error {
 		return malformed("reserved bytes set")
 	}
 	r.Partial = b[44]&replyPartial != 0
+	r.Corrupt = b[44]&replyCorrupt != 0
 	rest := b[replyFixed:]
 	r.Skipped = 0
 	if b[44]&replySkipped != 0 {

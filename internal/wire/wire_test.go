@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"testing"
+
+	"github.com/sluicefs/sluice/internal/extent"
 )
 
 func TestWriteRoundTrip(t *testing.T) {
@@ -182,9 +185,63 @@ func TestReplyRoundTrip(t *testing.T) {
 	if err := ParseReply(AppendReply(nil, &Reply{Version: 2, Skipped: 2}, nil, ""), &got); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("skipping below version 0: %v", err)
 	}
+	cb := AppendReply(nil, &Reply{Status: StatusOK, Version: 4, Corrupt: true}, nil, "")
+	if err := ParseReply(cb, &got); err != nil || !got.Corrupt || got.Partial || got.Version != 4 {
+		t.Fatalf("a fence answer with a corrupt copy: %v %+v", err, got)
+	}
+	if err := ParseReply(AppendReply(nil, &Reply{Version: 4}, nil, ""), &got); err != nil || got.Corrupt {
+		t.Fatalf("Corrupt kept from the last reply: %+v", got)
+	}
 	long := AppendStatus(nil, StatusIO, string(make([]byte, 2*MaxMsg)))
 	if err := ParseReply(long, &got); err != nil || len(got.Msg) != MaxMsg {
 		t.Fatalf("long text not truncated: %v %d", err, len(got.Msg))
+	}
+}
+
+func TestReplyBadBlocks(t *testing.T) {
+	data := make([]byte, 3*4096+100)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	var crcs []uint32
+	for i := 0; i < len(data); i += 4096 {
+		crcs = append(crcs, crc32.Checksum(data[i:min(i+4096, len(data))], crc32.MakeTable(crc32.Castagnoli)))
+	}
+	var r Reply
+	if err := ParseReply(AppendReply(nil, &Reply{DataOff: 8192, DataLen: uint64(len(data)), BlockSize: 4096}, crcs, ""), &r); err != nil {
+		t.Fatal(err)
+	}
+	if bad := r.BadBlocks(data, nil); bad != nil {
+		t.Fatalf("intact data has bad blocks %v", bad)
+	}
+	data[4096+5]++
+	data[len(data)-1]++
+	want := extent.List{{Off: 8192 + 4096, Len: 4096}, {Off: 8192 + 3*4096, Len: 100}}
+	if bad := r.BadBlocks(data, nil); len(bad) != 2 || bad[0] != want[0] || bad[1] != want[1] {
+		t.Fatalf("bad blocks %v, want %v", bad, want)
+	}
+}
+
+func TestRepairHeaderFlags(t *testing.T) {
+	addrs := []string{"a:1", "b:2", "c:3"}
+	b, err := AppendRepair(nil, &RepairHeader{Mode: RepairCopy, Flags: RepairHeal, Unit: 0, Version: 3, Len: 10, Survivors: []byte{2, 1}, Cap: []byte("c")}, addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h RepairHeader
+	if err := ParseRepair(b, &h); err != nil || h.Flags != RepairHeal || len(h.Survivors) != 2 {
+		t.Fatalf("heal with two survivors: %v %+v", err, h)
+	}
+	for _, bad := range []RepairHeader{
+		{Mode: RepairCopy, Flags: 2, Version: 3, Survivors: []byte{1}},
+		{Mode: RepairFence, Flags: RepairHeal},
+		{Mode: RepairCopy, Version: 3}, // no survivor
+	} {
+		bad.Cap = []byte("c")
+		b, _ := AppendRepair(nil, &bad, addrs)
+		if err := ParseRepair(b, &h); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%+v accepted: %v", bad, err)
+		}
 	}
 }
 
@@ -216,6 +273,9 @@ func FuzzParse(f *testing.F) {
 	f.Add(fence)
 	cp, _ := AppendRepair(nil, &RepairHeader{Mode: RepairCopy, Unit: 2, Version: 3, Len: 1 << 20, Survivors: []byte{0}, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
 	f.Add(cp)
+	heal, _ := AppendRepair(nil, &RepairHeader{Mode: RepairCopy, Flags: RepairHeal, Unit: 0, Version: 3, Len: 1 << 20, Survivors: []byte{2, 1}, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
+	f.Add(heal)
+	f.Add(AppendReply(nil, &Reply{Status: StatusOK, Corrupt: true, Version: 9}, nil, ""))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var wh WriteHeader
 		if ParseWrite(b, &wh) == nil {
@@ -255,8 +315,8 @@ func FuzzParse(f *testing.F) {
 			if len(rr.Survivors) >= rr.Addrs.Len() || int(rr.Unit) >= rr.Addrs.Len() {
 				t.Fatal("repair header with impossible units accepted")
 			}
-			if (rr.Mode == RepairFence) != (len(rr.Survivors) == 0) || (rr.Mode == RepairCopy && len(rr.Survivors) != 1) {
-				t.Fatalf("%s with %d survivors accepted", rr.Mode, len(rr.Survivors))
+			if (rr.Mode == RepairFence) != (len(rr.Survivors) == 0) || (rr.Mode == RepairFence && rr.Flags != 0) || rr.Flags&^RepairHeal != 0 {
+				t.Fatalf("%s with %d survivors and flags %#x accepted", rr.Mode, len(rr.Survivors), rr.Flags)
 			}
 		}
 		var rp Reply
