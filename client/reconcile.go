@@ -60,40 +60,87 @@ func (c *Client) FenceMembers(ctx context.Context, l *metaapi.ChunkLayout, resol
 				errs[i] = &NodeError{Op: fmt.Sprintf("fence replica %d of chunk %v", i, l.Chunk), Addr: addrs[i], Err: err}
 				return
 			}
-			ms[i] = repairplan.Member{Answered: true, Version: rep.Version, Length: int64(rep.ChunkLen), Doubt: rep.Partial}
+			ms[i] = repairplan.Member{Answered: true, Version: rep.Version, Length: int64(rep.ChunkLen), Doubt: rep.Partial, Corrupt: rep.Corrupt}
 		}()
 	}
 	wg.Wait()
 	return ms, errs
 }
 
-// CopyReplica has member target of l's replicated chunk copy it whole
-// from member source, which holds version at length. It returns once
-// the copy is durable and verified at the target.
-func (c *Client) CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target, source int, version uint64, length int64) error {
-	addrs := layoutAddrs(l)
-	h := wire.RepairHeader{Mode: wire.RepairCopy, Unit: uint8(target), Chunk: l.Chunk, Version: version, Len: uint64(length),
-		Survivors: []byte{byte(source)}, Cap: l.Cap}
-	hdr, err := wire.AppendRepair(nil, &h, addrs)
-	if err == nil {
-		_, err = c.retryBusy(ctx, func() (uint64, error) { return c.sendWrite(ctx, addrs[target], hdr, nil) })
-	}
-	if err != nil {
-		return &NodeError{Op: fmt.Sprintf("copy chunk %v to replica %d from replica %d", l.Chunk, target, source), Addr: addrs[target], Err: err}
-	}
-	return nil
+// CopyReplica has member target of l's replicated chunk copy it from
+// sources, which hold version at length: each block from the first
+// source whose copy of it passes its checksum. With heal the target
+// keeps its copy (at version) and replaces only its bad blocks. It
+// returns once the copy is durable and verified at the target.
+func (c *Client) CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target int, sources []int, version uint64, length int64, heal bool) error {
+	return c.restoreMembers(ctx, l, []int{target}, sources, version, length, wire.RepairCopy, heal)
 }
 
 // RebuildUnits has the units lost of l's stripe group rebuild themselves
-// from the units survivors (the first K at version), all at once: by
+// from the units survivors (at version; the first K serve, the others
+// stand in for blocks that fail their checksums), all at once: by
 // distributed repair, or with gather by sending the survivors' units
-// whole to each rebuilder.
-func (c *Client) RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64, gather bool) error {
+// whole to each rebuilder. With heal the units keep what they hold and
+// rebuild only their bad blocks.
+func (c *Client) RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64, gather, heal bool) error {
 	mode := wire.RepairDistributed
 	if gather {
 		mode = wire.RepairGather
 	}
-	return c.rebuildUnits(ctx, l, lost, survivors, version, uint64(length), mode)
+	return c.restoreMembers(ctx, l, lost, survivors, version, length, mode, heal)
+}
+
+// restoreMembers sends the repair requests for targets of l, all at once,
+// each naming the sources but itself, and waits for them (l carries
+// meta's repair right).
+func (c *Client) restoreMembers(ctx context.Context, l *metaapi.ChunkLayout, targets, sources []int, version uint64, length int64, mode wire.RepairMode, heal bool) error {
+	addrs := layoutAddrs(l)
+	var flags uint8
+	if heal {
+		flags = wire.RepairHeal
+	}
+	errs := make([]error, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var surv []byte
+			for _, s := range sources {
+				if s != t {
+					surv = append(surv, byte(s))
+				}
+			}
+			var err error
+			if len(surv) == 0 {
+				err = fmt.Errorf("no other member holds version %d to take it from", version)
+			} else {
+				h := wire.RepairHeader{Mode: mode, Flags: flags, Unit: uint8(t), Chunk: l.Chunk, Version: version, Len: uint64(length), Survivors: surv, Cap: l.Cap}
+				var hdr []byte
+				if hdr, err = wire.AppendRepair(nil, &h, addrs); err == nil {
+					_, err = c.retryBusy(ctx, func() (uint64, error) { return c.sendWrite(ctx, addrs[t], hdr, nil) })
+				}
+			}
+			if err != nil {
+				what := "restore"
+				if heal {
+					what = "heal"
+				}
+				errs[i] = &NodeError{Op: fmt.Sprintf("%s member %d of chunk %v (%s) from members %v", what, t, l.Chunk, mode, surv), Addr: addrs[t], Err: err}
+			}
+		}()
+	}
+	wg.Wait()
+	var failed []error
+	for _, e := range errs {
+		if e != nil {
+			failed = append(failed, e)
+		}
+	}
+	if len(failed) > 0 {
+		return oneLine(failed)
+	}
+	return nil
 }
 
 // Write fail-over. A write a node failed (it died, was cut off, or its

@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
-	"github.com/sluicefs/sluice/internal/wire"
 )
 
 // Repair modes (seed 003): survivors send partial decodings that the
@@ -195,41 +193,4 @@ func rebuiltUnits(group ids.ChunkID, done metaapi.ReconcileResp) []RebuiltUnit {
 			Bytes: done.Bytes / int64(len(done.Restored)), Elapsed: done.Elapsed})
 	}
 	return out
-}
-
-// rebuildUnits sends the repair requests for units lost of group l, all
-// at once, and waits for them (l carries meta's repair right).
-func (c *Client) rebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, ver, length uint64, mode wire.RepairMode) error {
-	addrs := layoutAddrs(l)
-	surv := make([]byte, len(survivors))
-	for i, s := range survivors {
-		surv[i] = byte(s)
-	}
-	errs := make([]error, len(lost))
-	var wg sync.WaitGroup
-	for i, u := range lost {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			h := wire.RepairHeader{Mode: mode, Unit: uint8(u), Chunk: l.Chunk, Version: ver, Len: length, Survivors: surv, Cap: l.Cap}
-			hdr, err := wire.AppendRepair(nil, &h, addrs)
-			if err == nil {
-				_, err = c.retryBusy(ctx, func() (uint64, error) { return c.sendWrite(ctx, addrs[u], hdr, nil) })
-			}
-			if err != nil {
-				errs[i] = &NodeError{Op: fmt.Sprintf("rebuild unit %d of group %v", u, l.Chunk), Addr: addrs[u], Err: err}
-			}
-		}()
-	}
-	wg.Wait()
-	var failed []error
-	for _, e := range errs {
-		if e != nil {
-			failed = append(failed, e)
-		}
-	}
-	if len(failed) > 0 {
-		return oneLine(failed)
-	}
-	return nil
 }

@@ -161,6 +161,9 @@ var ops = map[string]op{
 	metaapi.OpRegister: endpoint(false, true, func(s *Service, _ caller, r metaapi.RegisterReq) (metaapi.RegisterResp, error) {
 		return s.Register(r)
 	}),
+	metaapi.OpReportBad: endpoint(true, false, func(s *Service, c caller, r metaapi.ReportCorruptReq) (empty, error) {
+		return empty{}, s.ReportCorrupt(c.client, r)
+	}),
 	metaapi.OpHeartbeat: endpoint(false, true, func(s *Service, _ caller, r metaapi.HeartbeatReq) (metaapi.HeartbeatResp, error) {
 		return s.Heartbeat(r)
 	}),

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
@@ -181,10 +182,13 @@ type chunkRec struct {
 	Epoch uint64 `json:"epoch,omitempty"`
 	// Reconciling: a reconciliation is under way (writes wait for it).
 	// Fresh are members it placed, which hold nothing of the chunk yet;
-	// Corrupt members the scrubber found a bad block on.
-	Reconciling bool         `json:"reconciling,omitempty"`
-	Fresh       []ids.NodeID `json:"fresh,omitempty"`
-	Corrupt     []ids.NodeID `json:"corrupt,omitempty"`
+	// Corrupt members found holding blocks that fail their checksums (by
+	// a scrub, a read or a repair), with Bad their bad bytes where known
+	// (a Corrupt member without an entry counts as bad throughout).
+	Reconciling bool                       `json:"reconciling,omitempty"`
+	Fresh       []ids.NodeID               `json:"fresh,omitempty"`
+	Corrupt     []ids.NodeID               `json:"corrupt,omitempty"`
+	Bad         map[ids.NodeID]extent.List `json:"bad,omitempty"`
 	// Replaced are former members a reconciliation under way took out;
 	// their copies are collected when it is done.
 	Replaced []ids.NodeID `json:"replaced,omitempty"`

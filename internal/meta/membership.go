@@ -137,8 +137,13 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 	if len(req.Deleted) > maxDeletedAcks {
 		return out, metaapi.Errorf(metaapi.EINVAL, "%d deletion acknowledgements, at most %d", len(req.Deleted), maxDeletedAcks)
 	}
-	if len(req.Corrupt) > maxCorruptReports {
-		return out, metaapi.Errorf(metaapi.EINVAL, "%d corrupt chunks reported, at most %d", len(req.Corrupt), maxCorruptReports)
+	if len(req.Corrupt) > metaapi.MaxCorruptCopies {
+		return out, metaapi.Errorf(metaapi.EINVAL, "%d corrupt copies reported, at most %d", len(req.Corrupt), metaapi.MaxCorruptCopies)
+	}
+	for _, c := range req.Corrupt {
+		if err := c.Validate(); err != nil {
+			return out, err
+		}
 	}
 	err := s.update(func(tx *txn) error {
 		m := s.nodes[req.ID]

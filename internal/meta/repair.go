@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/placement"
@@ -31,10 +32,15 @@ import (
 
 // Repairer carries out a reconciliation's node requests (the client SDK
 // does, over the fabric); the layout's capability is minted for it.
+//
+// Sources are listed in order of preference: each block is taken from
+// the first (for a stripe group, the first K) whose copy of it passes its
+// checksum. With heal, the targets keep their copies and only their bad
+// blocks are replaced.
 type Repairer interface {
 	FenceMembers(ctx context.Context, l *metaapi.ChunkLayout, resolveAt uint64) ([]repairplan.Member, []error)
-	CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target, source int, version uint64, length int64) error
-	RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64, gather bool) error
+	CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target int, sources []int, version uint64, length int64, heal bool) error
+	RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64, gather, heal bool) error
 }
 
 // chunkRef names a chunk by its place in a file.
@@ -109,27 +115,50 @@ type repairQueue struct {
 	// members counts, per node, the chunks and units placed on it (last
 	// scan; nil before the first).
 	members map[ids.NodeID]int64
-	// corrupt are chunks nodes' scrubs reported, until the scan finds
-	// their records (nodes report chunk ids; records are by file).
-	corrupt map[ids.ChunkID][]ids.NodeID
+	// corrupt are copies reported holding bad blocks (by nodes' scrubs
+	// and repairs, and by clients' reads), per chunk and node, until the
+	// scan finds their records (reports name chunk ids; records are by
+	// file). A nil list: not said which blocks.
+	corrupt map[ids.ChunkID]map[ids.NodeID]extent.List
 }
 
-// maxCorruptReports bounds the corrupt chunks one heartbeat reports and
-// the reports meta holds before the next scan.
+// maxCorruptReports bounds the chunks with corrupt copies meta holds
+// reports of before the next scan.
 const maxCorruptReports = 1024
 
-// noteCorrupt records a node's scrub findings for the next scan.
-func (q *repairQueue) noteCorrupt(node ids.NodeID, chunks []ids.ChunkID) {
-	if len(chunks) == 0 {
-		return
-	}
+// noteCorrupt records reports of corrupt copies for the next scan; from
+// is the reporting node (0: a client), which copies naming no node are of.
+func (q *repairQueue) noteCorrupt(from ids.NodeID, reports []metaapi.CorruptCopy) {
 	q.mu.Lock()
-	for _, c := range chunks {
-		if len(q.corrupt) < maxCorruptReports && !slices.Contains(q.corrupt[c], node) {
-			q.corrupt[c] = append(q.corrupt[c], node)
+	defer q.mu.Unlock()
+	for _, r := range reports {
+		node := cmp.Or(r.Node, from)
+		m := q.corrupt[r.Chunk]
+		if node == 0 || m == nil && len(q.corrupt) >= maxCorruptReports {
+			continue
 		}
+		if m == nil {
+			m = map[ids.NodeID]extent.List{}
+			q.corrupt[r.Chunk] = m
+		}
+		old, seen := m[node]
+		m[node] = mergeBad(old, seen, r.Bad)
 	}
-	q.mu.Unlock()
+}
+
+// mergeBad adds newly reported bad bytes to what is known of a copy
+// (known: whether anything is); a nil result means not known which.
+func mergeBad(old extent.List, known bool, add extent.List) extent.List {
+	switch {
+	case !known:
+		return slices.Clone(add)
+	case old == nil || add == nil:
+		return nil
+	}
+	if u := old.Union(add); len(u) <= metaapi.MaxBadExtents {
+		return u
+	}
+	return nil // too many to list: bad throughout, as far as meta knows
 }
 
 // completion is a finished reconciliation, for the repair rate.
@@ -142,7 +171,7 @@ type completion struct {
 const rateWindow = time.Minute
 
 func newRepairQueue() *repairQueue {
-	return &repairQueue{jobs: map[chunkRef]*repairJob{}, stuck: map[chunkRef]error{}, corrupt: map[ids.ChunkID][]ids.NodeID{},
+	return &repairQueue{jobs: map[chunkRef]*repairJob{}, stuck: map[chunkRef]error{}, corrupt: map[ids.ChunkID]map[ids.NodeID]extent.List{},
 		wake: make(chan struct{}, 1)}
 }
 
@@ -336,12 +365,12 @@ func (s *Service) scanForRepair() {
 	var due []*repairJob
 	s.repairs.mu.Lock()
 	reported := s.repairs.corrupt
-	s.repairs.corrupt = map[ids.ChunkID][]ids.NodeID{}
+	s.repairs.corrupt = map[ids.ChunkID]map[ids.NodeID]extent.List{}
 	s.repairs.mu.Unlock()
 	type finding struct {
-		ref   chunkRef
-		id    ids.ChunkID
-		nodes []ids.NodeID
+		ref    chunkRef
+		id     ids.ChunkID
+		copies map[ids.NodeID]extent.List
 	}
 	var found []finding
 	members := map[ids.NodeID]int64{}
@@ -392,19 +421,17 @@ func (s *Service) scanForRepair() {
 				if pol != nil && pol.EC != nil {
 					minimum = pol.EC.Data
 				}
-				live, replaceable := 0, false
+				replaceable := false
 				for _, n := range rec.Nodes {
 					members[n]++
-					if state[n] && !slices.Contains(rec.Fresh, n) {
-						live++
-					}
 					replaceable = replaceable || past[n]
 				}
 				ref := chunkRef{ino, int64(beUint64(k[9:]))}
-				if bad := reported[rec.ID]; len(bad) > 0 {
-					found = append(found, finding{ref, rec.ID, bad})
-					live -= len(bad)
+				copies := reported[rec.ID]
+				if len(copies) > 0 {
+					found = append(found, finding{ref, rec.ID, copies})
 				}
+				live := intactCopies(&rec, state, copies)
 				tally.Count(pol != nil && pol.EC != nil, live, len(rec.Nodes), minimum)
 				if replaceable || rec.Reconciling || len(rec.Corrupt) > 0 {
 					due = append(due, &repairJob{ref: chunkRef{ino, int64(beUint64(k[9:]))}, margin: repairplan.Margin(live, minimum)})
@@ -418,11 +445,11 @@ func (s *Service) scanForRepair() {
 		return
 	}
 	for _, f := range found {
-		if err := s.markCorrupt(f.ref, f.id, f.nodes); err != nil {
+		if err := s.markCorrupt(f.ref, f.id, f.copies); err != nil {
 			s.log.Warn("recording a corrupt chunk copy", "chunk", f.id, "err", err)
 			continue
 		}
-		s.log.Warn("scrub found a corrupt copy; rebuilding it", "ino", f.ref.ino, "index", f.ref.index, "chunk", f.id, "nodes", f.nodes)
+		s.log.Warn("copies with blocks failing their checksums; healing them", "ino", f.ref.ino, "index", f.ref.index, "chunk", f.id, "copies", f.copies)
 		due = append(due, &repairJob{ref: f.ref})
 	}
 	s.repairs.mu.Lock()
@@ -435,9 +462,10 @@ func (s *Service) scanForRepair() {
 	}
 }
 
-// markCorrupt records that nodes hold a corrupt copy of chunk id, if it
-// is still ref and they are still its members.
-func (s *Service) markCorrupt(ref chunkRef, id ids.ChunkID, nodes []ids.NodeID) error {
+// markCorrupt records that nodes hold corrupt copies of chunk id (with
+// their bad bytes where said), if it is still ref and they are still its
+// members.
+func (s *Service) markCorrupt(ref chunkRef, id ids.ChunkID, copies map[ids.NodeID]extent.List) error {
 	return s.update(func(tx *txn) error {
 		key := chunkKey(ref.ino, ref.index)
 		var rec chunkRec
@@ -446,16 +474,56 @@ func (s *Service) markCorrupt(ref chunkRef, id ids.ChunkID, nodes []ids.NodeID) 
 			return err
 		}
 		changed := false
-		for _, n := range nodes {
-			if slices.Contains(rec.Nodes, n) && !slices.Contains(rec.Corrupt, n) {
-				rec.Corrupt, changed = append(rec.Corrupt, n), true
+		for n, bad := range copies {
+			if !slices.Contains(rec.Nodes, n) {
+				continue
 			}
+			old, known := rec.Bad[n]
+			if !slices.Contains(rec.Corrupt, n) {
+				rec.Corrupt, known, changed = append(rec.Corrupt, n), false, true
+			} else if !known {
+				continue // already bad throughout as far as meta knows
+			}
+			merged := mergeBad(old, known, bad)
+			if merged == nil {
+				delete(rec.Bad, n)
+			} else {
+				if rec.Bad == nil {
+					rec.Bad = map[ids.NodeID]extent.List{}
+				}
+				rec.Bad[n] = merged
+			}
+			changed = true
 		}
 		if !changed {
 			return nil
 		}
 		return tx.setJSON(key, &rec)
 	})
+}
+
+// intactCopies is how many members of rec hold each byte intact, at the
+// least: members up and not just placed, each counting where its bytes
+// pass their checksums as far as meta knows (recorded and newly reported
+// bad blocks; a corrupt member whose bad blocks are unknown counts for
+// nothing). A chunk whose copies each have a different bad block is thus
+// reduced, not lost.
+func intactCopies(rec *chunkRec, up map[ids.NodeID]bool, reported map[ids.NodeID]extent.List) int {
+	bad := make([]extent.List, len(rec.Nodes))
+	absent := make([]bool, len(rec.Nodes))
+	for i, n := range rec.Nodes {
+		absent[i] = !up[n] || slices.Contains(rec.Fresh, n)
+		if slices.Contains(rec.Corrupt, n) {
+			l, known := rec.Bad[n]
+			absent[i] = absent[i] || !known
+			bad[i] = l
+		}
+		if r, ok := reported[n]; ok {
+			absent[i] = absent[i] || r == nil
+			bad[i] = bad[i].Union(r)
+		}
+	}
+	return extent.MinGood(bad, absent)
 }
 
 // memberCounts returns the last scan's per-node member counts.
@@ -605,7 +673,11 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		return false, 0, fmt.Errorf("fencing chunk %v: %w", l.Chunk, errors.Join(errs...))
 	}
 	for i := range ms {
-		ms[i].Fresh, ms[i].Corrupt = p.fresh[i], p.corrupt[i] || slices.Contains(rebuild, i)
+		// A member asked to be rebuilt is treated as just placed: its copy
+		// is replaced whole. A corrupt one (meta heard so, or it says so
+		// itself) is healed.
+		ms[i].Fresh = p.fresh[i] || slices.Contains(rebuild, i)
+		ms[i].Corrupt = ms[i].Corrupt || p.corrupt[i]
 	}
 	var plan repairplan.Plan
 	if p.ec != nil {
@@ -621,28 +693,13 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 	if err != nil {
 		return false, 0, fmt.Errorf("planning chunk %v: %w", l.Chunk, err)
 	}
-	if len(plan.Targets) > 0 {
+	if len(plan.Targets)+len(plan.Heal) > 0 {
 		bytes = plan.Length * int64(len(plan.Targets))
 		if err := s.throttle(ctx, bytes); err != nil {
 			return false, 0, err
 		}
 		start := time.Now()
-		if p.ec != nil {
-			err = r.RebuildUnits(ctx, l, plan.Targets, plan.Sources, plan.Version, plan.Length, gather)
-		} else {
-			errs := make([]error, len(plan.Targets))
-			var wg sync.WaitGroup
-			for i, t := range plan.Targets {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					errs[i] = r.CopyReplica(ctx, l, t, plan.Sources[i%len(plan.Sources)], plan.Version, plan.Length)
-				}()
-			}
-			wg.Wait()
-			err = errors.Join(errs...)
-		}
-		if err != nil {
+		if err := restore(ctx, r, l, plan, p.ec != nil, gather); err != nil {
 			return false, 0, fmt.Errorf("restoring chunk %v at version %d: %w", l.Chunk, plan.Version, err)
 		}
 		s.repairs.mu.Lock()
@@ -654,7 +711,7 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 			return false, bytes, fmt.Errorf("resolving chunk %v's unfinished write: %w", l.Chunk, errors.Join(errs...))
 		}
 	}
-	var handled []ids.NodeID // the corrupt copies this attempt knew of, now restored
+	var handled []ids.NodeID // the corrupt copies this attempt knew of, now healed or replaced
 	for i, r := range l.Replicas {
 		if p.corrupt[i] {
 			handled = append(handled, r.Node)
@@ -665,15 +722,65 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 	}
 	s.repairs.mu.Lock()
 	j.version = plan.Version
-	for _, t := range plan.Targets {
+	for _, t := range slices.Concat(plan.Targets, plan.Heal) {
 		j.restored = append(j.restored, metaapi.RestoredMember{Index: t, Node: l.Replicas[t].Node, Moved: p.fresh[t]})
 	}
 	s.repairs.mu.Unlock()
 	if len(plan.Targets) > 0 || len(plan.Resolve) > 0 {
 		s.log.Info("chunk reconciled", "ino", j.ref.ino, "index", j.ref.index, "chunk", l.Chunk, "version", plan.Version,
-			"copied_to", plan.Targets, "resolved", plan.Resolve, "epoch", p.epoch)
+			"copied_to", plan.Targets, "healed", plan.Heal, "resolved", plan.Resolve, "epoch", p.epoch)
 	}
 	return true, bytes, nil
+}
+
+// restore carries out a plan's copies, rebuilds and heals, all at once.
+// Each target takes the sources in its own rotation, so copies spread
+// over them; each corrupt member heals from the other sources.
+func restore(ctx context.Context, r Repairer, l *metaapi.ChunkLayout, plan repairplan.Plan, ec, gather bool) error {
+	others := func(skip int, rot int) []int {
+		out := make([]int, 0, len(plan.Sources))
+		for k := range plan.Sources {
+			if src := plan.Sources[(k+rot)%len(plan.Sources)]; src != skip {
+				out = append(out, src)
+			}
+		}
+		return out
+	}
+	var errs []error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	run := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	if ec {
+		if len(plan.Targets) > 0 {
+			run(func() error {
+				return r.RebuildUnits(ctx, l, plan.Targets, plan.Sources, plan.Version, plan.Length, gather, false)
+			})
+		}
+		if len(plan.Heal) > 0 {
+			run(func() error {
+				return r.RebuildUnits(ctx, l, plan.Heal, plan.Sources, plan.Version, plan.Length, true, true)
+			})
+		}
+	} else {
+		for i, t := range plan.Targets {
+			run(func() error { return r.CopyReplica(ctx, l, t, others(t, i), plan.Version, plan.Length, false) })
+		}
+		for i, t := range plan.Heal {
+			run(func() error { return r.CopyReplica(ctx, l, t, others(t, i), plan.Version, plan.Length, true) })
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // beginReconcile replaces the members it must, at a new epoch, marks the
@@ -710,11 +817,15 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 		}
 		ec := in.Policy != nil && in.Policy.EC != nil
 		var replace, grow []int
-		sound := 0 // members that hold the chunk and stay (for now)
+		sound := 0   // members that hold the chunk and stay (for now)
+		corrupt := 0 // live members holding it with bad blocks
 		for i, n := range rec.Nodes {
 			m := s.nodes[n]
 			down := m == nil || m.state != metaapi.NodeUp
 			holds := !down && !slices.Contains(rec.Fresh, n) && !slices.Contains(rec.Corrupt, n)
+			if !down && !slices.Contains(rec.Fresh, n) && slices.Contains(rec.Corrupt, n) {
+				corrupt++
+			}
 			switch {
 			case m == nil:
 			case m.rec.Draining && !down && !ec:
@@ -750,7 +861,13 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 		// others are live). The replaced copies are collected only when
 		// the reconciliation is done.
 		if len(replace) > 0 && sound < minimum {
-			return metaapi.Errorf(metaapi.ENOSPC, "chunk %v: only %d of its members are live and whole, it needs %d to be rebuilt from", rec.ID, sound, minimum)
+			if sound+corrupt < minimum {
+				return metaapi.Errorf(metaapi.ENOSPC, "chunk %v: only %d of its members are live and whole, it needs %d to be rebuilt from", rec.ID, sound, minimum)
+			}
+			// Live members with bad blocks can heal each other now (block
+			// by block); the lost members are replaced once they have,
+			// so that no member whose blocks may be needed leaves first.
+			replace, grow = nil, nil
 		}
 		if len(replace) == 0 && len(grow) == 0 && !rec.Reconciling && !failover && len(rec.Corrupt) == 0 {
 			skip = true
@@ -847,6 +964,11 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 		rec.Corrupt = slices.DeleteFunc(rec.Corrupt, func(n ids.NodeID) bool {
 			return slices.Contains(corrupt, n) || !slices.Contains(rec.Nodes, n)
 		})
+		for n := range rec.Bad {
+			if !slices.Contains(rec.Corrupt, n) {
+				delete(rec.Bad, n)
+			}
+		}
 		rec.Reconciling, rec.Fresh, rec.Replaced, rec.Leaving = false, nil, nil, nil
 		rec.Version = max(rec.Version, version)
 		if err := tx.b.Delete(degradedKey(ref.ino, ref.index), nil); err != nil {
@@ -899,4 +1021,29 @@ func (s *Service) repairStatus() (metaapi.RedundancyTally, metaapi.RepairStats) 
 		st.ETA = float64(st.Pending) * float64(st.Bytes) / float64(st.Done) / st.Rate
 	}
 	return q.tallies, st
+}
+
+// ReportCorrupt takes a client's report that a copy it read holds blocks
+// failing their checksums. The read capability the client used proves it
+// may read the chunk and that the node holds a member of it; the copy is
+// then healed as one a scrub found (a false report costs the node one
+// verification of its copy).
+func (s *Service) ReportCorrupt(client ids.ClientID, req metaapi.ReportCorruptReq) error {
+	if err := req.Copy.Validate(); err != nil {
+		return err
+	}
+	var c capability.Capability
+	if _, err := s.keys.Open(req.Cap, s.opts.Now().UnixNano(), &c); err != nil {
+		return metaapi.Errorf(metaapi.EACCES, "reporting corrupt chunk %v: %v", req.Copy.Chunk, err)
+	}
+	switch {
+	case c.Client != client || c.Rights&capability.Read == 0:
+		return metaapi.Errorf(metaapi.EACCES, "reporting corrupt chunk %v: not this client's read capability", req.Copy.Chunk)
+	case c.Chunk != req.Copy.Chunk || req.Copy.Node == 0 || c.RankOf(req.Copy.Node) < 0:
+		return metaapi.Errorf(metaapi.EINVAL, "reporting corrupt chunk %v on node %v: the capability is for chunk %v on nodes %v",
+			req.Copy.Chunk, req.Copy.Node, c.Chunk, c.ReplicaList())
+	}
+	s.log.Warn("a client read blocks failing their checksums", "client", client, "chunk", req.Copy.Chunk, "node", req.Copy.Node, "bad", req.Copy.Bad)
+	s.repairs.noteCorrupt(0, []metaapi.CorruptCopy{req.Copy})
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
@@ -120,7 +121,7 @@ func TestScrubReportDuringReconcileSurvives(t *testing.T) {
 		t.Fatalf("begin: skip %v, %v", skip, err)
 	}
 	late := l.Replicas[1].Node
-	if err := f.s.markCorrupt(ref, l.Chunk, []ids.NodeID{late}); err != nil {
+	if err := f.s.markCorrupt(ref, l.Chunk, map[ids.NodeID]extent.List{late: {{Off: 0, Len: 4096}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.s.endReconcile(ref, l.Chunk, p.epoch, 1, nil); err != nil {
@@ -141,7 +142,7 @@ func TestScrubReportDuringReconcileSurvives(t *testing.T) {
 	if err := f.s.endReconcile(ref, l.Chunk, p.epoch, 1, []ids.NodeID{late}); err != nil {
 		t.Fatal(err)
 	}
-	if r := rec(); len(r.Corrupt) != 0 {
+	if r := rec(); len(r.Corrupt) != 0 || len(r.Bad) != 0 {
 		t.Fatalf("a restored copy is still recorded corrupt: %+v", r)
 	}
 }

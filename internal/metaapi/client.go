@@ -43,6 +43,7 @@ const (
 	OpStatus    = "Status"
 	OpRegister  = "Register"
 	OpHeartbeat = "Heartbeat"
+	OpReportBad = "ReportCorrupt"
 )
 
 // MaxBodyBytes bounds every request and response body.

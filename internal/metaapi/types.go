@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
@@ -773,8 +774,44 @@ type HeartbeatReq struct {
 	Used     int64         `json:"used"`
 	Chunks   int64         `json:"chunks"`
 	Deleted  []ids.ChunkID `json:"deleted,omitempty"`
-	// Corrupt are chunks the node's scrub found a bad block in.
-	Corrupt []ids.ChunkID `json:"corrupt,omitempty"`
+	// Corrupt are copies found holding blocks that fail their checksums:
+	// the node's own (its scrub, a write, a repair reading it; Node 0 or
+	// its own id) or another node's that a repair read from.
+	Corrupt []CorruptCopy `json:"corrupt,omitempty"`
+}
+
+// CorruptCopy says Node's copy of Chunk, at Version, holds blocks that
+// fail their checksums: the bytes Bad (at most MaxBadExtents extents;
+// empty: not said which). Meta has them healed from the other copies.
+type CorruptCopy struct {
+	Chunk   ids.ChunkID `json:"chunk"`
+	Node    ids.NodeID  `json:"node,omitempty"`
+	Version uint64      `json:"version,omitempty"`
+	Bad     extent.List `json:"bad,omitempty"`
+}
+
+// MaxBadExtents bounds the extents one CorruptCopy lists; MaxCorruptCopies
+// the copies one heartbeat reports.
+const (
+	MaxBadExtents    = 256
+	MaxCorruptCopies = 1024
+)
+
+// Validate checks a report from the network.
+func (c CorruptCopy) Validate() error {
+	if c.Chunk == 0 || len(c.Bad) > MaxBadExtents || !c.Bad.Valid(MaxFileSize) {
+		return Errorf(EINVAL, "malformed corruption report for chunk %v: %d extents %v", c.Chunk, len(c.Bad), c.Bad)
+	}
+	return nil
+}
+
+// ReportCorruptReq is a client telling meta that a copy it read holds
+// blocks failing their checksums. Cap is the read capability it used
+// (the layout's), which proves it may read the chunk and names its
+// members.
+type ReportCorruptReq struct {
+	Cap  []byte      `json:"cap"`
+	Copy CorruptCopy `json:"copy"`
 }
 
 // HeartbeatResp carries the cluster map and garbage to collect.

@@ -6,6 +6,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
@@ -87,8 +89,8 @@ type Node struct {
 	closeOnce   sync.Once
 	closeErr    error
 	mu          sync.Mutex
-	deleted     []ids.ChunkID // deletions to report with the next heartbeat
-	corrupt     []ids.ChunkID // chunks the scrub found corrupt, not yet reported
+	deleted     []ids.ChunkID         // deletions to report with the next heartbeat
+	corrupt     []metaapi.CorruptCopy // copies found with bad blocks, not yet reported (Node 0: this node's)
 }
 
 type identity struct {
@@ -115,7 +117,8 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		return nil, err
 	}
 	n.id.Store(uint32(id))
-	n.store, err = store.Open(store.Options{Dir: filepath.Join(opts.DataDir, "store"), BlockSize: opts.BlockSize, Logger: opts.Logger})
+	n.store, err = store.Open(store.Options{Dir: filepath.Join(opts.DataDir, "store"), BlockSize: opts.BlockSize, Logger: opts.Logger,
+		OnCorrupt: func(id ids.ChunkID, version uint64, bad extent.List) { n.reportCorrupt(id, 0, version, bad) }})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -167,6 +170,7 @@ func (n *Node) serve() error {
 		AllowRaw:       n.opts.AllowRaw,
 		Accumulators:   n.opts.Accumulators,
 		ReserveTimeout: n.opts.ReserveTimeout,
+		ReportCorrupt:  n.reportCorrupt,
 		Logger:         n.log,
 	})
 	if n.eng, err = engine.New(eopts, n.pol.Contexts()...); err != nil {
@@ -405,6 +409,9 @@ func (n *Node) heartbeat(ctx context.Context) error {
 	deleted := n.deleted
 	n.deleted = nil
 	corrupt := slices.Clone(n.corrupt)
+	for i := range corrupt {
+		corrupt[i].Node = cmp.Or(corrupt[i].Node, n.ID())
+	}
 	n.mu.Unlock()
 	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Chunks: chunks, Deleted: deleted, Corrupt: corrupt}
 	var resp metaapi.HeartbeatResp
@@ -420,9 +427,9 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		return err
 	}
 	if len(corrupt) > 0 {
-		// Meta has them: report each once.
+		// Meta has them: report each once (what came in meanwhile stays).
 		n.mu.Lock()
-		n.corrupt = slices.DeleteFunc(n.corrupt, func(id ids.ChunkID) bool { return slices.Contains(corrupt, id) })
+		n.corrupt = n.corrupt[min(len(corrupt), len(n.corrupt)):]
 		n.mu.Unlock()
 	}
 	peers := make(map[ids.NodeID]string, len(resp.Nodes))

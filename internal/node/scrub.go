@@ -3,10 +3,11 @@ package node
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/store"
 )
 
@@ -16,9 +17,6 @@ import (
 // next heartbeat (until meta has it), and meta has the copy rebuilt from
 // a healthy one (docs/failures.md). Reads meanwhile never return it: the
 // client checks every block too and reads another replica.
-
-// maxCorruptReports bounds the corrupt chunks one heartbeat carries.
-const maxCorruptReports = 1024
 
 func (n *Node) scrubLoop(ctx context.Context) {
 	defer n.wg.Done()
@@ -50,13 +48,14 @@ func (n *Node) scrubPass(ctx context.Context) (chunks int, bytes int64, bad int)
 			return
 		}
 		t0 := time.Now()
-		err := n.store.Verify(id)
+		// Bad blocks found go to meta (the store's OnCorrupt), which has
+		// them healed from the other copies.
+		_, err := n.store.Verify(id)
 		chunks++
 		bytes += sizes[i]
 		if errors.Is(err, store.ErrCorrupt) {
 			bad++
-			n.log.Error("scrub found a corrupt chunk; meta will have it rebuilt", "chunk", id, "err", err)
-			n.reportCorrupt(id)
+			n.log.Error("scrub found blocks failing their checksums; meta will have them healed", "chunk", id, "err", err)
 		} else if err != nil && !errors.Is(err, store.ErrClosed) {
 			n.log.Warn("scrub could not verify a chunk", "chunk", id, "err", err)
 		}
@@ -73,11 +72,18 @@ func (n *Node) scrubPass(ctx context.Context) (chunks int, bytes int64, bad int)
 	return
 }
 
-// reportCorrupt queues a corrupt chunk for the next heartbeat.
-func (n *Node) reportCorrupt(id ids.ChunkID) {
+// reportCorrupt queues for the next heartbeat that node's copy of chunk
+// (node 0: this node's) at version holds bad blocks. Reports past
+// metaapi.MaxCorruptCopies waiting are dropped: the scrub finds them again.
+func (n *Node) reportCorrupt(chunk ids.ChunkID, node ids.NodeID, version uint64, bad extent.List) {
+	if len(bad) > metaapi.MaxBadExtents {
+		bad = nil // too many to list: meta counts the copy bad throughout
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if !slices.Contains(n.corrupt, id) && len(n.corrupt) < maxCorruptReports {
-		n.corrupt = append(n.corrupt, id)
+	if len(n.corrupt) >= metaapi.MaxCorruptCopies {
+		n.log.Warn("too many corrupt copies waiting to be reported; dropping one", "chunk", chunk, "node", node)
+		return
 	}
+	n.corrupt = append(n.corrupt, metaapi.CorruptCopy{Chunk: chunk, Node: node, Version: version, Bad: bad})
 }
