@@ -70,6 +70,8 @@ type Client struct {
 	layouts *layoutCache
 	bufs    *bufferPool
 	codes   erasure.Codes
+	// reported are the corrupt copies reported to meta lately.
+	reported reports
 }
 
 // New connects to the cluster described by opts.Conf. No network traffic

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/erasure"
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -559,7 +560,7 @@ func (c *Client) ecReadDirect(ctx context.Context, g ecGeom, l *metaapi.ChunkLay
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pc, err := c.readUnit(ctx, l, j, first, last-first, 0)
+			pc, err := c.readUnit(ctx, l, j, first, last-first, 0, false)
 			if err != nil {
 				errs[j] = err
 				return
@@ -594,15 +595,17 @@ func (c *Client) ecReadDirect(ctx context.Context, g ecGeom, l *metaapi.ChunkLay
 }
 
 // readUnit reads [off, off+n) of unit j of group l, which must be at
-// version floor or later (0: the version meta knows).
-func (c *Client) readUnit(ctx context.Context, l *metaapi.ChunkLayout, j int, off, n int64, floor uint64) (piece, error) {
+// version floor or later (0: the version meta knows). With partial, bytes
+// failing their checksums are listed in the piece's bad rather than
+// failing the read.
+func (c *Client) readUnit(ctx context.Context, l *metaapi.ChunkLayout, j int, off, n int64, floor uint64, partial bool) (piece, error) {
 	ul := *l
 	ul.ZeroFrom = 0 // applies to group offsets, not unit offsets
 	if floor > 0 {
 		ul.Version = floor
 	}
 	r := l.Replicas[j]
-	p, err := c.readReplica(ctx, r.Addr, &ul, off, n, nil)
+	p, err := c.readCopy(ctx, r, &ul, off, n, nil, partial)
 	if err != nil {
 		return piece{}, &NodeError{Op: fmt.Sprintf("read unit %d of stripe group %v", j, l.Chunk), Addr: r.Addr, Err: err}
 	}
@@ -612,9 +615,10 @@ func (c *Client) readUnit(ctx context.Context, l *metaapi.ChunkLayout, j int, of
 // ecReadStripes reads whole stripes [s0, s1) of group l into out (file
 // order), decoding from any K units that agree on a version: the newest
 // at least K units hold among those at floor or later (0: the version
-// meta knows). Every byte used passed its checksum; a unit that fails one
-// counts as lost. The code works bytewise, so the units are read and
-// decoded in runs of at most one read request each.
+// meta knows). Every byte used passed its checksum: the units are judged
+// block by block, so a stretch is decoded from the units intact there.
+// The code works bytewise, so the units are read and decoded in runs of at
+// most one read request each.
 func (c *Client) ecReadStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, out []byte, floor uint64) error {
 	code, err := c.codes.Get(g.k, g.m)
 	if err != nil {
@@ -645,7 +649,8 @@ func (c *Client) ecReadStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLa
 }
 
 // ecDecodeRun reads bytes [off, off+n) of every unit of l and returns the
-// K data units' bytes, decoded where missing.
+// K data units' bytes, decoded where missing or failing their checksums
+// (from K units intact there).
 func (c *Client) ecDecodeRun(ctx context.Context, code *erasure.Code, l *metaapi.ChunkLayout, off, n int64, floor uint64) ([][]byte, func(), error) {
 	units := code.Units()
 	pcs := make([]piece, units)
@@ -655,7 +660,7 @@ func (c *Client) ecDecodeRun(ctx context.Context, code *erasure.Code, l *metaapi
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pcs[u], errs[u] = c.readUnit(ctx, l, u, off, n, floor)
+			pcs[u], errs[u] = c.readUnit(ctx, l, u, off, n, floor, true)
 		}()
 	}
 	wg.Wait()
@@ -690,14 +695,49 @@ func (c *Client) ecDecodeRun(ctx context.Context, code *erasure.Code, l *metaapi
 		return nil, nil, fmt.Errorf("stripe group %v: fewer than %d of its %d units readable at one version (%v): %w", l.Chunk, code.K, units, count, oneLine(failed))
 	}
 	shards := make([][]byte, units)
+	bad := make([]extent.List, units)
+	absent := make([]bool, units)
 	for u := range units {
-		if errs[u] == nil && pcs[u].version == ver {
-			shards[u] = pcs[u].data
+		absent[u] = errs[u] != nil || pcs[u].version != ver
+		if !absent[u] {
+			shards[u], bad[u] = pcs[u].data, pcs[u].bad
+		} else if u < code.K {
+			shards[u] = make([]byte, n) // decoded below
 		}
 	}
-	if err := code.ReconstructData(shards); err != nil {
-		release()
-		return nil, nil, fmt.Errorf("decoding stripe group %v: %w", l.Chunk, err)
+	// Decode each stretch that lacks a data unit from K units intact there.
+	sub := make([][]byte, units)
+	for _, s := range extent.Segments(off, n, bad, absent) {
+		if len(s.Good) == units {
+			continue
+		}
+		if len(s.Good) < code.K {
+			release()
+			return nil, nil, fmt.Errorf("stripe group %v: only %d of its %d units hold unit bytes %v intact at version %d", l.Chunk, len(s.Good), units, s.Extent, ver)
+		}
+		a, b := s.Off-off, s.End()-off
+		clear(sub)
+		missing := false
+		for _, u := range s.Good {
+			sub[u] = shards[u][a:b]
+		}
+		for u := range code.K {
+			if sub[u] == nil {
+				sub[u], missing = shards[u][a:b][:0], true
+			}
+		}
+		if !missing {
+			continue
+		}
+		if err := code.ReconstructData(sub); err != nil {
+			release()
+			return nil, nil, fmt.Errorf("decoding stripe group %v: %w", l.Chunk, err)
+		}
+		for u := range code.K {
+			if len(sub[u]) > 0 && &sub[u][0] != &shards[u][a] {
+				copy(shards[u][a:b], sub[u]) // the decoder took other memory
+			}
+		}
 	}
 	return shards, release, nil
 }
