@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -37,7 +38,11 @@ func tmpDir(tb testing.TB) string {
 
 func startCluster(tb testing.TB, nodes int) *cluster.Cluster {
 	tb.Helper()
-	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(tb), Nodes: nodes, MetaListen: "127.0.0.1:0", ChunkSize: testChunk})
+	opts := cluster.Options{Dir: tmpDir(tb), Nodes: nodes, MetaListen: "127.0.0.1:0", ChunkSize: testChunk}
+	if os.Getenv("SLUICE_TEST_LOG") != "" {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c, err := cluster.Start(context.Background(), opts)
 	if err != nil {
 		tb.Fatal(err)
 	}

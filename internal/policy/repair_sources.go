@@ -220,7 +220,7 @@ func (x *repairer) heal(st *repairState, code *erasure.Code) (store.Info, error)
 	if info.Version != h.Version {
 		return store.Info{}, wire.Errorf(wire.StatusStale, "healing chunk %v at version %d, this copy is at %d", h.Chunk, h.Version, info.Version)
 	}
-	bad, err := x.d.Store.Verify(h.Chunk)
+	bad, err := x.d.Store.BadBlocks(h.Chunk)
 	if err != nil && !errors.Is(err, store.ErrCorrupt) {
 		return store.Info{}, storeError(err)
 	}
@@ -245,7 +245,7 @@ func (x *repairer) heal(st *repairState, code *erasure.Code) (store.Info, error)
 			}
 		}
 	}
-	if bad, err := x.d.Store.Verify(h.Chunk); err != nil {
+	if bad, err := x.d.Store.BadBlocks(h.Chunk); err != nil {
 		return store.Info{}, wire.Errorf(wire.StatusIO, "chunk %v still has bad blocks %v after healing: %v", h.Chunk, bad, err)
 	}
 	x.d.Logger.Info("repair: healed bad blocks", "chunk", h.Chunk, "unit", h.Unit, "version", h.Version, "bad", bad)

@@ -20,7 +20,13 @@ const MaxBadExtents = 256
 // view so a scrub never holds off commits for long; a commit landing in
 // between is simply verified from the next page on. Bad blocks found are
 // also noted (see Suspect) and reported to Options.OnCorrupt.
-func (s *Store) Verify(id ids.ChunkID) (extent.List, error) {
+func (s *Store) Verify(id ids.ChunkID) (extent.List, error) { return s.verify(id, true) }
+
+// BadBlocks is Verify for a chunk known to be corrupt (a repair healing
+// it): what it finds is not noted or reported again.
+func (s *Store) BadBlocks(id ids.ChunkID) (extent.List, error) { return s.verify(id, false) }
+
+func (s *Store) verify(id ids.ChunkID, note bool) (extent.List, error) {
 	buf := make([]byte, s.blockSize)
 	var sums []uint32
 	var bad extent.List
@@ -50,7 +56,9 @@ func (s *Store) Verify(id ids.ChunkID) (extent.List, error) {
 		s.suspects.clear(id, version)
 		return nil, nil
 	}
-	s.noteCorrupt(id, version, bad)
+	if note {
+		s.noteCorrupt(id, version, bad)
+	}
 	return bad, first
 }
 
