@@ -124,8 +124,11 @@ func New(opts Options) (*Client, error) {
 	return c, nil
 }
 
-// Close releases the client's connections.
+// Close releases the client's connections. Reports of corrupt copies
+// still on their way to meta get a moment to arrive: a short-lived
+// client (a `sluice cat`) must not take what it found with it.
 func (c *Client) Close() error {
+	c.reported.flush(reportFlush)
 	c.pool.Close()
 	c.ep.Close()
 	c.meta.Close()

@@ -252,8 +252,22 @@ const reportWindow = 30 * time.Second
 
 // reports remembers the copies a client reported lately.
 type reports struct {
-	mu   sync.Mutex
-	sent map[reportKey]time.Time
+	mu       sync.Mutex
+	sent     map[reportKey]time.Time
+	inflight sync.WaitGroup
+}
+
+// reportFlush bounds how long Close waits for reports in flight.
+const reportFlush = 5 * time.Second
+
+// flush waits up to d for the reports in flight.
+func (r *reports) flush(d time.Duration) {
+	done := make(chan struct{})
+	go func() { r.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
 }
 
 type reportKey struct {
@@ -283,7 +297,7 @@ func (r *reports) due(k reportKey, now time.Time) bool {
 // chunk at version holds the bad bytes; the layout's read capability
 // proves the client may say so.
 func (c *Client) reportCorrupt(l *metaapi.ChunkLayout, node ids.NodeID, version uint64, bad extent.List) {
-	c.log.Warn("read blocks failing their checksums; reading them from another copy and reporting", "chunk", l.Chunk, "node", node, "version", version, "bad", bad)
+	c.log.Debug("read blocks failing their checksums; reading them from another copy and reporting", "chunk", l.Chunk, "node", node, "version", version, "bad", bad)
 	if !c.reported.due(reportKey{l.Chunk, node}, time.Now()) {
 		return
 	}
@@ -291,8 +305,10 @@ func (c *Client) reportCorrupt(l *metaapi.ChunkLayout, node ids.NodeID, version 
 		bad = nil
 	}
 	req := metaapi.ReportCorruptReq{Cap: l.Cap, Copy: metaapi.CorruptCopy{Chunk: l.Chunk, Node: node, Version: version, Bad: bad}}
+	c.reported.inflight.Add(1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer c.reported.inflight.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), reportFlush)
 		defer cancel()
 		if err := c.meta.Call(ctx, metaapi.OpReportBad, req, nil); err != nil {
 			c.log.Warn("reporting a corrupt copy to meta", "chunk", l.Chunk, "node", node, "err", err)
