@@ -43,6 +43,8 @@ const (
 	OpStatus    = "Status"
 	OpRegister  = "Register"
 	OpHeartbeat = "Heartbeat"
+	OpInventory = "Inventory"
+	OpStrays    = "Strays"
 )
 
 // MaxBodyBytes bounds every request and response body.
