@@ -7,8 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/capability"
@@ -46,27 +49,45 @@ func (c *splitCluster) keys(t *testing.T) *capability.Keyring {
 	return capability.NewKeyring(sec)
 }
 
-// holders lists the nodes holding a chunk file of chunk (a chunk file
-// exists exactly while the store holds the chunk: deletion recycles it
-// into the pool under another name).
-func (c *splitCluster) holders(t *testing.T, chunk ids.ChunkID) []ids.NodeID {
+// chunkHolders lists the nodes (data directories by id) holding a chunk
+// file of chunk: one exists exactly while the store holds the chunk
+// (deletion recycles it into the pool under another name).
+func chunkHolders(t *testing.T, dirs map[ids.NodeID]string, chunk ids.ChunkID) []ids.NodeID {
 	t.Helper()
 	var out []ids.NodeID
-	for id, n := range c.nodes {
-		if _, ok := chunkFiles(t, filepath.Join(n.dir, "store", "chunks"))[chunkFileName(chunk)]; ok {
+	for id, d := range dirs {
+		if _, ok := chunkFiles(t, filepath.Join(d, "store", "chunks"))[chunkFileName(chunk)]; ok {
 			out = append(out, id)
 		}
 	}
 	return out
 }
 
-// waitDeleted waits until no node holds chunk.
-func (c *splitCluster) waitDeleted(t *testing.T, chunk ids.ChunkID) {
+// waitNoHolder waits until no node holds chunk.
+func waitNoHolder(t *testing.T, dirs map[ids.NodeID]string, chunk ids.ChunkID, timeout time.Duration) {
 	t.Helper()
-	eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
-		h := c.holders(t, chunk)
+	eventually(t, timeout, 100*time.Millisecond, func() (bool, string) {
+		h := chunkHolders(t, dirs, chunk)
 		return len(h) == 0, fmt.Sprintf("chunk %v still on %v", chunk, h)
 	})
+}
+
+func (c *splitCluster) dirs() map[ids.NodeID]string {
+	out := map[ids.NodeID]string{}
+	for id, n := range c.nodes {
+		out[id] = n.dir
+	}
+	return out
+}
+
+func (c *splitCluster) holders(t *testing.T, chunk ids.ChunkID) []ids.NodeID {
+	t.Helper()
+	return chunkHolders(t, c.dirs(), chunk)
+}
+
+func (c *splitCluster) waitDeleted(t *testing.T, chunk ids.ChunkID) {
+	t.Helper()
+	waitNoHolder(t, c.dirs(), chunk, 30*time.Second)
 }
 
 // writeLayout asks meta for a write layout of the file at path, as a
@@ -238,10 +259,27 @@ func TestRemoveWhileWriting(t *testing.T) {
 	}
 	// Whatever a racing write left is collected: by the deletion, or
 	// after the grace period by the inventory.
-	eventually(t, 60*time.Second, 200*time.Millisecond, func() (bool, string) {
-		h := c.holders(t, gchunk)
-		return len(h) == 0, fmt.Sprintf("chunk %v still on %v", gchunk, h)
-	})
+	waitNoHolder(t, c.dirs(), gchunk, 60*time.Second)
+}
+
+// TestFUSEWriteAfterRemoveElsewhere: a mount writing a file another
+// mount removed gets ENOENT from fsync (its buffered writes reach the
+// nodes then), and re-creates nothing.
+func TestFUSEWriteAfterRemoveElsewhere(t *testing.T) {
+	c, a := fuseCluster(t)
+	b := mountAt(t, c.conf, "mnt-b")
+	dirs := nodeDirs(t, filepath.Join(c.dir, "node1"), filepath.Join(c.dir, "node2"), filepath.Join(c.dir, "node3"))
+	fd := openFD(t, filepath.Join(b.dir, "f"), unix.O_CREAT|unix.O_WRONLY, 0o644)
+	pwrite(t, fd, randomBytes(t, 1<<20), 0)
+	mustOK(t, "fsync on B", unix.Fsync(fd))
+	chunk := layoutChunk(t, metaClient(t, c.conf), "/f")
+	mustOK(t, "remove on A", os.Remove(filepath.Join(a.dir, "f")))
+	waitNoHolder(t, dirs, chunk, 30*time.Second)
+	pwrite(t, fd, randomBytes(t, 1<<20), 1<<20)
+	wantErrno(t, "fsync on B after the remove on A", unix.Fsync(fd), syscall.ENOENT)
+	if h := chunkHolders(t, dirs, chunk); len(h) != 0 {
+		t.Errorf("B's write re-created chunk %v on %v", chunk, h)
+	}
 }
 
 // layoutChunk is the chunk id of a one-chunk file.
