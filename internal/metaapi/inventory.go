@@ -10,6 +10,16 @@ import "github.com/sluicefs/sluice/internal/ids"
 // is the judge, the node never deletes on its own judgement. What the
 // last rounds found is kept for `sluice check` (StraysReq).
 
+// GoneChunk is a chunk meta deleted (HeartbeatResp.Gone). The node
+// deletes its copy behind a tombstone it keeps until Until (unix ns): no
+// capability naming the chunk is valid past it, and before it every
+// write to the chunk is refused (wire.StatusGone), so none can re-create
+// it.
+type GoneChunk struct {
+	Chunk ids.ChunkID `json:"chunk"`
+	Until int64       `json:"until"`
+}
+
 // HeldChunk is one copy a node holds: its committed version and length.
 type HeldChunk struct {
 	Chunk   ids.ChunkID `json:"chunk"`

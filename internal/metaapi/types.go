@@ -791,11 +791,3 @@ type HeartbeatResp struct {
 	Inventory bool `json:"inventory,omitempty"`
 }
 
-// GoneChunk is a chunk meta deleted. The node deletes its copy behind a
-// tombstone it keeps until Until (unix ns): no capability naming the
-// chunk is valid past it, and before it every write to the chunk is
-// refused (wire.StatusGone), so none can re-create it.
-type GoneChunk struct {
-	Chunk ids.ChunkID `json:"chunk"`
-	Until int64       `json:"until"`
-}
