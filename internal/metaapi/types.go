@@ -790,4 +790,3 @@ type HeartbeatResp struct {
 	// InventoryReq) rather than at its next interval.
 	Inventory bool `json:"inventory,omitempty"`
 }
-
