@@ -163,6 +163,7 @@ type failover struct {
 	since     time.Time // when the last reconciliation was asked for
 	nodeErr   error     // the failure that started it
 	repairing error     // meta's last answer while it was at it
+	gone      error     // a node refused the chunk as deleted
 }
 
 // failover decides whether a write to chunk l that failed with err is
@@ -179,6 +180,11 @@ func (c *Client) failover(ctx context.Context, fo *failover, ino ids.Ino, l *met
 		// wait for it like a fail-over of our own.
 		c.fenced.Add(1)
 		fo.since, fo.nodeErr = time.Now(), err
+	case isStatus && s == wire.StatusGone:
+		// The chunk was deleted under this write: its file was removed
+		// or truncated below it. A fresh layout says what became of the
+		// file: gone (ENOENT, see explain), or a new chunk to write.
+		fo.gone = err
 	case isStatus && (s == wire.StatusAuth || s == wire.StatusBadRequest || s == wire.StatusUnknownOp):
 		return false
 	case isStatus && s == wire.StatusBusy && !strings.Contains(err.Error(), "unresolved write"):
@@ -230,6 +236,9 @@ func (fo *failover) waitRepair(ctx context.Context, err error) bool {
 // that started it, with what meta said; a repair that outlasted the wait
 // is an I/O error, not "try again".
 func (fo *failover) explain(err error) error {
+	if fo.gone != nil && metaapi.IsCode(err, metaapi.ENOENT) {
+		return metaapi.Errorf(metaapi.ENOENT, "the file was removed while it was being written (a storage node refused the write: %v; meta: %v)", fo.gone, err)
+	}
 	if metaapi.IsCode(err, metaapi.EAGAIN) && fo.repairing != nil {
 		err = metaapi.Errorf(metaapi.EIO, "waited %s for meta to repair the chunk: %v", failoverWait, err)
 	}

@@ -152,6 +152,7 @@ func (a *app) metaCmd() *cobra.Command {
 		nodeTimeout time.Duration
 		lockLease   time.Duration
 		repairGrace time.Duration
+		orphanGrace time.Duration
 		repairRate  int64
 		repairPar   int
 		replicas    int
@@ -170,8 +171,11 @@ func (a *app) metaCmd() *cobra.Command {
 			if repairGrace <= 0 {
 				return fmt.Errorf("--repair-grace %s: must be positive", repairGrace)
 			}
+			if orphanGrace <= 0 {
+				return fmt.Errorf("--orphan-grace %s: must be positive", orphanGrace)
+			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
-				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas})
+				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace})
 			if err != nil {
 				return err
 			}
@@ -214,6 +218,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&repairGrace, "repair-grace", 30*time.Second, "move a down node's data elsewhere once it has been down this long")
 	cmd.Flags().Int64Var(&repairRate, "repair-rate", 0, "repair at most this many bytes a second (0: as fast as it can), to keep clients' throughput")
 	cmd.Flags().IntVar(&repairPar, "repair-parallel", 4, "chunks repaired at once (0: meta repairs nothing by itself)")
+	cmd.Flags().DurationVar(&orphanGrace, "orphan-grace", time.Hour, "have nodes delete a copy no file needs once their inventories have found it so for this long")
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
 	return cmd
@@ -226,6 +231,7 @@ func (a *app) nodeCmd() *cobra.Command {
 		allowRaw                                             bool
 		scrubEvery                                           time.Duration
 		scrubRate                                            int64
+		inventoryEvery                                       time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -241,6 +247,8 @@ func (a *app) nodeCmd() *cobra.Command {
 				return errors.New("--secret-file is required (the meta service's DIR/cluster.secret)")
 			case scrubEvery < 0 || scrubRate < 0:
 				return fmt.Errorf("--scrub-interval %s and --scrub-rate %d must not be negative", scrubEvery, scrubRate)
+			case inventoryEvery == 0:
+				return errors.New("--inventory-interval must not be 0 (negative: only when meta asks)")
 			}
 			fo, eo, err := ef.options()
 			if err != nil {
@@ -253,7 +261,7 @@ func (a *app) nodeCmd() *cobra.Command {
 			n, err := node.Start(cmd.Context(), node.Options{
 				DataDir: dir, MetaAddr: metaAddr, Secret: sec, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
-				ScrubInterval: scrubEvery, ScrubRate: scrubRate,
+				ScrubInterval: scrubEvery, ScrubRate: scrubRate, InventoryInterval: inventoryEvery,
 			})
 			if err != nil {
 				return err
@@ -276,6 +284,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
 	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", 24*time.Hour, "re-read every chunk against its checksums this often (0: never)")
 	cmd.Flags().Int64Var(&scrubRate, "scrub-rate", 32<<20, "scrub at most this many bytes a second (0: unlimited)")
+	cmd.Flags().DurationVar(&inventoryEvery, "inventory-interval", node.DefaultInventoryInterval, "list this node's chunks to meta this often, to collect copies no file needs (negative: only when meta asks)")
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)

@@ -53,6 +53,10 @@ type Options struct {
 	// nodes do not scrub.
 	ScrubInterval time.Duration
 	ScrubRate     int64
+	// InventoryInterval of each node and OrphanGrace of meta (node and
+	// meta Options); 0 for the defaults.
+	InventoryInterval time.Duration
+	OrphanGrace       time.Duration
 	// Accumulators and ReserveTimeout of each node (policy.Deps); 0 for
 	// the defaults.
 	Accumulators   int
@@ -99,7 +103,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	ms, err := meta.Open(meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
 		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval,
-		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate})
+		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate, OrphanGrace: opts.OrphanGrace})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -134,18 +138,19 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			fo.Link, _ = fabric.NewLink(l.Rate(), l.Delay())
 		}
 		n, err := node.Start(ctx, node.Options{
-			DataDir:        filepath.Join(opts.Dir, "node"+strconv.Itoa(i)),
-			MetaAddr:       c.MetaAddr,
-			Secret:         ms.Secret(),
-			Domain:         domain,
-			Fabric:         fo,
-			Engine:         opts.Engine,
-			AllowRaw:       opts.AllowRaw,
-			Accumulators:   opts.Accumulators,
-			ReserveTimeout: opts.ReserveTimeout,
-			ScrubInterval:  opts.ScrubInterval,
-			ScrubRate:      opts.ScrubRate,
-			Logger:         opts.Logger.With("svc", "node"+strconv.Itoa(i)),
+			DataDir:           filepath.Join(opts.Dir, "node"+strconv.Itoa(i)),
+			MetaAddr:          c.MetaAddr,
+			Secret:            ms.Secret(),
+			Domain:            domain,
+			Fabric:            fo,
+			Engine:            opts.Engine,
+			AllowRaw:          opts.AllowRaw,
+			Accumulators:      opts.Accumulators,
+			ReserveTimeout:    opts.ReserveTimeout,
+			ScrubInterval:     opts.ScrubInterval,
+			ScrubRate:         opts.ScrubRate,
+			InventoryInterval: opts.InventoryInterval,
+			Logger:            opts.Logger.With("svc", "node"+strconv.Itoa(i)),
 		})
 		if err != nil {
 			c.Close()

@@ -154,6 +154,11 @@ func (s *Service) Check() error {
 				report("chunk id %v used twice", c.ID)
 			}
 			chunkIDs[c.ID] = true
+			if raw, found, err := getRaw(v.r, chunkIDKey(c.ID)); err != nil {
+				return false, err
+			} else if ref, err := decodeChunkRef(raw); !found || err != nil || ref != (chunkRef{ino, index}) {
+				report("chunk %v (index %d of inode %d) is not indexed by id (found=%v, %+v, %v)", c.ID, index, ino, found, ref, err)
+			}
 			if c.ID == 0 || c.ID >= s.ctr.NextChunk {
 				report("chunk id %v not below the counter %v", c.ID, s.ctr.NextChunk)
 			}
@@ -164,6 +169,20 @@ func (s *Service) Check() error {
 		})
 		if err != nil {
 			return err
+		}
+		var indexed int64
+		err = scan(v.r, []byte{pChunkID}, []byte{pChunkID + 1}, func(k, _ []byte) (bool, error) {
+			indexed++
+			if len(k) != 9 || !chunkIDs[ids.ChunkID(beUint64(k[1:]))] {
+				report("chunk id index entry %x names no chunk record", k)
+			}
+			return true, nil
+		})
+		if err != nil {
+			return err
+		}
+		if indexed != chunks {
+			report("%d chunk id index entries for %d chunk records", indexed, chunks)
 		}
 		if files != s.ctr.Files || dirs != s.ctr.Dirs || chunks != s.ctr.Chunks {
 			report("counters say %d files, %d dirs, %d chunks; found %d, %d, %d",

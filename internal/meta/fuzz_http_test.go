@@ -19,7 +19,7 @@ func FuzzHTTP(f *testing.F) {
 		metaapi.OpRemove, metaapi.OpRename, metaapi.OpReaddir, metaapi.OpSetAttr, metaapi.OpSetPolicy,
 		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpDegraded, metaapi.OpListDeg, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat,
 		metaapi.OpRelease, metaapi.OpSetXattr, metaapi.OpGetXattr, metaapi.OpListXattr, metaapi.OpRmXattr,
-		metaapi.OpLock, metaapi.OpLockSess}
+		metaapi.OpLock, metaapi.OpLockSess, metaapi.OpInventory, metaapi.OpStrays}
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"a","type":"file","mode":420}`))
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"d","type":"dir","mode":493}`))
 	f.Add(uint8(11), []byte(`{"ino":2,"off":0,"len":9223372036854775807,"write":true}`))
@@ -41,6 +41,9 @@ func FuzzHTTP(f *testing.F) {
 	f.Add(uint8(24), []byte(`{"ino":2,"session":1,"owner":2,"type":1,"start":18446744073709551615,"end":18446744073709551615,"flock":true}`))
 	f.Add(uint8(24), []byte(`{"ino":2,"session":1,"owner":3,"type":2,"start":5,"end":1,"test":true}`))
 	f.Add(uint8(25), []byte(`{"session":1,"end":true}`))
+	f.Add(uint8(26), []byte(`{"node":1,"after":0,"chunks":[{"chunk":1,"version":1,"length":5},{"chunk":99,"version":0,"length":0}],"done":true}`))
+	f.Add(uint8(26), []byte(`{"node":1,"after":18446744073709551615,"chunks":[{"chunk":3,"length":-1}]}`))
+	f.Add(uint8(27), []byte(`{"node":0,"refresh":true,"who":{"uid":0}}`))
 	fx := newFixture(f)
 	s := fx.s
 	h := s.Handler()
@@ -49,7 +52,7 @@ func FuzzHTTP(f *testing.F) {
 	f.Fuzz(func(t *testing.T, opIdx uint8, body []byte) {
 		op := ops[int(opIdx)%len(ops)]
 		auth := clientAuth
-		if op == metaapi.OpRegister || op == metaapi.OpHeartbeat {
+		if op == metaapi.OpRegister || op == metaapi.OpHeartbeat || op == metaapi.OpInventory {
 			auth = nodeAuth
 		}
 		req := httptest.NewRequest(http.MethodPost, "/v1/"+op, bytes.NewReader(body))

@@ -167,6 +167,12 @@ var ops = map[string]op{
 	metaapi.OpHeartbeat: endpoint(false, true, func(s *Service, _ caller, r metaapi.HeartbeatReq) (metaapi.HeartbeatResp, error) {
 		return s.Heartbeat(r)
 	}),
+	metaapi.OpInventory: endpoint(false, true, func(s *Service, _ caller, r metaapi.InventoryReq) (metaapi.InventoryResp, error) {
+		return s.Inventory(r)
+	}),
+	metaapi.OpStrays: endpoint(true, false, func(s *Service, _ caller, r metaapi.StraysReq) (metaapi.StraysResp, error) {
+		return s.Strays(r)
+	}),
 }
 
 // Handler returns the HTTP handler serving the API.

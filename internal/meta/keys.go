@@ -22,16 +22,19 @@ import (
 //	i <ino:8>                         inode (JSON inode)
 //	d <parent:8> <name>               directory entry: <ino:8> <type:1>
 //	k <ino:8> <index:8>               chunk of a file (JSON chunkRec)
-//	g <node:4> <chunk:8>              chunk queued for deletion on node (empty value)
+//	c <chunk:8>                       the chunk's record: <ino:8> <index:8> (inventory.go)
+//	g <node:4> <chunk:8>              chunk queued for deletion on node: empty (a copy moved
+//	                                  elsewhere) or <until:8> (a chunk deleted; see goneUntil)
 //	n <node:4>                        storage node (JSON nodeRec)
 //	o <ino:8>                         orphan: a file with no name kept while open; <lease expiry:8> (unix ns)
 //	a <ino:8> <name>                  extended attribute: its value (xattr.go)
 const (
-	pInode  = 'i'
-	pDirent = 'd'
-	pChunk  = 'k'
-	pGC     = 'g'
-	pNode   = 'n'
+	pInode   = 'i'
+	pDirent  = 'd'
+	pChunk   = 'k'
+	pChunkID = 'c'
+	pGC      = 'g'
+	pNode    = 'n'
 	// pDegraded indexes erasure-coded stripe groups a write left degraded
 	// (some units ahead of the others) until a repair makes them whole.
 	pDegraded = 'x'
@@ -44,7 +47,8 @@ var (
 )
 
 // schemaVersion is bumped on incompatible changes to the key space.
-const schemaVersion = "1"
+// 2: the chunk id index (c); a database at 1 is brought to 2 at open.
+const schemaVersion = "2"
 
 func inodeKey(ino ids.Ino) []byte {
 	b := make([]byte, 9)
@@ -87,6 +91,24 @@ func degradedKey(ino ids.Ino, index int64) []byte {
 	b[0] = pDegraded
 	b = binary.BigEndian.AppendUint64(b, uint64(ino))
 	return binary.BigEndian.AppendUint64(b, uint64(index))
+}
+
+func chunkIDKey(id ids.ChunkID) []byte {
+	b := make([]byte, 9)
+	b[0] = pChunkID
+	binary.BigEndian.PutUint64(b[1:], uint64(id))
+	return b
+}
+
+func encodeChunkRef(ino ids.Ino, index int64) []byte {
+	return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(make([]byte, 0, 16), uint64(ino)), uint64(index))
+}
+
+func decodeChunkRef(v []byte) (chunkRef, error) {
+	if len(v) != 16 {
+		return chunkRef{}, fmt.Errorf("corrupt chunk id index entry: %d bytes", len(v))
+	}
+	return chunkRef{ino: ids.Ino(beUint64(v)), index: int64(beUint64(v[8:]))}, nil
 }
 
 func gcPrefix(node ids.NodeID) []byte {

@@ -68,6 +68,10 @@ func beUint64(b []byte) uint64 {
 // layoutPlan is what a Layout call computed under the lock; capabilities
 // are minted from it afterwards.
 type layoutPlan struct {
+	// at is when the plan read the chunk records (unix ns): capabilities
+	// expire CapabilityTTL after it, never later, so a chunk deleted
+	// after the read is named by none past the deletion's goneUntil.
+	at     int64
 	attr   metaapi.Attr
 	epoch  uint64
 	chunks []indexedChunk
@@ -111,7 +115,7 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 		if err != nil {
 			return err
 		}
-		p = layoutPlan{attr: in.Attr, epoch: s.ctr.Epoch}
+		p = layoutPlan{at: s.opts.Now().UnixNano(), attr: in.Attr, epoch: s.ctr.Epoch}
 		first, last, more, empty := bounds(in)
 		if empty {
 			complete = true
@@ -166,9 +170,12 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 				if err := tx.setJSON(chunkKey(in.Ino, idx), &c.rec); err != nil {
 					return err
 				}
+				if err := tx.b.Set(chunkIDKey(c.rec.ID), encodeChunkRef(in.Ino, idx), nil); err != nil {
+					return err
+				}
 				chunks = append(chunks, c)
 			}
-			p = layoutPlan{attr: in.Attr, epoch: tx.ctr.Epoch, chunks: chunks, more: more, addrs: s.addrsLocked()}
+			p = layoutPlan{at: tx.now, attr: in.Attr, epoch: tx.ctr.Epoch, chunks: chunks, more: more, addrs: s.addrsLocked()}
 			return nil
 		})
 		if err != nil {
@@ -199,7 +206,7 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 
 // mintLayout turns a plan into the reply, minting one capability per chunk.
 func (s *Service) mintLayout(client ids.ClientID, rights capability.Rights, p *layoutPlan) metaapi.LayoutResp {
-	expiry := s.opts.Now().Add(s.opts.CapabilityTTL).UnixNano()
+	expiry := p.at + int64(s.opts.CapabilityTTL)
 	// Only a flat file's client may write replicas other than the first.
 	fanout, data, unitLen := capability.FanoutNodes, uint8(0), p.attr.ChunkSize
 	switch pol := p.attr.Policy; {

@@ -50,6 +50,15 @@ func (f *fixture) heartbeat(id ids.NodeID, deleted ...ids.ChunkID) metaapi.Heart
 	return r
 }
 
+// goneIDs are the chunks a heartbeat says were deleted.
+func goneIDs(r metaapi.HeartbeatResp) []ids.ChunkID {
+	var out []ids.ChunkID
+	for _, g := range r.Gone {
+		out = append(out, g.Chunk)
+	}
+	return out
+}
+
 func TestLayoutAllocates(t *testing.T) {
 	f := newFixture(t)
 	nodes := f.addNodes(5, "r1", "r2", "r3")
@@ -316,7 +325,7 @@ func TestTruncateAndDelete(t *testing.T) {
 	queued := func() map[ids.NodeID][]ids.ChunkID {
 		out := map[ids.NodeID][]ids.ChunkID{}
 		for _, n := range nodes {
-			out[n] = f.heartbeat(n).Delete
+			out[n] = goneIDs(f.heartbeat(n))
 		}
 		return out
 	}
@@ -416,7 +425,7 @@ func TestRenameOverFileQueuesChunks(t *testing.T) {
 	f.tree("/a", "/b")
 	cb := f.layout("/b", 0, 1, true).Chunks[0].Chunk
 	wantCode(t, f.s.Rename(metaapi.RenameReq{OldParent: ids.RootIno, OldName: "a", NewParent: ids.RootIno, NewName: "b", Who: root}), "")
-	if q := f.heartbeat(n).Delete; !slices.Equal(q, []ids.ChunkID{cb}) {
+	if q := goneIDs(f.heartbeat(n)); !slices.Equal(q, []ids.ChunkID{cb}) {
 		t.Fatalf("queue %v, want [%v]", q, cb)
 	}
 }

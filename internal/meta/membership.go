@@ -22,6 +22,13 @@ import (
 // heartbeat.
 const maxDeletePerHeartbeat = 1024
 
+// tombstoneSlack is how much longer than a capability's lifetime nodes
+// keep a deleted chunk's tombstone: for meta's clock stepping back
+// between minting and deleting. (Nodes compare both a capability's
+// expiry and a tombstone's end with their own clock, so skew between a
+// node and meta does not matter.)
+const tombstoneSlack = time.Minute
+
 // maxDeletedAcks bounds the acknowledgements one heartbeat may carry.
 const maxDeletedAcks = 1 << 16
 
@@ -176,8 +183,13 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 		s.sweepTx(tx, rec.ID)
 		p := gcPrefix(rec.ID)
 		err := scan(tx.b, p, prefixEnd(p), func(k, v []byte) (bool, error) {
-			out.Delete = append(out.Delete, ids.ChunkID(binary.BigEndian.Uint64(k[len(p):])))
-			return len(out.Delete) < maxDeletePerHeartbeat, nil
+			id := ids.ChunkID(binary.BigEndian.Uint64(k[len(p):]))
+			if len(v) == 8 {
+				out.Gone = append(out.Gone, metaapi.GoneChunk{Chunk: id, Until: int64(binary.BigEndian.Uint64(v))})
+			} else {
+				out.Delete = append(out.Delete, id)
+			}
+			return len(out.Delete)+len(out.Gone) < maxDeletePerHeartbeat, nil
 		})
 		if err != nil {
 			return err
@@ -195,6 +207,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 	})
 	if err == nil {
 		s.repairs.noteCorrupt(req.ID, req.Corrupt)
+		out.Inventory = s.inv.wanted(req.ID)
 	}
 	return out, err
 }

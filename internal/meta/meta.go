@@ -86,6 +86,10 @@ type Options struct {
 	// LockLease is how long a lock session (a mount holding file locks)
 	// keeps its locks without renewing them; default 30s.
 	LockLease time.Duration
+	// OrphanGrace is how long a copy a node holds must be found stray
+	// (no file needs it there) by the node's inventories before the
+	// node is told to delete it; default 1h.
+	OrphanGrace time.Duration
 
 	fs vfs.FS // tests: an in-memory file system for meta.db
 }
@@ -124,6 +128,9 @@ func (o *Options) setDefaults() {
 	if o.LockLease <= 0 {
 		o.LockLease = 30 * time.Second
 	}
+	if o.OrphanGrace <= 0 {
+		o.OrphanGrace = time.Hour
+	}
 }
 
 // Service is the meta service. Its exported methods are safe for
@@ -154,6 +161,7 @@ type Service struct {
 	inflight sync.WaitGroup // mutations applied but not yet synced
 
 	repairs  *repairQueue
+	inv      inventories
 	scanPage int // chunk records per read lock in the repair scan (tests shrink it)
 	// reconcileWait is how long a waiting Reconcile call is held (tests
 	// shrink it; metaapi.MaxReconcileWait otherwise).
@@ -198,6 +206,7 @@ func Open(opts Options) (*Service, error) {
 		metaAddr: opts.MetaAddr,
 		openedAt: opts.Now(),
 		repairs:  newRepairQueue(),
+		inv:      newInventories(opts.OrphanGrace),
 		stop:     make(chan struct{}),
 	}
 	s.dur.init()
@@ -224,7 +233,11 @@ func (s *Service) load() error {
 	if !found {
 		return s.initDB()
 	}
-	if string(raw) != schemaVersion {
+	if string(raw) == "1" {
+		if err := s.indexChunkIDs(); err != nil {
+			return fmt.Errorf("bringing %s to schema version %s: %w", DBDir, schemaVersion, err)
+		}
+	} else if string(raw) != schemaVersion {
 		return fmt.Errorf("%s has schema version %q, this build understands %q", DBDir, raw, schemaVersion)
 	}
 	if ok, err := getJSON(s.db, keyCounters, &s.ctr); err != nil || !ok {
@@ -392,6 +405,7 @@ func (s *Service) update(fn func(tx *txn) error) error {
 		dirtyI: make(map[ids.Ino]bool),
 		freed:  make(map[ids.Ino]bool),
 	}
+	tx.goneUntil = tx.now + int64(s.opts.CapabilityTTL+tombstoneSlack)
 	err := fn(tx)
 	if err == nil {
 		err = tx.flush()

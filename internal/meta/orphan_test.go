@@ -82,7 +82,7 @@ func (f *fixture) gcQueue(nodes []ids.NodeID) []ids.ChunkID {
 	f.t.Helper()
 	var out []ids.ChunkID
 	for _, n := range nodes {
-		out = append(out, f.heartbeat(n).Delete...)
+		out = append(out, goneIDs(f.heartbeat(n))...)
 	}
 	slices.Sort(out)
 	return out

@@ -86,8 +86,8 @@ func TestReopenKeepsEverything(t *testing.T) {
 	for _, n := range nodes {
 		hb := f.heartbeat(n)
 		if n == goneChunk.Replicas[0].Node || n == goneChunk.Replicas[1].Node {
-			if len(hb.Delete) != 1 || hb.Delete[0] != goneChunk.Chunk {
-				t.Fatalf("deletion queue lost across restart: %v", hb.Delete)
+			if g := goneIDs(hb); len(g) != 1 || g[0] != goneChunk.Chunk {
+				t.Fatalf("deletion queue lost across restart: %v", g)
 			}
 		}
 	}

@@ -922,7 +922,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 		if in.Policy != nil {
 			p.ec = in.Policy.EC
 		}
-		plan = layoutPlan{attr: in.Attr, epoch: tx.ctr.Epoch, chunks: []indexedChunk{{index: j.ref.index, rec: rec}}, addrs: s.addrsLocked()}
+		plan = layoutPlan{at: tx.now, attr: in.Attr, epoch: tx.ctr.Epoch, chunks: []indexedChunk{{index: j.ref.index, rec: rec}}, addrs: s.addrsLocked()}
 		return nil
 	})
 	if err != nil || skip {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -71,6 +72,9 @@ type txn struct {
 	dirtyI map[ids.Ino]bool
 	freed  map[ids.Ino]bool
 	after  []func() // run after a successful commit, still under the lock
+	// goneUntil is how long nodes keep the tombstone of a chunk this
+	// mutation deletes: past every capability minted before it.
+	goneUntil int64
 	// touched are the directories whose entries changed (see touchDir).
 	touched []*inode
 }
@@ -173,13 +177,19 @@ func (tx *txn) dropChunks(ino ids.Ino, from int64) error {
 	if err != nil {
 		return err
 	}
+	until := binary.BigEndian.AppendUint64(nil, uint64(tx.goneUntil))
 	for i, c := range recs {
-		for _, n := range c.Nodes {
-			if err := tx.b.Set(gcKey(n, c.ID), nil, nil); err != nil {
+		// Every node that holds or may hold a copy: members, and former
+		// members a reconciliation under way was still copying from.
+		for _, n := range append(slices.Clone(c.Nodes), c.Replaced...) {
+			if err := tx.b.Set(gcKey(n, c.ID), until, nil); err != nil {
 				return err
 			}
 		}
 		if err := tx.b.Delete(keys[i], nil); err != nil {
+			return err
+		}
+		if err := tx.b.Delete(chunkIDKey(c.ID), nil); err != nil {
 			return err
 		}
 		if err := tx.b.Delete(degradedKey(ino, int64(beUint64(keys[i][9:]))), nil); err != nil {

@@ -44,6 +44,8 @@ const (
 	OpRegister  = "Register"
 	OpHeartbeat = "Heartbeat"
 	OpReportBad = "ReportCorrupt"
+	OpInventory = "Inventory"
+	OpStrays    = "Strays"
 )
 
 // MaxBodyBytes bounds every request and response body.

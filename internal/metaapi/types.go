@@ -814,9 +814,16 @@ type ReportCorruptReq struct {
 	Copy CorruptCopy `json:"copy"`
 }
 
-// HeartbeatResp carries the cluster map and garbage to collect.
+// HeartbeatResp carries the cluster map and garbage to collect: Delete
+// are copies meta moved elsewhere (the node drops them and keeps their
+// fences), Gone chunks meta deleted (their files removed or truncated).
+// The node acknowledges both in HeartbeatReq.Deleted.
 type HeartbeatResp struct {
 	Epoch  uint64        `json:"epoch"`
 	Nodes  []NodeInfo    `json:"nodes"`
-	Delete []ids.ChunkID `json:"delete,omitempty"` // chunks this node should remove
+	Delete []ids.ChunkID `json:"delete,omitempty"`
+	Gone   []GoneChunk   `json:"gone,omitempty"`
+	// Inventory asks the node to list its chunks to meta now (see
+	// InventoryReq) rather than at its next interval.
+	Inventory bool `json:"inventory,omitempty"`
 }

@@ -433,3 +433,38 @@ func TestReaddirAcrossRestart(t *testing.T) {
 		t.Fatalf("listed %d names across a restart (first %d before it), want the %d in order", len(got), len(first), len(want))
 	}
 }
+
+// TestWriteRemovedElsewhere: a WRITE to a file another client removed
+// answers STALE (the handle outlived its file), not NOENT or EIO.
+func TestWriteRemovedElsewhere(t *testing.T) {
+	e := newEnv(t)
+	root := e.rootFH(t)
+	st, fh := e.create(t, root, "f", 0)
+	if st != nfs3.OK {
+		t.Fatalf("CREATE: %d", st)
+	}
+	write := func() nfs3.Status {
+		st, _ := e.call(t, nfs3.ProcWrite, func(w *xdr.Writer) {
+			w.Opaque(fh)
+			w.Uint64(0)
+			w.Uint32(4096)
+			w.Uint32(nfs3.FileSync)
+			w.Opaque(make([]byte, 4096))
+		})
+		return st
+	}
+	if st := write(); st != nfs3.OK {
+		t.Fatalf("WRITE: %d", st)
+	}
+	other, err := client.New(client.Options{Conf: e.conf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Remove(context.Background(), "/f"); err != nil {
+		t.Fatal(err)
+	}
+	if st := write(); st != nfs3.ErrStale {
+		t.Fatalf("WRITE after another client removed the file: %d, want STALE (%d)", st, nfs3.ErrStale)
+	}
+}

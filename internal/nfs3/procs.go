@@ -445,7 +445,9 @@ func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *x
 		_, err := f.WriteAtContext(ctx, data, int64(off))
 		if err != nil {
 			g.forget(ino)
-			return fail(statusOf(err), g.attrOf(ctx, ino))
+			// The file removed meanwhile (by another client; its chunks
+			// deleted under the write) is a stale handle, not NOENT.
+			return fail(handleStatus(err), g.attrOf(ctx, ino))
 		}
 		// After the write: a fill in progress may have read the old
 		// data, and is dropped too.

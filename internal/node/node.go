@@ -60,7 +60,11 @@ type Options struct {
 	// second (0: as fast as it can).
 	ScrubInterval time.Duration
 	ScrubRate     int64
-	Logger        *slog.Logger
+	// InventoryInterval is how often the node lists its chunks to meta,
+	// which answers the copies no file needs (inventory.go); 0:
+	// DefaultInventoryInterval, negative: only when meta asks.
+	InventoryInterval time.Duration
+	Logger            *slog.Logger
 }
 
 // Node is a running storage node.
@@ -91,6 +95,9 @@ type Node struct {
 	mu          sync.Mutex
 	deleted     []ids.ChunkID         // deletions to report with the next heartbeat
 	corrupt     []metaapi.CorruptCopy // copies found with bad blocks, not yet reported (Node 0: this node's)
+
+	inventoryNow chan struct{} // meta asked for an inventory round
+	lastSweep    time.Time     // of expired tombstones (control loop only)
 }
 
 type identity struct {
@@ -108,10 +115,13 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if opts.Listen == "" {
 		opts.Listen = "127.0.0.1:0"
 	}
+	if opts.InventoryInterval == 0 {
+		opts.InventoryInterval = DefaultInventoryInterval
+	}
 	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: creating data dir: %w", err)
 	}
-	n := &Node{opts: opts, log: opts.Logger, fatal: make(chan error, 1), refresh: make(chan struct{}, 1)}
+	n := &Node{opts: opts, log: opts.Logger, fatal: make(chan error, 1), refresh: make(chan struct{}, 1), inventoryNow: make(chan struct{}, 1)}
 	id, err := loadIdentity(opts.DataDir)
 	if err != nil {
 		return nil, err
@@ -143,6 +153,8 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		n.wg.Add(1)
 		go n.scrubLoop(lctx)
 	}
+	n.wg.Add(1)
+	go n.inventoryLoop(lctx)
 	n.log.Info("storage node serving", "id", n.ID(), "addr", n.addr, "domain", opts.Domain, "meta", opts.MetaAddr)
 	return n, nil
 }
@@ -374,7 +386,8 @@ func (n *Node) heartbeatInterval() time.Duration {
 	return time.Second
 }
 
-// controlLoop heartbeats to meta and applies deletions. A node restarted
+// controlLoop heartbeats to meta, applies deletions and drops expired
+// tombstones. A node restarted
 // with a known id registers here, while it already serves.
 func (n *Node) controlLoop(ctx context.Context) {
 	defer n.wg.Done()
@@ -394,6 +407,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 		} else if err := n.heartbeat(ctx); err != nil && ctx.Err() == nil {
 			n.log.Warn("heartbeat to meta failed", "err", err)
 		}
+		n.expireTombstones(time.Now())
 		select {
 		case <-ctx.Done():
 			return
@@ -437,7 +451,10 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		peers[p.ID] = p.Addr
 	}
 	n.peers.Store(&peers)
-	var done []ids.ChunkID
+	if resp.Inventory {
+		n.askInventory()
+	}
+	done := n.applyGone(resp.Gone, time.Now().UnixNano())
 	for _, c := range resp.Delete {
 		if err := n.store.Drop(c); err != nil {
 			n.log.Warn("deleting released chunk", "chunk", c, "err", err)

@@ -423,6 +423,8 @@ func storeError(err error) error {
 		return wire.Errorf(wire.StatusStale, "%v", err)
 	case errors.Is(err, store.ErrFenced):
 		return wire.Errorf(wire.StatusFenced, "%v", err)
+	case errors.Is(err, store.ErrDeleted):
+		return wire.Errorf(wire.StatusGone, "%v", err)
 	case errors.Is(err, store.ErrRange), errors.Is(err, store.ErrIncomplete):
 		return wire.Errorf(wire.StatusBadRequest, "%v", err)
 	}
@@ -638,10 +640,10 @@ func wrapReplicaErr(rank int, addr string, err error) error {
 		switch we.Status {
 		case wire.StatusBusy:
 			return wire.Errorf(wire.StatusBusy, "replica rank %d (%s): %s", rank, addr, we.Msg)
-		case wire.StatusFenced:
+		case wire.StatusFenced, wire.StatusGone:
 			// The layout is stale, not a replica broken: the client
 			// fetches a fresh one.
-			return wire.Errorf(wire.StatusFenced, "replica rank %d (%s): %s", rank, addr, we.Msg)
+			return wire.Errorf(we.Status, "replica rank %d (%s): %s", rank, addr, we.Msg)
 		case wire.StatusReplica:
 			return wire.Errorf(wire.StatusReplica, "replica rank %d (%s): %s", rank, addr, we.Msg)
 		}

@@ -16,6 +16,11 @@ func (s *Store) Delete(id ids.ChunkID) error {
 		return fmt.Errorf("store: delete %v: %w", id, ErrClosed)
 	}
 	defer s.gate.exit()
+	return s.deleteOpen(id)
+}
+
+// deleteOpen is Delete for a caller inside the gate.
+func (s *Store) deleteOpen(id ids.ChunkID) error {
 	c, ok := s.chunks.acquireWriter(id)
 	if !ok {
 		return fmt.Errorf("store: delete %v: a write is open: %w", id, ErrBusy)

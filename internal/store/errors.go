@@ -17,6 +17,9 @@ var (
 	// ErrFenced: the write was planned on an epoch below the chunk's
 	// fence (its replica set changed since): fetch a new layout.
 	ErrFenced = errors.New("fenced")
+	// ErrDeleted: the chunk was deleted (meta removed its file, or
+	// truncated it away) and has a tombstone: nothing may write it again.
+	ErrDeleted = errors.New("chunk deleted")
 	// ErrRange: an offset or length outside what the call allows.
 	ErrRange = errors.New("out of range")
 	// ErrIncomplete: Commit before every byte of the write was placed.

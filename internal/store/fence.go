@@ -16,40 +16,83 @@ import (
 // old layout can no longer commit anywhere. A write declares its epoch
 // (Write.Planned); it is refused with ErrFenced when it begins and, in
 // case the fence came meanwhile, when it commits. Fences are durable, and
-// outlive Delete (a rebuild deletes the copy it replaces) and Drop.
+// outlive Delete (a rebuild deletes the copy it replaces) and Drop. A
+// tombstone (tombstone.go) is a fence no epoch passes.
 //
-//	e <id>   -> fence epoch (u64)
+//	e <id>   -> fence epoch (u64); for a tombstone, tombstoneEpoch and
+//	            the time it is kept until (unix ns, i64)
 
 const kindFence = 'e'
 
 func fenceKey(id ids.ChunkID) []byte { return chunkKey(kindFence, id) }
 
+// fenceRec is one chunk's fence; until is set for a tombstone only.
+type fenceRec struct {
+	epoch uint64
+	until int64
+}
+
+func (f fenceRec) tombstone() bool { return f.epoch == tombstoneEpoch }
+
+func (f fenceRec) encode() []byte {
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, 16), f.epoch)
+	if f.tombstone() {
+		v = binary.BigEndian.AppendUint64(v, uint64(f.until))
+	}
+	return v
+}
+
+func decodeFence(v []byte) (fenceRec, error) {
+	switch len(v) {
+	case 8:
+		return fenceRec{epoch: binary.BigEndian.Uint64(v)}, nil
+	case 16:
+		f := fenceRec{epoch: binary.BigEndian.Uint64(v), until: int64(binary.BigEndian.Uint64(v[8:]))}
+		if !f.tombstone() {
+			return fenceRec{}, fmt.Errorf("fence value of 16 bytes at epoch %d: %w", f.epoch, ErrCorrupt)
+		}
+		return f, nil
+	}
+	return fenceRec{}, fmt.Errorf("fence value of %d bytes: %w", len(v), ErrCorrupt)
+}
+
 // fences is the in-memory copy of the fence records: a chunk never
 // fenced costs a write one map lookup.
 type fences struct {
 	mu sync.Mutex
-	m  map[ids.ChunkID]uint64
+	m  map[ids.ChunkID]fenceRec
 }
 
-func (fs *fences) get(id ids.ChunkID) uint64 {
+func (fs *fences) get(id ids.ChunkID) fenceRec {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	return fs.m[id]
 }
 
-func (fs *fences) set(id ids.ChunkID, epoch uint64) {
+func (fs *fences) set(id ids.ChunkID, f fenceRec) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if fs.m == nil {
-		fs.m = map[ids.ChunkID]uint64{}
+		fs.m = map[ids.ChunkID]fenceRec{}
 	}
-	fs.m[id] = epoch
+	fs.m[id] = f
 }
 
-// checkFence refuses a write planned on an epoch below id's fence.
+func (fs *fences) remove(id ids.ChunkID) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	delete(fs.m, id)
+}
+
+// checkFence refuses a write planned on an epoch below id's fence, and
+// every write to a chunk with a tombstone.
 func (s *Store) checkFence(id ids.ChunkID, epoch uint64) error {
-	if f := s.fences.get(id); epoch < f {
-		return fmt.Errorf("chunk is fenced at epoch %d, the write was planned on epoch %d: %w", f, epoch, ErrFenced)
+	f := s.fences.get(id)
+	switch {
+	case f.tombstone():
+		return errDeleted(id)
+	case epoch < f.epoch:
+		return fmt.Errorf("chunk is fenced at epoch %d, the write was planned on epoch %d: %w", f.epoch, epoch, ErrFenced)
 	}
 	return nil
 }
@@ -65,7 +108,8 @@ type FenceState struct {
 // Fence raises id's fence to epoch (never lowers it) and reports the
 // chunk's committed state. It excludes commits while it runs, so no
 // write planned before epoch commits after it has returned; the state it
-// reports is the last such writes left. The chunk need not exist.
+// reports is the last such writes left. The chunk need not exist; a
+// chunk with a tombstone is ErrDeleted.
 func (s *Store) Fence(id ids.ChunkID, epoch uint64) (FenceState, error) {
 	if !s.gate.enter() {
 		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, ErrClosed)
@@ -78,24 +122,30 @@ func (s *Store) Fence(id ids.ChunkID, epoch uint64) (FenceState, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cur := s.fences.get(id); epoch > cur {
-		if err := s.db.Set(fenceKey(id), binary.BigEndian.AppendUint64(nil, epoch), pebble.Sync); err != nil {
+	cur := s.fences.get(id)
+	if cur.tombstone() {
+		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, errDeleted(id))
+	}
+	if epoch > cur.epoch {
+		f := fenceRec{epoch: epoch}
+		if err := s.db.Set(fenceKey(id), f.encode(), pebble.Sync); err != nil {
 			return FenceState{}, fmt.Errorf("store: fence %v: %w", id, err)
 		}
-		s.fences.set(id, epoch)
+		s.fences.set(id, f)
 	}
 	info, err := s.loadInfo(id)
 	if err != nil {
 		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, err)
 	}
 	_, doubt := s.doubts.get(id)
-	return FenceState{Info: info, Doubt: doubt, Fence: s.fences.get(id)}, nil
+	return FenceState{Info: info, Doubt: doubt, Fence: s.fences.get(id).epoch}, nil
 }
 
 // Drop deletes id for good (garbage collection of a copy meta moved
 // elsewhere). Its fence stays: a writer holding a layout from before the
 // move must still be refused here, not create the chunk anew where
-// nobody will look for it.
+// nobody will look for it. (A chunk meta deleted altogether gets a
+// Tombstone instead.)
 func (s *Store) Drop(id ids.ChunkID) error { return s.Delete(id) }
 
 // loadFences reads every fence record into memory at open.
@@ -106,14 +156,15 @@ func (s *Store) loadFences() error {
 	}
 	for ok := it.First(); ok; ok = it.Next() {
 		id, err := chunkIDFromKey(it.Key())
-		if err == nil && len(it.Value()) != 8 {
-			err = fmt.Errorf("fence value of %d bytes: %w", len(it.Value()), ErrCorrupt)
+		var f fenceRec
+		if err == nil {
+			f, err = decodeFence(it.Value())
 		}
 		if err != nil {
 			it.Close()
 			return fmt.Errorf("scan fence records: %w", err)
 		}
-		s.fences.set(id, binary.BigEndian.Uint64(it.Value()))
+		s.fences.set(id, f)
 	}
 	return it.Close()
 }

@@ -267,13 +267,16 @@ func (s *Store) lockShared(id ids.ChunkID, c *chunkState) error {
 
 // List calls fn for every chunk with committed state, in ID order, until
 // fn returns false.
-func (s *Store) List(fn func(ids.ChunkID, Info) bool) error {
+func (s *Store) List(fn func(ids.ChunkID, Info) bool) error { return s.ListFrom(0, fn) }
+
+// ListFrom is List starting at chunk from.
+func (s *Store) ListFrom(from ids.ChunkID, fn func(ids.ChunkID, Info) bool) error {
 	if !s.gate.enter() {
 		return fmt.Errorf("store: list: %w", ErrClosed)
 	}
 	defer s.gate.exit()
 	it, err := s.db.NewIter(&pebble.IterOptions{
-		LowerBound: []byte{kindInfo},
+		LowerBound: infoKey(from),
 		UpperBound: []byte{kindInfo + 1},
 	})
 	if err != nil {

@@ -122,6 +122,10 @@ func (s *Store) beginWrite(id ids.ChunkID, off, length int64, version, base, tag
 
 func (w *Write) begin(version uint64) error {
 	s := w.s
+	if s.fences.get(w.id).tombstone() {
+		// Refused before anything is created; Commit checks again.
+		return errDeleted(w.id)
+	}
 	if err := s.settle(w.id, w.c); err != nil {
 		return err
 	}

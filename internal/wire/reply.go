@@ -38,10 +38,15 @@ const (
 	// planned (its capability's epoch is below the chunk's fence): fetch
 	// a new layout and write there.
 	StatusFenced
-	statusMax = StatusFenced
+	// StatusGone: the chunk was deleted (its file removed or truncated
+	// below it) and the node keeps a tombstone: no write may re-create
+	// it. The writer's layout is stale; a fresh one says what became of
+	// the file.
+	StatusGone
+	statusMax = StatusGone
 )
 
-var statusNames = [...]string{"ok", "busy", "auth", "bad-request", "unknown-op", "stale", "io", "replica", "aborted", "fenced"}
+var statusNames = [...]string{"ok", "busy", "auth", "bad-request", "unknown-op", "stale", "io", "replica", "aborted", "fenced", "gone"}
 
 func (s Status) String() string {
 	if s <= statusMax {

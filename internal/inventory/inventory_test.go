@@ -1,0 +1,153 @@
+package inventory
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+func TestJudge(t *testing.T) {
+	const next = 100
+	for _, c := range []struct {
+		id   ids.ChunkID
+		r    Record
+		want Verdict
+	}{
+		{5, Record{Exists: true, Member: true}, Keep},
+		{5, Record{Exists: true}, NotMember},
+		{5, Record{}, Unknown},
+		{5, Record{Queued: true}, Queued},
+		{5, Record{Exists: true, Queued: true}, Queued},
+		{99, Record{}, Unknown},
+		// Ids meta never gave out are never judged stray to collect,
+		// whatever else is said of them.
+		{100, Record{}, Ahead},
+		{100, Record{Exists: true, Member: true}, Ahead},
+		{1 << 60, Record{Queued: true}, Ahead},
+	} {
+		if got := Judge(c.id, next, c.r); got != c.want {
+			t.Errorf("Judge(%d, next %d, %+v) = %v, want %v", c.id, next, c.r, got, c.want)
+		}
+		if v := Judge(c.id, next, c.r); v.collectable() != (v == Unknown || v == NotMember) {
+			t.Errorf("%v collectable: %v", v, v.collectable())
+		}
+	}
+}
+
+func held(idl ...ids.ChunkID) []metaapi.HeldChunk {
+	out := make([]metaapi.HeldChunk, len(idl))
+	for i, id := range idl {
+		out[i] = metaapi.HeldChunk{Chunk: id, Version: uint64(id), Length: int64(id) * 10}
+	}
+	return out
+}
+
+const sec = int64(time.Second)
+
+// TestTrackerGrace: a stray is collected only once found stray for the
+// whole grace period, and only if it is unknown or not a member; queued
+// copies and ids ahead of meta's counter never are.
+func TestTrackerGrace(t *testing.T) {
+	tr := Tracker{Grace: 10 * time.Second}
+	copies := held(5, 6, 7, 8, 9)
+	verdicts := []Verdict{Unknown, Keep, NotMember, Ahead, Queued}
+	round := func(now int64) []ids.ChunkID { return tr.Page(1, 0, copies, verdicts, true, now) }
+	if got := round(100 * sec); len(got) != 0 {
+		t.Fatalf("first sighting collects %v", got)
+	}
+	if got := round(110*sec - 1); len(got) != 0 {
+		t.Fatalf("a nanosecond before the grace ends: collects %v", got)
+	}
+	if got := round(110 * sec); !slices.Equal(got, []ids.ChunkID{5, 7}) {
+		t.Fatalf("at the end of the grace: collects %v, want [5 7]", got)
+	}
+	if got := round(500 * sec); !slices.Equal(got, []ids.ChunkID{5, 7}) {
+		t.Fatalf("later, still held: collects %v, want [5 7] again", got)
+	}
+	// Another node's strays have their own clock.
+	if got := tr.Page(2, 0, copies, verdicts, true, 500*sec); len(got) != 0 {
+		t.Fatalf("node 2's first sighting collects %v", got)
+	}
+}
+
+// TestTrackerForgets: a stray the node no longer lists, or that meta
+// judges needed again, starts its grace over when found stray again.
+func TestTrackerForgets(t *testing.T) {
+	tr := Tracker{Grace: 10 * time.Second}
+	tr.Page(1, 0, held(5, 7), []Verdict{Unknown, NotMember}, true, 0)
+	// 5 is gone from the node; 7 a member again (a reconciliation placed
+	// it back).
+	tr.Page(1, 0, held(7), []Verdict{Keep}, true, 5*sec)
+	got := tr.Page(1, 0, held(5, 7), []Verdict{Unknown, NotMember}, true, 12*sec)
+	if len(got) != 0 {
+		t.Fatalf("strays found again collected at once: %v", got)
+	}
+	if got := tr.Page(1, 0, held(5, 7), []Verdict{Unknown, NotMember}, true, 22*sec); !slices.Equal(got, []ids.ChunkID{5, 7}) {
+		t.Fatalf("after a whole grace since found again: %v", got)
+	}
+	// A restarted meta (a new tracker) waits a whole grace again.
+	tr2 := Tracker{Grace: 10 * time.Second}
+	if got := tr2.Page(1, 0, held(5, 7), []Verdict{Unknown, NotMember}, true, 100*sec); len(got) != 0 {
+		t.Fatalf("a new tracker collects at once: %v", got)
+	}
+}
+
+// TestTrackerPages: a page forgets only strays in the range it covers.
+func TestTrackerPages(t *testing.T) {
+	tr := Tracker{Grace: 10 * time.Second}
+	tr.Page(1, 0, held(3), []Verdict{Keep}, false, 0)
+	tr.Page(1, 3, held(7, 9), []Verdict{Unknown, Unknown}, true, 0)
+	// Next round, page one covers (0, 5]: 7 and 9 lie beyond it.
+	if got := tr.Page(1, 0, held(3, 5), []Verdict{Keep, Keep}, false, 20*sec); len(got) != 0 {
+		t.Fatalf("page (0,5]: %v", got)
+	}
+	// An empty page that is not the last covers nothing.
+	tr.Page(1, 5, nil, nil, false, 20*sec)
+	// Page two covers (5, 8]: 9 stays.
+	if got := tr.Page(1, 5, held(7), []Verdict{Unknown}, false, 20*sec); !slices.Equal(got, []ids.ChunkID{7}) {
+		t.Fatalf("page (5,8]: %v, want [7]", got)
+	}
+	// The last page covers everything above 8: 9 is not listed, so gone.
+	tr.Page(1, 8, held(12), []Verdict{Unknown}, true, 20*sec)
+	r := tr.Report(1, 10)
+	var list []ids.ChunkID
+	for _, s := range r.List {
+		list = append(list, s.Chunk)
+	}
+	if !slices.Equal(list, []ids.ChunkID{7, 12}) || r.Held != 4 || r.Strays[metaapi.StrayUnknown] != 2 || r.Rounds != 2 {
+		t.Fatalf("report: %+v", r)
+	}
+	if got := tr.Page(1, 0, held(9), []Verdict{Unknown}, true, 25*sec); len(got) != 0 {
+		t.Fatalf("9, forgotten, found again: %v", got)
+	}
+}
+
+// TestTrackerLimit: strays past the limit are counted, not remembered
+// (nor collected) until there is room.
+func TestTrackerLimit(t *testing.T) {
+	tr := Tracker{Grace: time.Second, Limit: 2}
+	v := []Verdict{Unknown, Unknown, Unknown}
+	tr.Page(1, 0, held(1, 2, 3), v, true, 0)
+	r := tr.Report(1, 1)
+	if r.Untracked != 1 || r.Strays[metaapi.StrayUnknown] != 2 || len(r.List) != 1 || r.List[0].Chunk != 1 || r.List[0].Version != 1 || r.List[0].Length != 10 {
+		t.Fatalf("report: %+v", r)
+	}
+	got := tr.Page(1, 0, held(1, 2, 3), v, true, 2*sec)
+	if !slices.Equal(got, []ids.ChunkID{1, 2}) {
+		t.Fatalf("collects %v, want [1 2]", got)
+	}
+	// 1 and 2 collected: 3 is remembered from now on.
+	tr.Page(1, 0, held(3), v[:1], true, 3*sec)
+	if got := tr.Page(1, 0, held(3), v[:1], true, 4*sec); !slices.Equal(got, []ids.ChunkID{3}) {
+		t.Fatalf("collects %v, want [3]", got)
+	}
+	if r := tr.Report(1, 10); r.Collected != 3 || r.Untracked != 0 {
+		t.Fatalf("report: %+v", r)
+	}
+	if r := tr.Report(9, 10); r.Rounds != 0 || r.RoundDone != 0 || len(r.List) != 0 {
+		t.Fatalf("report of a node never heard: %+v", r)
+	}
+}

@@ -1,0 +1,203 @@
+package meta
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/inventory"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// Inventories: nodes list the chunks they hold (metaapi.InventoryReq);
+// meta judges each copy against its records (package inventory decides)
+// and tells the node which strays to collect once the grace has passed.
+// Judging needs a chunk's record by id, so meta keeps an index from
+// chunk id to (inode, index), written with the record.
+
+// inventories is the inventory state meta keeps in memory: the strays
+// found so far, and the nodes asked for a round now.
+type inventories struct {
+	mu   sync.Mutex
+	tr   inventory.Tracker
+	want map[ids.NodeID]bool
+}
+
+func newInventories(grace time.Duration) inventories {
+	return inventories{tr: inventory.Tracker{Grace: grace}, want: map[ids.NodeID]bool{}}
+}
+
+// wanted reports (once) whether node was asked for a round now.
+func (iv *inventories) wanted(node ids.NodeID) bool {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	w := iv.want[node]
+	delete(iv.want, node)
+	return w
+}
+
+// errIndex: the chunk id index disagrees with the chunk records.
+var errIndex = errors.New("chunk id index is inconsistent")
+
+// copyRecord is what meta's state says of chunk id for node.
+func copyRecord(r pebble.Reader, node ids.NodeID, id ids.ChunkID) (inventory.Record, error) {
+	var out inventory.Record
+	_, queued, err := getRaw(r, gcKey(node, id))
+	if err != nil {
+		return out, err
+	}
+	out.Queued = queued
+	raw, found, err := getRaw(r, chunkIDKey(id))
+	if err != nil || !found {
+		return out, err
+	}
+	ref, err := decodeChunkRef(raw)
+	if err != nil {
+		return out, err
+	}
+	var rec chunkRec
+	found, err = getJSON(r, chunkKey(ref.ino, ref.index), &rec)
+	if err != nil {
+		return out, err
+	}
+	if !found || rec.ID != id {
+		// The index disagrees with the records (Check reports it): keep
+		// the copy rather than judge it on that.
+		return inventory.Record{Exists: true, Member: true}, fmt.Errorf("%w: chunk %v points at chunk %d of file %d, which is %v", errIndex, id, ref.index, ref.ino, rec.ID)
+	}
+	out.Exists = true
+	out.Member = slices.Contains(rec.Nodes, node) || slices.Contains(rec.Replaced, node)
+	return out, nil
+}
+
+// Inventory judges one page of a node's inventory round and answers the
+// strays to collect (see metaapi.InventoryReq).
+func (s *Service) Inventory(req metaapi.InventoryReq) (metaapi.InventoryResp, error) {
+	var out metaapi.InventoryResp
+	if len(req.Chunks) > metaapi.MaxInventoryPage {
+		return out, metaapi.Errorf(metaapi.EINVAL, "%d chunks in one inventory page, at most %d", len(req.Chunks), metaapi.MaxInventoryPage)
+	}
+	prev := req.After
+	for _, c := range req.Chunks {
+		if c.Chunk <= prev {
+			return out, metaapi.Errorf(metaapi.EINVAL, "inventory page lists chunk %v after %v: ids must increase", c.Chunk, prev)
+		}
+		if c.Length < 0 {
+			return out, metaapi.Errorf(metaapi.EINVAL, "chunk %v of negative length %d", c.Chunk, c.Length)
+		}
+		prev = c.Chunk
+	}
+	verdicts := make([]inventory.Verdict, len(req.Chunks))
+	err := s.read(func(v view) error {
+		if s.nodes[req.Node] == nil {
+			return metaapi.Errorf(metaapi.ENOENT, "unknown storage node %d: register first", req.Node)
+		}
+		out.Epoch = s.ctr.Epoch
+		next := s.ctr.NextChunk
+		for i, c := range req.Chunks {
+			r, err := copyRecord(v.r, req.Node, c.Chunk)
+			if errors.Is(err, errIndex) {
+				s.log.Error("inventory: judging a copy", "node", req.Node, "err", err)
+			} else if err != nil {
+				return err
+			}
+			verdicts[i] = inventory.Judge(c.Chunk, next, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return metaapi.InventoryResp{}, err
+	}
+	s.inv.mu.Lock()
+	out.Collect = s.inv.tr.Page(req.Node, req.After, req.Chunks, verdicts, req.Done, s.opts.Now().UnixNano())
+	s.inv.mu.Unlock()
+	if len(out.Collect) > 0 {
+		s.log.Info("inventory: node collects stray copies", "node", req.Node, "chunks", len(out.Collect),
+			"first", out.Collect[0], "grace", s.opts.OrphanGrace.String())
+	}
+	for i, v := range verdicts {
+		if v == inventory.Ahead {
+			s.log.Error("inventory: node holds a chunk id meta never gave out (meta's state older than the node's?); kept",
+				"node", req.Node, "chunk", req.Chunks[i].Chunk)
+			break
+		}
+	}
+	return out, nil
+}
+
+// Strays reports what the nodes' last inventory rounds found: the
+// copies nodes hold that no file needs there (see metaapi.StraysReq).
+func (s *Service) Strays(req metaapi.StraysReq) (metaapi.StraysResp, error) {
+	if req.Refresh && req.Who.UID != 0 {
+		return metaapi.StraysResp{}, metaapi.Errorf(metaapi.EPERM, "only root may ask nodes for an inventory round")
+	}
+	s.mu.RLock()
+	var nodes []ids.NodeID
+	for id := range s.nodes {
+		if req.Node == 0 || id == req.Node {
+			nodes = append(nodes, id)
+		}
+	}
+	s.mu.RUnlock()
+	if req.Node != 0 && len(nodes) == 0 {
+		return metaapi.StraysResp{}, metaapi.Errorf(metaapi.ENOENT, "no storage node %v", req.Node)
+	}
+	slices.Sort(nodes)
+	out := metaapi.StraysResp{Now: s.opts.Now().UnixNano(), Grace: int64(s.opts.OrphanGrace)}
+	s.inv.mu.Lock()
+	defer s.inv.mu.Unlock()
+	for _, n := range nodes {
+		if req.Refresh {
+			s.inv.want[n] = true
+		}
+		out.Nodes = append(out.Nodes, s.inv.tr.Report(n, metaapi.MaxStrayList))
+	}
+	return out, nil
+}
+
+// indexChunkIDs brings a database of schema 1 to 2: it indexes every
+// chunk record by id (idempotent, so an interrupted run is simply
+// repeated), then records the new schema.
+func (s *Service) indexChunkIDs() error {
+	b := s.db.NewBatch()
+	n := 0
+	flush := func() error {
+		err := b.Commit(pebble.Sync)
+		b.Close()
+		b = s.db.NewBatch()
+		return err
+	}
+	err := scan(s.db, []byte{pChunk}, []byte{pChunk + 1}, func(k, v []byte) (bool, error) {
+		if len(k) != 17 {
+			return false, fmt.Errorf("chunk record key %x", k)
+		}
+		var rec chunkRec
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return false, fmt.Errorf("decoding chunk record %x: %w", k, err)
+		}
+		if err := b.Set(chunkIDKey(rec.ID), encodeChunkRef(ids.Ino(beUint64(k[1:])), int64(beUint64(k[9:]))), nil); err != nil {
+			return false, err
+		}
+		if n++; n%4096 == 0 {
+			return true, flush()
+		}
+		return true, nil
+	})
+	if err == nil {
+		err = b.Set(keySchema, []byte(schemaVersion), nil)
+	}
+	if err == nil {
+		err = b.Commit(pebble.Sync)
+	}
+	b.Close()
+	if err == nil {
+		s.log.Info("indexed chunk records by id", "chunks", n, "schema", schemaVersion)
+	}
+	return err
+}
