@@ -122,6 +122,24 @@ func gcKey(node ids.NodeID, chunk ids.ChunkID) []byte {
 	return binary.BigEndian.AppendUint64(gcPrefix(node), uint64(chunk))
 }
 
+// A collection key's value says what the node does with its copy: a
+// retired copy (moved elsewhere) carries the epoch it was retired at
+// (retiredValue; empty in records from before); a gone chunk its
+// tombstone's end (8 bytes, see txn.go).
+const retiredTag = 'r'
+
+func retiredValue(epoch uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{retiredTag}, epoch)
+}
+
+// retiredEpoch decodes a retired copy's value (0: not recorded).
+func retiredEpoch(v []byte) uint64 {
+	if len(v) == 9 && v[0] == retiredTag {
+		return binary.BigEndian.Uint64(v[1:])
+	}
+	return 0
+}
+
 func nodeKey(id ids.NodeID) []byte {
 	b := make([]byte, 5)
 	b[0] = pNode

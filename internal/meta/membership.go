@@ -187,7 +187,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 			if len(v) == 8 {
 				out.Gone = append(out.Gone, metaapi.GoneChunk{Chunk: id, Until: int64(binary.BigEndian.Uint64(v))})
 			} else {
-				out.Delete = append(out.Delete, id)
+				out.Delete = append(out.Delete, metaapi.RetiredCopy{Chunk: id, Epoch: retiredEpoch(v)})
 			}
 			return len(out.Delete)+len(out.Gone) < maxDeletePerHeartbeat, nil
 		})

@@ -947,7 +947,7 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 		// until the new ones were whole, theirs were the other copies).
 		for _, old := range rec.Replaced {
 			if !slices.Contains(rec.Nodes, old) {
-				if err := tx.b.Set(gcKey(old, rec.ID), nil, nil); err != nil {
+				if err := tx.b.Set(gcKey(old, rec.ID), retiredValue(rec.Epoch), nil); err != nil {
 					return err
 				}
 			}
@@ -956,7 +956,7 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 		// whole successor.
 		for _, old := range rec.Leaving {
 			rec.Nodes = slices.DeleteFunc(rec.Nodes, func(n ids.NodeID) bool { return n == old })
-			if err := tx.b.Set(gcKey(old, rec.ID), nil, nil); err != nil {
+			if err := tx.b.Set(gcKey(old, rec.ID), retiredValue(rec.Epoch), nil); err != nil {
 				return err
 			}
 		}

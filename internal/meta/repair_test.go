@@ -179,3 +179,40 @@ func TestReconcileAsksDuringAttempt(t *testing.T) {
 		t.Fatalf("a failed attempt did not give back what it took: %+v", j.asked)
 	}
 }
+
+// TestRetiredCopiesCarryTheirEpoch: a member a reconciliation replaced is
+// queued for deletion with the epoch it was retired at, so that its node
+// drops the copy only if nothing placed the chunk there again since.
+func TestRetiredCopiesCarryTheirEpoch(t *testing.T) {
+	f := newFixture(t)
+	nodes := f.addNodes(4)
+	f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing})
+	f.tree("/a")
+	l := f.layout("/a", 0, 1, true).Chunks[0]
+	ref := chunkRef{f.ino("/a"), 0}
+	gone := l.Replicas[2].Node
+	// Every node but one heartbeats past the node timeout and the grace.
+	for range 3 {
+		f.clk.Advance(f.s.opts.NodeTimeout/2 + f.s.opts.RepairGrace/2)
+		for _, n := range nodes {
+			if n != gone {
+				f.heartbeat(n)
+			}
+		}
+		f.s.Sweep()
+	}
+	p, skip, err := f.s.beginReconcile(&repairJob{ref: ref})
+	if err != nil || skip || !p.fresh[2] {
+		t.Fatalf("begin: %+v skip %v %v", p, skip, err)
+	}
+	if err := f.s.endReconcile(ref, l.Chunk, p.epoch, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	r, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: gone, Capacity: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Delete) != 1 || r.Delete[0] != (metaapi.RetiredCopy{Chunk: l.Chunk, Epoch: p.epoch}) {
+		t.Fatalf("the replaced node is told %+v, want its copy retired at epoch %d", r.Delete, p.epoch)
+	}
+}

@@ -780,6 +780,16 @@ type HeartbeatReq struct {
 	Corrupt []CorruptCopy `json:"corrupt,omitempty"`
 }
 
+// RetiredCopy is a node's copy of Chunk that meta moved elsewhere, at
+// cluster epoch Epoch (0: not known, from before meta recorded it). The
+// node drops it only if no reconciliation has fenced it there since: a
+// repair may have placed the chunk back on the node meanwhile, and the
+// copy it made must not go with the old one.
+type RetiredCopy struct {
+	Chunk ids.ChunkID `json:"chunk"`
+	Epoch uint64      `json:"epoch,omitempty"`
+}
+
 // CorruptCopy says Node's copy of Chunk, at Version, holds blocks that
 // fail their checksums: the bytes Bad (at most MaxBadExtents extents;
 // empty: not said which). Meta has them healed from the other copies.
@@ -821,7 +831,7 @@ type ReportCorruptReq struct {
 type HeartbeatResp struct {
 	Epoch  uint64        `json:"epoch"`
 	Nodes  []NodeInfo    `json:"nodes"`
-	Delete []ids.ChunkID `json:"delete,omitempty"`
+	Delete []RetiredCopy `json:"delete,omitempty"`
 	Gone   []GoneChunk   `json:"gone,omitempty"`
 	// Inventory asks the node to list its chunks to meta now (see
 	// InventoryReq) rather than at its next interval.

@@ -52,6 +52,31 @@ func (n *Node) applyGone(gone []metaapi.GoneChunk, now int64) []ids.ChunkID {
 	return done
 }
 
+// applyRetired drops the copies meta moved elsewhere, each only if no
+// reconciliation fenced it here after meta retired it (the chunk may have
+// been placed back on this node since, and copied here again), and
+// returns those settled (to acknowledge).
+func (n *Node) applyRetired(retired []metaapi.RetiredCopy) []ids.ChunkID {
+	var done []ids.ChunkID
+	for _, r := range retired {
+		var err error
+		if r.Epoch == 0 {
+			err = n.store.Drop(r.Chunk) // retired before meta recorded epochs
+		} else {
+			var dropped bool
+			if dropped, err = n.store.Collect(r.Chunk, r.Epoch); err == nil && !dropped {
+				n.log.Info("kept a copy meta retired: a later reconciliation placed it here again", "chunk", r.Chunk, "retired_at", r.Epoch)
+			}
+		}
+		if err != nil {
+			n.log.Warn("deleting a copy meta moved elsewhere", "chunk", r.Chunk, "err", err)
+			continue
+		}
+		done = append(done, r.Chunk)
+	}
+	return done
+}
+
 // expireTombstones drops the tombstones past their end, at most every
 // tombstoneSweep.
 func (n *Node) expireTombstones(now time.Time) {

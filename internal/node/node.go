@@ -455,13 +455,7 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		n.askInventory()
 	}
 	done := n.applyGone(resp.Gone, time.Now().UnixNano())
-	for _, c := range resp.Delete {
-		if err := n.store.Drop(c); err != nil {
-			n.log.Warn("deleting released chunk", "chunk", c, "err", err)
-			continue
-		}
-		done = append(done, c)
-	}
+	done = append(done, n.applyRetired(resp.Delete)...)
 	if len(done) > 0 {
 		n.mu.Lock()
 		n.deleted = append(n.deleted, done...)
