@@ -435,3 +435,34 @@ func (c *Client) Status(ctx context.Context) (metaapi.StatusResp, error) {
 	err := c.meta.Call(ctx, metaapi.OpStatus, struct{}{}, &resp)
 	return resp, err
 }
+
+// Check runs `sluice check`: it starts one (meta walks its records and
+// has every node list, with verify read, what it holds; with repair it
+// fixes what is safe) and waits for it, calling progress now and then;
+// a check already running is waited for instead.
+func (c *Client) Check(ctx context.Context, verify, repair bool, progress func(metaapi.CheckResp)) (metaapi.CheckResp, error) {
+	var resp metaapi.CheckResp
+	req := metaapi.CheckReq{Start: true, Verify: verify, Repair: repair, Who: c.whoOf(ctx)}
+	if err := c.meta.Call(ctx, metaapi.OpCheck, req, &resp); err != nil {
+		return resp, err
+	}
+	started := resp.Started
+	req = metaapi.CheckReq{Who: req.Who}
+	for resp.Done == 0 {
+		if progress != nil {
+			progress(resp)
+		}
+		select {
+		case <-ctx.Done():
+			return resp, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+		if err := c.meta.Call(ctx, metaapi.OpCheck, req, &resp); err != nil {
+			return resp, err
+		}
+		if resp.Started != started {
+			return resp, fmt.Errorf("check: another check replaced this one (meta restarted?)")
+		}
+	}
+	return resp, nil
+}

@@ -170,6 +170,9 @@ var ops = map[string]op{
 	metaapi.OpInventory: endpoint(false, true, func(s *Service, _ caller, r metaapi.InventoryReq) (metaapi.InventoryResp, error) {
 		return s.Inventory(r)
 	}),
+	metaapi.OpCheck: endpoint(true, false, func(s *Service, _ caller, r metaapi.CheckReq) (metaapi.CheckResp, error) {
+		return s.CheckState(r)
+	}),
 	metaapi.OpStrays: endpoint(true, false, func(s *Service, _ caller, r metaapi.StraysReq) (metaapi.StraysResp, error) {
 		return s.Strays(r)
 	}),

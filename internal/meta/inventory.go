@@ -22,7 +22,8 @@ import (
 // chunk id to (inode, index), written with the record.
 
 // inventories is the inventory state meta keeps in memory: the strays
-// found so far, and the nodes asked for a round now.
+// found so far, and the nodes asked for a round now (true: reading every
+// block, for sluice check --verify).
 type inventories struct {
 	mu   sync.Mutex
 	tr   inventory.Tracker
@@ -33,13 +34,21 @@ func newInventories(grace time.Duration) inventories {
 	return inventories{tr: inventory.Tracker{Grace: grace}, want: map[ids.NodeID]bool{}}
 }
 
-// wanted reports (once) whether node was asked for a round now.
-func (iv *inventories) wanted(node ids.NodeID) bool {
+// ask has node run a round at its next heartbeat.
+func (iv *inventories) ask(node ids.NodeID, verify bool) {
 	iv.mu.Lock()
 	defer iv.mu.Unlock()
-	w := iv.want[node]
+	iv.want[node] = iv.want[node] || verify
+}
+
+// wanted reports (once) whether node was asked for a round now, and
+// whether it should read every block.
+func (iv *inventories) wanted(node ids.NodeID) (round, verify bool) {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	verify, round = iv.want[node]
 	delete(iv.want, node)
-	return w
+	return round, verify
 }
 
 // errIndex: the chunk id index disagrees with the chunk records.
@@ -114,6 +123,7 @@ func (s *Service) Inventory(req metaapi.InventoryReq) (metaapi.InventoryResp, er
 	if err != nil {
 		return metaapi.InventoryResp{}, err
 	}
+	s.chk.feed(&req)
 	s.inv.mu.Lock()
 	out.Collect = s.inv.tr.Page(req.Node, req.After, req.Chunks, verdicts, req.Done, s.opts.Now().UnixNano())
 	s.inv.mu.Unlock()
@@ -154,7 +164,7 @@ func (s *Service) Strays(req metaapi.StraysReq) (metaapi.StraysResp, error) {
 	defer s.inv.mu.Unlock()
 	for _, n := range nodes {
 		if req.Refresh {
-			s.inv.want[n] = true
+			s.inv.want[n] = s.inv.want[n] || false
 		}
 		out.Nodes = append(out.Nodes, s.inv.tr.Report(n, metaapi.MaxStrayList))
 	}

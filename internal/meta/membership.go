@@ -207,7 +207,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 	})
 	if err == nil {
 		s.repairs.noteCorrupt(req.ID, req.Corrupt)
-		out.Inventory = s.inv.wanted(req.ID)
+		out.Inventory, out.Verify = s.inv.wanted(req.ID)
 	}
 	return out, err
 }

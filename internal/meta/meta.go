@@ -162,6 +162,7 @@ type Service struct {
 
 	repairs  *repairQueue
 	inv      inventories
+	chk      checks
 	scanPage int // chunk records per read lock in the repair scan (tests shrink it)
 	// reconcileWait is how long a waiting Reconcile call is held (tests
 	// shrink it; metaapi.MaxReconcileWait otherwise).

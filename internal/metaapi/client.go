@@ -46,6 +46,7 @@ const (
 	OpReportBad = "ReportCorrupt"
 	OpInventory = "Inventory"
 	OpStrays    = "Strays"
+	OpCheck     = "Check"
 )
 
 // MaxBodyBytes bounds every request and response body.

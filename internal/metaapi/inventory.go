@@ -1,6 +1,9 @@
 package metaapi
 
-import "github.com/sluicefs/sluice/internal/ids"
+import (
+	"github.com/sluicefs/sluice/internal/extent"
+	"github.com/sluicefs/sluice/internal/ids"
+)
 
 // Inventories. A storage node lists the chunks it holds to meta now and
 // then, a page at a time in chunk id order (InventoryReq); meta judges
@@ -20,11 +23,16 @@ type GoneChunk struct {
 	Until int64       `json:"until"`
 }
 
-// HeldChunk is one copy a node holds: its committed version and length.
+// HeldChunk is one copy a node holds: its committed version and length,
+// and the bytes of it known to fail their checksums (read in this round
+// if it verifies, else as far as the node knows; at most MaxBadExtents
+// extents, Bad nil and BadUnlisted when there are more).
 type HeldChunk struct {
-	Chunk   ids.ChunkID `json:"chunk"`
-	Version uint64      `json:"version"`
-	Length  int64       `json:"length"`
+	Chunk       ids.ChunkID `json:"chunk"`
+	Version     uint64      `json:"version"`
+	Length      int64       `json:"length"`
+	Bad         extent.List `json:"bad,omitempty"`
+	BadUnlisted bool        `json:"bad_unlisted,omitempty"`
 }
 
 // MaxInventoryPage bounds the chunks one InventoryReq lists.
@@ -38,6 +46,9 @@ type InventoryReq struct {
 	After  ids.ChunkID `json:"after"`
 	Chunks []HeldChunk `json:"chunks"`
 	Done   bool        `json:"done,omitempty"`
+	// Verified: this round read every block it lists against its
+	// checksum (meta asked for it: HeartbeatResp.Verify).
+	Verified bool `json:"verified,omitempty"`
 }
 
 // InventoryResp lists the copies the node deletes, each unless it was

@@ -834,6 +834,8 @@ type HeartbeatResp struct {
 	Delete []RetiredCopy `json:"delete,omitempty"`
 	Gone   []GoneChunk   `json:"gone,omitempty"`
 	// Inventory asks the node to list its chunks to meta now (see
-	// InventoryReq) rather than at its next interval.
+	// InventoryReq) rather than at its next interval; with Verify, reading
+	// every block against its checksum (sluice check --verify).
 	Inventory bool `json:"inventory,omitempty"`
+	Verify    bool `json:"verify,omitempty"`
 }

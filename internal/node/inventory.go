@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/store"
@@ -92,8 +93,12 @@ func (n *Node) expireTombstones(now time.Time) {
 	}
 }
 
-// askInventory has the inventory loop run a round now.
-func (n *Node) askInventory() {
+// askInventory has the inventory loop run a round now (verify: reading
+// every block against its checksum).
+func (n *Node) askInventory(verify bool) {
+	if verify {
+		n.verifyNext.Store(true)
+	}
 	select {
 	case n.inventoryNow <- struct{}{}:
 	default:
@@ -118,7 +123,7 @@ func (n *Node) inventoryLoop(ctx context.Context) {
 			continue
 		}
 		start := time.Now()
-		held, collected, err := n.inventory(ctx)
+		held, collected, err := n.inventory(ctx, n.verifyNext.Swap(false))
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -131,9 +136,11 @@ func (n *Node) inventoryLoop(ctx context.Context) {
 }
 
 // inventory runs one round: every chunk listed to meta in pages of
-// metaapi.MaxInventoryPage, and the copies meta answers deleted. It
-// reports the chunks listed and the copies deleted.
-func (n *Node) inventory(ctx context.Context) (held, collected int, err error) {
+// metaapi.MaxInventoryPage, with the blocks known to fail their
+// checksums (with verify, every block is read to find them: a scrub at
+// full speed), and the copies meta answers deleted. It reports the chunks
+// listed and the copies deleted.
+func (n *Node) inventory(ctx context.Context, verify bool) (held, collected int, err error) {
 	page := make([]metaapi.HeldChunk, 0, metaapi.MaxInventoryPage)
 	var after ids.ChunkID
 	for {
@@ -150,8 +157,29 @@ func (n *Node) inventory(ctx context.Context) (held, collected int, err error) {
 		if err != nil {
 			return held, collected, fmt.Errorf("listing chunks: %w", err)
 		}
+		for i := range page {
+			c := &page[i]
+			var bad extent.List
+			if verify {
+				if ctx.Err() != nil {
+					return held, collected, ctx.Err()
+				}
+				// What it finds also goes to meta to be healed, as a
+				// scrub's findings do.
+				if bad, err = n.store.Verify(c.Chunk); err != nil && !errors.Is(err, store.ErrCorrupt) {
+					n.log.Warn("inventory: verifying a chunk", "chunk", c.Chunk, "err", err)
+				}
+			} else {
+				bad = n.store.Suspect(c.Chunk, c.Version)
+			}
+			if len(bad) > metaapi.MaxBadExtents {
+				c.BadUnlisted = true
+			} else {
+				c.Bad = bad
+			}
+		}
 		held += len(page)
-		req := metaapi.InventoryReq{Node: n.ID(), After: after, Chunks: page, Done: !more}
+		req := metaapi.InventoryReq{Node: n.ID(), After: after, Chunks: page, Done: !more, Verified: verify}
 		var resp metaapi.InventoryResp
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err = n.meta.Call(cctx, metaapi.OpInventory, req, &resp)

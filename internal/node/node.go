@@ -97,6 +97,7 @@ type Node struct {
 	corrupt     []metaapi.CorruptCopy // copies found with bad blocks, not yet reported (Node 0: this node's)
 
 	inventoryNow chan struct{} // meta asked for an inventory round
+	verifyNext   atomic.Bool   // ... reading every block
 	lastSweep    time.Time     // of expired tombstones (control loop only)
 }
 
@@ -452,7 +453,7 @@ func (n *Node) heartbeat(ctx context.Context) error {
 	}
 	n.peers.Store(&peers)
 	if resp.Inventory {
-		n.askInventory()
+		n.askInventory(resp.Verify)
 	}
 	done := n.applyGone(resp.Gone, time.Now().UnixNano())
 	done = append(done, n.applyRetired(resp.Delete)...)
