@@ -170,7 +170,7 @@ func (a *app) lsCmd() *cobra.Command {
 				for _, e := range ents {
 					var at metaapi.Attr
 					if long {
-						if at, err = c.Lstat(ctx, path.Join(p, e.Name)); err != nil {
+						if at, err = c.Lstat(ctx, path.Join(p, string(e.Name))); err != nil {
 							if client.IsNotExist(err) {
 								continue // removed meanwhile
 							}
@@ -179,7 +179,7 @@ func (a *app) lsCmd() *cobra.Command {
 					} else {
 						at.Type = e.Type
 					}
-					out = append(out, entry{e.Name, at})
+					out = append(out, entry{string(e.Name), at})
 				}
 				printEntries(a.stdout, long, out)
 				return nil
@@ -210,7 +210,7 @@ func printEntries(w io.Writer, long bool, ents []entry) {
 	for _, e := range ents {
 		name := e.name
 		if e.attr.Type == metaapi.TypeSymlink {
-			name += " -> " + e.attr.Target
+			name += " -> " + string(e.attr.Target)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t %s\n", modeString(e.attr), e.attr.UID, e.attr.GID, e.attr.Size,
 			time.Unix(0, e.attr.Mtime).Format("2006-01-02 15:04"), name)
