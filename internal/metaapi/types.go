@@ -7,7 +7,10 @@
 // plain HTTP/1.1 with JSON bodies: debuggable with curl, reconnects by
 // itself when meta restarts, and every decoder is the standard library's.
 // Every call is a POST to /v1/<Op> with a JSON body; success is 200 with a
-// JSON body, failure is a non-200 status with an Error body.
+// JSON body, failure is a non-200 status with an Error body. File names,
+// paths, symlink targets and attribute names are bytes, not text: they
+// are ByteStrings, a JSON string when valid UTF-8 and {"base64": ...}
+// otherwise.
 //
 // Clients authenticate with "Authorization: Bearer <id>:<credential>" from
 // client.conf; storage nodes with "Authorization: Node <node token>".
