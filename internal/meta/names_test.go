@@ -285,3 +285,34 @@ func TestRecordsKeepTheirFormat(t *testing.T) {
 		t.Fatalf("old record read as %+v, %v", a, err)
 	}
 }
+
+// TestInexactNamesRefused: a request whose JSON cannot stand for the
+// bytes of a name (raw bytes that are not UTF-8, an unpaired surrogate
+// escape such as Python's surrogateescape writes) is refused with
+// EINVAL; nothing is created under a name with U+FFFD in it.
+func TestInexactNamesRefused(t *testing.T) {
+	f, srv := newHTTP(t)
+	auth := metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1))
+	for _, body := range []string{
+		`{"parent":1,"name":"caf\udce9.txt","type":"file","mode":420}`,
+		"{\"parent\":1,\"name\":\"caf\xe9.txt\",\"type\":\"file\",\"mode\":420}",
+		`{"parent":1,"name":"l","type":"symlink","target":"../caf\udce9"}`,
+	} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/"+metaapi.OpCreate, strings.NewReader(body))
+		req.Header.Set("Authorization", auth)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var me metaapi.Error
+		json.NewDecoder(resp.Body).Decode(&me)
+		resp.Body.Close()
+		if me.Code != metaapi.EINVAL || !strings.Contains(me.Message, "base64") {
+			t.Errorf("%q: HTTP %d %+v, want EINVAL pointing to base64", body, resp.StatusCode, me)
+		}
+	}
+	r, err := f.s.Readdir(metaapi.ReaddirReq{Ino: ids.RootIno, Who: root})
+	if err != nil || len(r.Entries) != 0 {
+		t.Fatalf("root holds %+v, %v; want nothing", r.Entries, err)
+	}
+}
