@@ -226,7 +226,7 @@ func (c *Client) resolve(ctx context.Context, p string, follow bool) (metaapi.At
 		return metaapi.Attr{}, err
 	}
 	var resp metaapi.AttrResp
-	err = c.meta.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: p, Follow: follow || mustDir}, &resp)
+	err = c.meta.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: metaapi.ByteString(p), Follow: follow || mustDir}, &resp)
 	if err == nil && mustDir && resp.Attr.Type != metaapi.TypeDir {
 		err = metaapi.Errorf(metaapi.ENOTDIR, "not a directory")
 	}
@@ -274,7 +274,7 @@ func (c *Client) create(ctx context.Context, p string, typ metaapi.FileType, mod
 	}
 	var resp metaapi.AttrResp
 	err = c.meta.Call(ctx, metaapi.OpCreate, metaapi.CreateReq{
-		Parent: parent.Ino, Name: name, Type: typ, Mode: mode, Target: target, Exclusive: exclusive, Who: c.whoOf(ctx),
+		Parent: parent.Ino, Name: metaapi.ByteString(name), Type: typ, Mode: mode, Target: metaapi.ByteString(target), Exclusive: exclusive, Who: c.whoOf(ctx),
 	}, &resp)
 	return resp.Attr, pathErr("create", p, err)
 }
@@ -333,7 +333,7 @@ func (c *Client) Remove(ctx context.Context, p string) error {
 	if err != nil {
 		return err
 	}
-	err = c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent.Ino, Name: name, Dir: a.Type == metaapi.TypeDir, Who: c.whoOf(ctx)}, nil)
+	err = c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent.Ino, Name: metaapi.ByteString(name), Dir: a.Type == metaapi.TypeDir, Who: c.whoOf(ctx)}, nil)
 	if err == nil {
 		c.layouts.drop(a.Ino)
 	}
@@ -356,7 +356,7 @@ func (c *Client) RemoveAll(ctx context.Context, p string) error {
 			return err
 		}
 		for _, e := range ents {
-			if err := c.RemoveAll(ctx, path.Join(p, e.Name)); err != nil && !IsNotExist(err) {
+			if err := c.RemoveAll(ctx, path.Join(p, string(e.Name))); err != nil && !IsNotExist(err) {
 				return err
 			}
 		}
@@ -382,7 +382,7 @@ func (c *Client) Rename(ctx context.Context, oldp, newp string) error {
 	if err != nil {
 		return err
 	}
-	err = c.meta.Call(ctx, metaapi.OpRename, metaapi.RenameReq{OldParent: op.Ino, OldName: oname, NewParent: np.Ino, NewName: nname, Who: c.whoOf(ctx)}, nil)
+	err = c.meta.Call(ctx, metaapi.OpRename, metaapi.RenameReq{OldParent: op.Ino, OldName: metaapi.ByteString(oname), NewParent: np.Ino, NewName: metaapi.ByteString(nname), Who: c.whoOf(ctx)}, nil)
 	return pathErr("rename", oldp, err)
 }
 
@@ -393,7 +393,7 @@ func (c *Client) ReadDir(ctx context.Context, p string) ([]metaapi.Dirent, error
 		return nil, err
 	}
 	var out []metaapi.Dirent
-	after := ""
+	var after metaapi.ByteString
 	for {
 		var resp metaapi.ReaddirResp
 		if err := c.meta.Call(ctx, metaapi.OpReaddir, metaapi.ReaddirReq{Ino: a.Ino, After: after, Who: c.whoOf(ctx)}, &resp); err != nil {

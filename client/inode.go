@@ -31,7 +31,7 @@ func (c *Client) whoOf(ctx context.Context) metaapi.Who {
 // Lookup returns the attributes of name in directory parent.
 func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (metaapi.Attr, error) {
 	var resp metaapi.AttrResp
-	err := c.meta.Call(ctx, metaapi.OpLookup, metaapi.LookupReq{Parent: parent, Name: name, Who: c.whoOf(ctx)}, &resp)
+	err := c.meta.Call(ctx, metaapi.OpLookup, metaapi.LookupReq{Parent: parent, Name: metaapi.ByteString(name), Who: c.whoOf(ctx)}, &resp)
 	return resp.Attr, err
 }
 
@@ -49,7 +49,7 @@ func (c *Client) CreateIn(ctx context.Context, req metaapi.CreateReq) (metaapi.A
 // LinkIn gives inode ino another name, newName in directory newParent.
 func (c *Client) LinkIn(ctx context.Context, ino, newParent ids.Ino, newName string) (metaapi.AttrResp, error) {
 	var resp metaapi.AttrResp
-	err := c.meta.Call(ctx, metaapi.OpLink, metaapi.LinkReq{Ino: ino, NewParent: newParent, NewName: newName, Who: c.whoOf(ctx)}, &resp)
+	err := c.meta.Call(ctx, metaapi.OpLink, metaapi.LinkReq{Ino: ino, NewParent: newParent, NewName: metaapi.ByteString(newName), Who: c.whoOf(ctx)}, &resp)
 	return resp, err
 }
 
@@ -58,7 +58,7 @@ func (c *Client) LinkIn(ctx context.Context, ino, newParent ids.Ino, newName str
 // is kept until Release (see metaapi.RemoveReq).
 func (c *Client) RemoveIn(ctx context.Context, parent ids.Ino, name string, dir, keep bool) ([]metaapi.Attr, error) {
 	var resp metaapi.DirsResp
-	err := c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent, Name: name, Dir: dir, Keep: keep, Who: c.whoOf(ctx)}, &resp)
+	err := c.meta.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: parent, Name: metaapi.ByteString(name), Dir: dir, Keep: keep, Who: c.whoOf(ctx)}, &resp)
 	return resp.Dirs, err
 }
 
@@ -68,7 +68,7 @@ func (c *Client) RemoveIn(ctx context.Context, parent ids.Ino, name string, dir,
 func (c *Client) RenameIn(ctx context.Context, oldParent ids.Ino, oldName string, newParent ids.Ino, newName string, noReplace, keep bool) ([]metaapi.Attr, error) {
 	var resp metaapi.DirsResp
 	err := c.meta.Call(ctx, metaapi.OpRename, metaapi.RenameReq{
-		OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, NoReplace: noReplace, Keep: keep, Who: c.whoOf(ctx),
+		OldParent: oldParent, OldName: metaapi.ByteString(oldName), NewParent: newParent, NewName: metaapi.ByteString(newName), NoReplace: noReplace, Keep: keep, Who: c.whoOf(ctx),
 	}, &resp)
 	return resp.Dirs, err
 }
@@ -100,7 +100,7 @@ func (c *Client) LockSession(ctx context.Context, session uint64, end bool) (met
 // follow.
 func (c *Client) ReadDirPage(ctx context.Context, ino ids.Ino, after string) ([]metaapi.Dirent, bool, error) {
 	var resp metaapi.ReaddirResp
-	err := c.meta.Call(ctx, metaapi.OpReaddir, metaapi.ReaddirReq{Ino: ino, After: after, Who: c.whoOf(ctx)}, &resp)
+	err := c.meta.Call(ctx, metaapi.OpReaddir, metaapi.ReaddirReq{Ino: ino, After: metaapi.ByteString(after), Who: c.whoOf(ctx)}, &resp)
 	return resp.Entries, resp.More, err
 }
 
@@ -145,13 +145,13 @@ func (f *File) SetAttr(a metaapi.Attr) {
 // SetXattr sets extended attribute name of ino (flags: metaapi.XattrCreate
 // or XattrReplace, or 0).
 func (c *Client) SetXattr(ctx context.Context, ino ids.Ino, name string, value []byte, flags uint32) error {
-	return c.meta.Call(ctx, metaapi.OpSetXattr, metaapi.SetXattrReq{Ino: ino, Name: name, Value: value, Flags: flags, Who: c.whoOf(ctx)}, nil)
+	return c.meta.Call(ctx, metaapi.OpSetXattr, metaapi.SetXattrReq{Ino: ino, Name: metaapi.ByteString(name), Value: value, Flags: flags, Who: c.whoOf(ctx)}, nil)
 }
 
 // GetXattr returns extended attribute name of ino.
 func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte, error) {
 	var resp metaapi.XattrResp
-	err := c.meta.Call(ctx, metaapi.OpGetXattr, metaapi.XattrReq{Ino: ino, Name: name, Who: c.whoOf(ctx)}, &resp)
+	err := c.meta.Call(ctx, metaapi.OpGetXattr, metaapi.XattrReq{Ino: ino, Name: metaapi.ByteString(name), Who: c.whoOf(ctx)}, &resp)
 	return resp.Value, err
 }
 
@@ -160,10 +160,14 @@ func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte
 func (c *Client) ListXattr(ctx context.Context, ino ids.Ino) ([]string, error) {
 	var resp metaapi.ListXattrResp
 	err := c.meta.Call(ctx, metaapi.OpListXattr, metaapi.ListXattrReq{Ino: ino, Who: c.whoOf(ctx)}, &resp)
-	return resp.Names, err
+	names := make([]string, len(resp.Names))
+	for i, n := range resp.Names {
+		names[i] = string(n)
+	}
+	return names, err
 }
 
 // RemoveXattr deletes extended attribute name of ino.
 func (c *Client) RemoveXattr(ctx context.Context, ino ids.Ino, name string) error {
-	return c.meta.Call(ctx, metaapi.OpRmXattr, metaapi.XattrReq{Ino: ino, Name: name, Who: c.whoOf(ctx)}, nil)
+	return c.meta.Call(ctx, metaapi.OpRmXattr, metaapi.XattrReq{Ino: ino, Name: metaapi.ByteString(name), Who: c.whoOf(ctx)}, nil)
 }

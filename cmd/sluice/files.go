@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -142,7 +143,7 @@ func (a *app) catCmd() *cobra.Command {
 }
 
 func (a *app) lsCmd() *cobra.Command {
-	var long bool
+	var long, raw bool
 	cmd := &cobra.Command{
 		Use:   "ls [PATH]",
 		Short: "List a directory",
@@ -159,7 +160,7 @@ func (a *app) lsCmd() *cobra.Command {
 					return err
 				}
 				if at.Type != metaapi.TypeDir {
-					printEntries(a.stdout, long, []entry{{path.Base(p), at}})
+					printEntries(a.stdout, long, raw, []entry{{path.Base(p), at}})
 					return nil
 				}
 				ents, err := c.ReadDir(ctx, p)
@@ -170,7 +171,7 @@ func (a *app) lsCmd() *cobra.Command {
 				for _, e := range ents {
 					var at metaapi.Attr
 					if long {
-						if at, err = c.Lstat(ctx, path.Join(p, e.Name)); err != nil {
+						if at, err = c.Lstat(ctx, path.Join(p, string(e.Name))); err != nil {
 							if client.IsNotExist(err) {
 								continue // removed meanwhile
 							}
@@ -179,14 +180,15 @@ func (a *app) lsCmd() *cobra.Command {
 					} else {
 						at.Type = e.Type
 					}
-					out = append(out, entry{e.Name, at})
+					out = append(out, entry{string(e.Name), at})
 				}
-				printEntries(a.stdout, long, out)
+				printEntries(a.stdout, long, raw, out)
 				return nil
 			})
 		},
 	}
 	cmd.Flags().BoolVarP(&long, "long", "l", false, "long listing: type, mode, owner, size, mtime")
+	cmd.Flags().BoolVarP(&raw, "null", "0", false, "print names as they are (bytes, unquoted), each line ending in NUL instead of newline")
 	return cmd
 }
 
@@ -195,27 +197,41 @@ type entry struct {
 	attr metaapi.Attr
 }
 
-func printEntries(w io.Writer, long bool, ents []entry) {
+// printEntries lists ents, a name a line: names not printable UTF-8
+// quoted as displayName says, or with raw each as it is and each line
+// ending in NUL (a name holds any byte but NUL and '/').
+func printEntries(w io.Writer, long, raw bool, ents []entry) {
+	show, end := displayName, "\n"
+	if raw {
+		show, end = func(s string) string { return s }, "\x00"
+	}
 	if !long {
 		for _, e := range ents {
-			name := e.name
+			name := show(e.name)
 			if e.attr.Type == metaapi.TypeDir {
 				name += "/"
 			}
-			fmt.Fprintln(w, name)
+			io.WriteString(w, name+end)
 		}
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	// Only the columns before the name are aligned: a raw name's tabs
+	// and newlines are no business of the tab writer.
+	var cols bytes.Buffer
+	tw := tabwriter.NewWriter(&cols, 0, 0, 1, ' ', tabwriter.AlignRight)
 	for _, e := range ents {
-		name := e.name
-		if e.attr.Type == metaapi.TypeSymlink {
-			name += " -> " + e.attr.Target
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t %s\n", modeString(e.attr), e.attr.UID, e.attr.GID, e.attr.Size,
-			time.Unix(0, e.attr.Mtime).Format("2006-01-02 15:04"), name)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t\n", modeString(e.attr), e.attr.UID, e.attr.GID, e.attr.Size,
+			time.Unix(0, e.attr.Mtime).Format("2006-01-02 15:04"))
 	}
 	tw.Flush()
+	for _, e := range ents {
+		line, _ := cols.ReadString('\n')
+		name := show(e.name)
+		if e.attr.Type == metaapi.TypeSymlink {
+			name += " -> " + show(string(e.attr.Target))
+		}
+		io.WriteString(w, strings.TrimSuffix(line, "\n")+" "+name+end)
+	}
 }
 
 func modeString(a metaapi.Attr) string {
@@ -253,7 +269,7 @@ func (a *app) statCmd() *cobra.Command {
 					return enc.Encode(at)
 				}
 				fmt.Fprintf(a.stdout, "  File: %s\n  Type: %s\n  Size: %d\n Inode: %d\n Links: %d\n  Mode: %04o (%s)\n   Uid: %d\n   Gid: %d\nModify: %s\nChange: %s\n",
-					args[0], at.Type, at.Size, at.Ino, at.Nlink, at.Mode, modeString(at), at.UID, at.GID,
+					displayName(args[0]), at.Type, at.Size, at.Ino, at.Nlink, at.Mode, modeString(at), at.UID, at.GID,
 					time.Unix(0, at.Mtime).Format(time.RFC3339Nano), time.Unix(0, at.Ctime).Format(time.RFC3339Nano))
 				if at.Policy != nil {
 					fmt.Fprintf(a.stdout, "Policy: %s\n", at.Policy)
@@ -262,7 +278,7 @@ func (a *app) statCmd() *cobra.Command {
 					fmt.Fprintf(a.stdout, " Chunk: %d bytes\n", at.ChunkSize)
 				}
 				if at.Type == metaapi.TypeSymlink {
-					fmt.Fprintf(a.stdout, "Target: %s\n", at.Target)
+					fmt.Fprintf(a.stdout, "Target: %s\n", displayName(string(at.Target)))
 				}
 				return nil
 			})

@@ -611,7 +611,7 @@ func layoutOf(t *testing.T, mc *metaapi.Client, path string) (metaapi.Attr, []me
 	t.Helper()
 	ctx := context.Background()
 	var ar metaapi.AttrResp
-	if err := mc.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: path, Follow: true}, &ar); err != nil {
+	if err := mc.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: metaapi.ByteString(path), Follow: true}, &ar); err != nil {
 		t.Fatalf("resolve %s: %v", path, err)
 	}
 	var lr metaapi.LayoutResp

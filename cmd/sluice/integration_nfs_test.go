@@ -202,11 +202,11 @@ func mkMany(t *testing.T, conf, dir string, names []string) {
 	mc := metaClient(t, conf)
 	ctx := context.Background()
 	var d metaapi.AttrResp
-	if err := mc.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: dir}, &d); err != nil {
+	if err := mc.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: metaapi.ByteString(dir)}, &d); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range names {
-		req := metaapi.CreateReq{Parent: d.Attr.Ino, Name: name, Type: metaapi.TypeFile, Mode: 0o644, Exclusive: true}
+		req := metaapi.CreateReq{Parent: d.Attr.Ino, Name: metaapi.ByteString(name), Type: metaapi.TypeFile, Mode: 0o644, Exclusive: true}
 		if err := mc.Call(ctx, metaapi.OpCreate, req, nil); err != nil {
 			t.Fatalf("creating %s/%s: %v", dir, name, err)
 		}

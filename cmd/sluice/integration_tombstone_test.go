@@ -96,7 +96,7 @@ func writeLayout(t *testing.T, mc *metaapi.Client, path string, size int64) []me
 	t.Helper()
 	ctx := context.Background()
 	var ar metaapi.AttrResp
-	if err := mc.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: path, Follow: true}, &ar); err != nil {
+	if err := mc.Call(ctx, metaapi.OpResolve, metaapi.ResolveReq{Path: metaapi.ByteString(path), Follow: true}, &ar); err != nil {
 		t.Fatalf("resolve %s: %v", path, err)
 	}
 	var lr metaapi.LayoutResp

@@ -135,7 +135,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
 	r, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{
-		Parent: n.ino(), Name: name, Type: metaapi.TypeFile, Mode: mode & 07777,
+		Parent: n.ino(), Name: metaapi.ByteString(name), Type: metaapi.TypeFile, Mode: mode & 07777,
 		Exclusive: flags&syscall.O_EXCL != 0, Open: openAccess(flags),
 	})
 	if err != nil {
@@ -176,7 +176,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 func (n *node) mknode(ctx context.Context, name string, typ metaapi.FileType, mode uint32, target string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
-	r, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{Parent: n.ino(), Name: name, Type: typ, Mode: mode & 07777, Target: target, Exclusive: true})
+	r, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{Parent: n.ino(), Name: metaapi.ByteString(name), Type: typ, Mode: mode & 07777, Target: metaapi.ByteString(target), Exclusive: true})
 	if err != nil {
 		return nil, n.fsys.errno("create", err)
 	}
@@ -294,12 +294,12 @@ func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 			return nil, n.fsys.errno("readdir", err)
 		}
 		for _, e := range ents {
-			out = append(out, fuse.DirEntry{Name: e.Name, Ino: uint64(e.Ino), Mode: typeMode(e.Type)})
+			out = append(out, fuse.DirEntry{Name: string(e.Name), Ino: uint64(e.Ino), Mode: typeMode(e.Type)})
 		}
 		if !more || len(ents) == 0 {
 			return fs.NewListDirStream(out), 0
 		}
-		after = ents[len(ents)-1].Name
+		after = string(ents[len(ents)-1].Name)
 	}
 }
 

@@ -37,21 +37,21 @@ func TestConcurrentMutations(t *testing.T) {
 				var err error
 				switch r.IntN(7) {
 				case 0:
-					_, err = f.s.Create(metaapi.CreateReq{Parent: p, Name: name(r), Type: metaapi.TypeFile, Exclusive: r.IntN(2) == 0, Who: root})
+					_, err = f.s.Create(metaapi.CreateReq{Parent: p, Name: metaapi.ByteString(name(r)), Type: metaapi.TypeFile, Exclusive: r.IntN(2) == 0, Who: root})
 				case 1:
-					_, err = f.s.Create(metaapi.CreateReq{Parent: p, Name: name(r), Type: metaapi.TypeDir, Mode: 0o755, Who: root})
+					_, err = f.s.Create(metaapi.CreateReq{Parent: p, Name: metaapi.ByteString(name(r)), Type: metaapi.TypeDir, Mode: 0o755, Who: root})
 				case 2, 3:
-					err = f.s.Rename(metaapi.RenameReq{OldParent: p, OldName: name(r), NewParent: q, NewName: name(r), NoReplace: r.IntN(4) == 0, Who: root})
+					err = f.s.Rename(metaapi.RenameReq{OldParent: p, OldName: metaapi.ByteString(name(r)), NewParent: q, NewName: metaapi.ByteString(name(r)), NoReplace: r.IntN(4) == 0, Who: root})
 				case 4:
-					err = f.s.Remove(metaapi.RemoveReq{Parent: p, Name: name(r), Dir: r.IntN(2) == 0, Who: root})
+					err = f.s.Remove(metaapi.RemoveReq{Parent: p, Name: metaapi.ByteString(name(r)), Dir: r.IntN(2) == 0, Who: root})
 				case 5:
 					var a metaapi.Attr
-					if a, err = f.s.Lookup(metaapi.LookupReq{Parent: p, Name: name(r)}); err == nil {
-						_, err = f.s.Link(metaapi.LinkReq{Ino: a.Ino, NewParent: q, NewName: name(r), Who: root})
+					if a, err = f.s.Lookup(metaapi.LookupReq{Parent: p, Name: metaapi.ByteString(name(r))}); err == nil {
+						_, err = f.s.Link(metaapi.LinkReq{Ino: a.Ino, NewParent: q, NewName: metaapi.ByteString(name(r)), Who: root})
 					}
 				case 6: // populate a subdirectory so rmdir and rename-over see non-empty dirs
 					var a metaapi.Attr
-					if a, err = f.s.Lookup(metaapi.LookupReq{Parent: p, Name: name(r)}); err == nil {
+					if a, err = f.s.Lookup(metaapi.LookupReq{Parent: p, Name: metaapi.ByteString(name(r))}); err == nil {
 						_, err = f.s.Create(metaapi.CreateReq{Parent: a.Ino, Name: "x", Type: metaapi.TypeFIFO, Who: root})
 					}
 				}
@@ -116,7 +116,7 @@ func BenchmarkCreateParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			name := fmt.Sprintf("f%d", n.next())
-			if _, err := f.s.Create(metaapi.CreateReq{Parent: ids.RootIno, Name: name, Type: metaapi.TypeFile, Who: root}); err != nil {
+			if _, err := f.s.Create(metaapi.CreateReq{Parent: ids.RootIno, Name: metaapi.ByteString(name), Type: metaapi.TypeFile, Who: root}); err != nil {
 				b.Error(err)
 				return
 			}

@@ -44,6 +44,12 @@ func FuzzHTTP(f *testing.F) {
 	f.Add(uint8(26), []byte(`{"node":1,"after":0,"chunks":[{"chunk":1,"version":1,"length":5},{"chunk":99,"version":0,"length":0}],"done":true}`))
 	f.Add(uint8(26), []byte(`{"node":1,"after":18446744073709551615,"chunks":[{"chunk":3,"length":-1}]}`))
 	f.Add(uint8(27), []byte(`{"node":0,"refresh":true,"who":{"uid":0}}`))
+	// Names that are not UTF-8, and JSON that cannot carry them exactly.
+	f.Add(uint8(3), []byte(`{"parent":1,"name":{"base64":"Y2Fm6S50eHQ="},"type":"symlink","target":{"base64":"Li4v/w=="}}`))
+	f.Add(uint8(3), []byte(`{"parent":1,"name":"caf\udce9.txt","type":"file","mode":420}`))
+	f.Add(uint8(3), []byte("{\"parent\":1,\"name\":\"caf\xe9.txt\",\"type\":\"file\"}"))
+	f.Add(uint8(7), []byte(`{"ino":1,"after":{"base64":"/w=="}}`))
+	f.Add(uint8(19), []byte(`{"ino":1,"name":{"base64":"dXNlci7p"},"value":"eA=="}`))
 	fx := newFixture(f)
 	s := fx.s
 	h := s.Handler()

@@ -108,7 +108,7 @@ func FuzzResolve(f *testing.F) {
 	}
 	o := newOracle(f)
 	f.Fuzz(func(t *testing.T, path string, follow bool) {
-		a, err := o.f.s.Resolve(metaapi.ResolveReq{Path: path, Follow: follow})
+		a, err := o.f.s.Resolve(metaapi.ResolveReq{Path: metaapi.ByteString(path), Follow: follow})
 		var code metaapi.Code
 		if err != nil {
 			var me *metaapi.Error
@@ -163,7 +163,7 @@ func FuzzValidName(f *testing.F) {
 		if want == "" && err != nil || want != "" && !metaapi.IsCode(err, want) {
 			t.Fatalf("validName(%q) = %v, want %q", name, err, want)
 		}
-		_, cerr := fx.s.Create(metaapi.CreateReq{Parent: ids.RootIno, Name: name, Type: metaapi.TypeFile, Who: root})
+		_, cerr := fx.s.Create(metaapi.CreateReq{Parent: ids.RootIno, Name: metaapi.ByteString(name), Type: metaapi.TypeFile, Who: root})
 		if want != "" {
 			if !metaapi.IsCode(cerr, want) {
 				t.Fatalf("Create(%q) = %v, want %s", name, cerr, want)
@@ -173,18 +173,18 @@ func FuzzValidName(f *testing.F) {
 		if cerr != nil {
 			t.Fatalf("Create(%q): %v", name, cerr)
 		}
-		a, err := fx.s.Resolve(metaapi.ResolveReq{Path: "/" + name})
+		a, err := fx.s.Resolve(metaapi.ResolveReq{Path: metaapi.ByteString("/" + name)})
 		if err != nil || a.Type != metaapi.TypeFile {
 			t.Fatalf("Resolve(/%q) = %+v, %v", name, a, err)
 		}
-		r, err := fx.s.Readdir(metaapi.ReaddirReq{Ino: ids.RootIno, After: name[:len(name)-1], Limit: 1, Who: root})
+		r, err := fx.s.Readdir(metaapi.ReaddirReq{Ino: ids.RootIno, After: metaapi.ByteString(name[:len(name)-1]), Limit: 1, Who: root})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(r.Entries) != 1 || r.Entries[0].Name != name {
+		if len(r.Entries) != 1 || string(r.Entries[0].Name) != name {
 			t.Fatalf("readdir after %q: %+v", name[:len(name)-1], r.Entries)
 		}
-		if err := fx.s.Remove(metaapi.RemoveReq{Parent: ids.RootIno, Name: name, Who: root}); err != nil {
+		if err := fx.s.Remove(metaapi.RemoveReq{Parent: ids.RootIno, Name: metaapi.ByteString(name), Who: root}); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -103,9 +103,10 @@ func testLogger() *slog.Logger {
 // error. Targets of symlinks follow a "->" in name: "l->target".
 func (f *fixture) mk(parent, name string, typ metaapi.FileType, mode uint32, who metaapi.Who) metaapi.Attr {
 	f.t.Helper()
-	req := metaapi.CreateReq{Parent: f.ino(parent), Name: name, Type: typ, Mode: mode, Who: who}
+	req := metaapi.CreateReq{Parent: f.ino(parent), Name: metaapi.ByteString(name), Type: typ, Mode: mode, Who: who}
 	if typ == metaapi.TypeSymlink {
-		req.Name, req.Target, _ = strings.Cut(name, "->")
+		n, t, _ := strings.Cut(name, "->")
+		req.Name, req.Target = metaapi.ByteString(n), metaapi.ByteString(t)
 	}
 	a, err := f.s.Create(req)
 	if err != nil {
@@ -149,7 +150,7 @@ func splitPath(p string) (dir, name string) {
 // attr resolves a path (without following a final symlink).
 func (f *fixture) attr(path string) metaapi.Attr {
 	f.t.Helper()
-	a, err := f.s.Resolve(metaapi.ResolveReq{Path: path})
+	a, err := f.s.Resolve(metaapi.ResolveReq{Path: metaapi.ByteString(path)})
 	if err != nil {
 		f.t.Fatalf("resolve %s: %v", path, err)
 	}
@@ -159,7 +160,7 @@ func (f *fixture) attr(path string) metaapi.Attr {
 func (f *fixture) ino(path string) ids.Ino { f.t.Helper(); return f.attr(path).Ino }
 
 func (f *fixture) exists(path string) bool {
-	_, err := f.s.Resolve(metaapi.ResolveReq{Path: path})
+	_, err := f.s.Resolve(metaapi.ResolveReq{Path: metaapi.ByteString(path)})
 	return err == nil
 }
 
@@ -171,7 +172,7 @@ func (f *fixture) names(path string) []string {
 	}
 	var out []string
 	for _, e := range r.Entries {
-		out = append(out, e.Name)
+		out = append(out, string(e.Name))
 	}
 	return out
 }

@@ -109,13 +109,14 @@ func resolve(r ns, path string, follow bool) (*inode, error) {
 			if links > maxSymlinks {
 				return nil, metaapi.Errorf(metaapi.ELOOP, "resolving %q: more than %d symbolic links", path, maxSymlinks)
 			}
-			if strings.HasPrefix(child.Target, "/") {
+			target := string(child.Target)
+			if strings.HasPrefix(target, "/") {
 				cur = root
 			}
 			if slash {
-				rest = child.Target + "/" + rest
+				rest = target + "/" + rest
 			} else {
-				rest = child.Target
+				rest = target
 			}
 			continue
 		}

@@ -157,7 +157,7 @@ func (s *Service) Lookup(req metaapi.LookupReq) (metaapi.Attr, error) {
 		})
 		return out, err
 	}
-	if err := validName(req.Name); err != nil {
+	if err := validName(string(req.Name)); err != nil {
 		return out, err
 	}
 	err := s.read(func(v view) error {
@@ -168,7 +168,7 @@ func (s *Service) Lookup(req metaapi.LookupReq) (metaapi.Attr, error) {
 		if err := access(parent, req.Who, mayExec); err != nil {
 			return err
 		}
-		_, in, err := child(v, req.Parent, req.Name)
+		_, in, err := child(v, req.Parent, string(req.Name))
 		if err == nil {
 			out = in.Attr
 		}
@@ -181,7 +181,7 @@ func (s *Service) Lookup(req metaapi.LookupReq) (metaapi.Attr, error) {
 func (s *Service) Resolve(req metaapi.ResolveReq) (metaapi.Attr, error) {
 	var out metaapi.Attr
 	err := s.read(func(v view) error {
-		in, err := resolve(v, req.Path, req.Follow)
+		in, err := resolve(v, string(req.Path), req.Follow)
 		if err == nil {
 			out = in.Attr
 		}
@@ -203,13 +203,13 @@ func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 		a, err := s.tmpfile(req)
 		return metaapi.AttrResp{Attr: a}, err
 	}
-	if err := validName(req.Name); err != nil {
+	if err := validName(string(req.Name)); err != nil {
 		return out, err
 	}
 	switch req.Type {
 	case metaapi.TypeFile, metaapi.TypeDir, metaapi.TypeFIFO:
 	case metaapi.TypeSymlink:
-		if err := validTarget(req.Target); err != nil {
+		if err := validTarget(string(req.Target)); err != nil {
 			return out, err
 		}
 	default:
@@ -224,7 +224,7 @@ func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 		if err := access(parent, who, mayExec); err != nil {
 			return err
 		}
-		d, found, err := tx.entry(parent.Ino, req.Name)
+		d, found, err := tx.entry(parent.Ino, string(req.Name))
 		if err != nil {
 			return err
 		}
@@ -250,7 +250,7 @@ func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 			return err
 		}
 		tx.newInode(in)
-		if err := tx.setEntry(parent.Ino, req.Name, dirent{Ino: in.Ino, Type: in.Type}); err != nil {
+		if err := tx.setEntry(parent.Ino, string(req.Name), dirent{Ino: in.Ino, Type: in.Type}); err != nil {
 			return err
 		}
 		touchDir(tx, parent)
@@ -313,7 +313,7 @@ func (s *Service) Link(req metaapi.LinkReq) (metaapi.Attr, error) {
 
 func (s *Service) link(req metaapi.LinkReq) (metaapi.AttrResp, error) {
 	var out metaapi.AttrResp
-	if err := validName(req.NewName); err != nil {
+	if err := validName(string(req.NewName)); err != nil {
 		return out, err
 	}
 	who := req.Who
@@ -341,7 +341,7 @@ func (s *Service) link(req metaapi.LinkReq) (metaapi.AttrResp, error) {
 		if err := access(np, who, mayExec); err != nil {
 			return err
 		}
-		_, found, err := tx.entry(np.Ino, req.NewName)
+		_, found, err := tx.entry(np.Ino, string(req.NewName))
 		if err != nil {
 			return err
 		}
@@ -354,7 +354,7 @@ func (s *Service) link(req metaapi.LinkReq) (metaapi.AttrResp, error) {
 		if src.Nlink >= maxLinks {
 			return metaapi.Errorf(metaapi.EMLINK, "inode %d already has %d links", src.Ino, src.Nlink)
 		}
-		if err := tx.setEntry(np.Ino, req.NewName, dirent{Ino: src.Ino, Type: src.Type}); err != nil {
+		if err := tx.setEntry(np.Ino, string(req.NewName), dirent{Ino: src.Ino, Type: src.Type}); err != nil {
 			return err
 		}
 		if src.Nlink == 0 { // a tmpfile linked into place: kept by its name now
@@ -382,7 +382,7 @@ func (s *Service) Remove(req metaapi.RemoveReq) error {
 }
 
 func (s *Service) remove(req metaapi.RemoveReq) (metaapi.DirsResp, error) {
-	if err := validName(req.Name); err != nil {
+	if err := validName(string(req.Name)); err != nil {
 		return metaapi.DirsResp{}, err
 	}
 	who := req.Who
@@ -394,7 +394,7 @@ func (s *Service) remove(req metaapi.RemoveReq) (metaapi.DirsResp, error) {
 		if err := access(parent, who, mayExec); err != nil {
 			return err
 		}
-		_, victim, err := child(tx, parent.Ino, req.Name)
+		_, victim, err := child(tx, parent.Ino, string(req.Name))
 		if err != nil {
 			return err
 		}
@@ -418,7 +418,7 @@ func (s *Service) remove(req metaapi.RemoveReq) (metaapi.DirsResp, error) {
 		} else if victim.isDir() {
 			return metaapi.Errorf(metaapi.EISDIR, "%q is a directory", req.Name)
 		}
-		if err := tx.delEntry(parent.Ino, req.Name); err != nil {
+		if err := tx.delEntry(parent.Ino, string(req.Name)); err != nil {
 			return err
 		}
 		if err := unlinkInode(tx, parent, victim, req.Keep, s.opts.OrphanLease); err != nil {
@@ -438,10 +438,10 @@ func (s *Service) Rename(req metaapi.RenameReq) error {
 }
 
 func (s *Service) rename(req metaapi.RenameReq) (metaapi.DirsResp, error) {
-	if err := validName(req.OldName); err != nil {
+	if err := validName(string(req.OldName)); err != nil {
 		return metaapi.DirsResp{}, err
 	}
-	if err := validName(req.NewName); err != nil {
+	if err := validName(string(req.NewName)); err != nil {
 		return metaapi.DirsResp{}, err
 	}
 	who := req.Who
@@ -460,11 +460,11 @@ func (s *Service) rename(req metaapi.RenameReq) (metaapi.DirsResp, error) {
 		if err := access(np, who, mayExec); err != nil {
 			return err
 		}
-		_, src, err := child(tx, op.Ino, req.OldName)
+		_, src, err := child(tx, op.Ino, string(req.OldName))
 		if err != nil {
 			return err
 		}
-		td, tfound, err := tx.entry(np.Ino, req.NewName)
+		td, tfound, err := tx.entry(np.Ino, string(req.NewName))
 		if err != nil {
 			return err
 		}
@@ -543,10 +543,10 @@ func (s *Service) rename(req metaapi.RenameReq) (metaapi.DirsResp, error) {
 				return err
 			}
 		}
-		if err := tx.delEntry(op.Ino, req.OldName); err != nil {
+		if err := tx.delEntry(op.Ino, string(req.OldName)); err != nil {
 			return err
 		}
-		if err := tx.setEntry(np.Ino, req.NewName, dirent{Ino: src.Ino, Type: src.Type}); err != nil {
+		if err := tx.setEntry(np.Ino, string(req.NewName), dirent{Ino: src.Ino, Type: src.Type}); err != nil {
 			return err
 		}
 		if src.isDir() && op.Ino != np.Ino {
@@ -586,7 +586,7 @@ func (s *Service) Readdir(req metaapi.ReaddirReq) (metaapi.ReaddirResp, error) {
 		p := direntPrefix(req.Ino)
 		lower := p
 		if req.After != "" {
-			lower = append(direntKey(req.Ino, req.After), 0) // strictly after
+			lower = append(direntKey(req.Ino, string(req.After)), 0) // strictly after
 		}
 		return scan(v.r, lower, prefixEnd(p), func(k, val []byte) (bool, error) {
 			if len(out.Entries) == limit {
@@ -597,7 +597,7 @@ func (s *Service) Readdir(req metaapi.ReaddirReq) (metaapi.ReaddirResp, error) {
 			if err != nil {
 				return false, err
 			}
-			out.Entries = append(out.Entries, metaapi.Dirent{Name: string(k[len(p):]), Ino: d.Ino, Type: d.Type})
+			out.Entries = append(out.Entries, metaapi.Dirent{Name: metaapi.ByteString(k[len(p):]), Ino: d.Ino, Type: d.Type})
 			return true, nil
 		})
 	})

@@ -39,7 +39,7 @@ func runCases(t *testing.T, cases []nsCase) {
 
 func create(parent, name string, typ metaapi.FileType) func(f *fixture) error {
 	return func(f *fixture) error {
-		_, err := f.s.Create(metaapi.CreateReq{Parent: f.ino(parent), Name: name, Type: typ, Mode: 0o644, Who: root})
+		_, err := f.s.Create(metaapi.CreateReq{Parent: f.ino(parent), Name: metaapi.ByteString(name), Type: typ, Mode: 0o644, Who: root})
 		return err
 	}
 }
@@ -122,7 +122,7 @@ func TestCreate(t *testing.T) {
 		{name: "bad type", want: metaapi.EINVAL, run: create("/", "x", "socket")},
 		{name: "empty symlink target", want: metaapi.EINVAL, run: create("/", "x", metaapi.TypeSymlink)},
 		{name: "symlink target too long", want: metaapi.ENAMETOOLONG, run: func(f *fixture) error {
-			_, err := f.s.Create(metaapi.CreateReq{Parent: ids.RootIno, Name: "x", Type: metaapi.TypeSymlink, Target: repeat("t", metaapi.MaxPathLen+1), Who: root})
+			_, err := f.s.Create(metaapi.CreateReq{Parent: ids.RootIno, Name: "x", Type: metaapi.TypeSymlink, Target: metaapi.ByteString(repeat("t", metaapi.MaxPathLen+1)), Who: root})
 			return err
 		}},
 	})
@@ -192,7 +192,7 @@ func TestLookupGetAttr(t *testing.T) {
 			return err
 		}},
 		{name: "lookup long name", want: metaapi.ENAMETOOLONG, run: func(f *fixture) error {
-			_, err := f.s.Lookup(metaapi.LookupReq{Parent: ids.RootIno, Name: repeat("x", 300)})
+			_, err := f.s.Lookup(metaapi.LookupReq{Parent: ids.RootIno, Name: metaapi.ByteString(repeat("x", 300))})
 			return err
 		}},
 		{name: "getattr root", run: func(f *fixture) error {
@@ -279,7 +279,7 @@ func TestResolve(t *testing.T) {
 		{path: "/" + repeat("./", metaapi.MaxPathLen/2), code: metaapi.ENAMETOOLONG},
 		{path: "/" + repeat("./", metaapi.MaxPathLen/2-1) + "d", want: "/d"},
 	} {
-		a, err := f.s.Resolve(metaapi.ResolveReq{Path: tc.path, Follow: tc.follow})
+		a, err := f.s.Resolve(metaapi.ResolveReq{Path: metaapi.ByteString(tc.path), Follow: tc.follow})
 		if tc.code != "" {
 			if !metaapi.IsCode(err, tc.code) {
 				t.Errorf("Resolve(%.40q, follow=%v) = %+v, %v; want %s", tc.path, tc.follow, a, err, tc.code)
@@ -305,7 +305,7 @@ func itoa(i int) string {
 
 func remove(parent, name string, dir bool, who metaapi.Who) func(f *fixture) error {
 	return func(f *fixture) error {
-		return f.s.Remove(metaapi.RemoveReq{Parent: f.ino(parent), Name: name, Dir: dir, Who: who})
+		return f.s.Remove(metaapi.RemoveReq{Parent: f.ino(parent), Name: metaapi.ByteString(name), Dir: dir, Who: who})
 	}
 }
 
@@ -355,7 +355,7 @@ func TestRemove(t *testing.T) {
 func TestLink(t *testing.T) {
 	link := func(src, parent, name string) func(f *fixture) error {
 		return func(f *fixture) error {
-			_, err := f.s.Link(metaapi.LinkReq{Ino: f.ino(src), NewParent: f.ino(parent), NewName: name, Who: root})
+			_, err := f.s.Link(metaapi.LinkReq{Ino: f.ino(src), NewParent: f.ino(parent), NewName: metaapi.ByteString(name), Who: root})
 			return err
 		}
 	}
@@ -478,8 +478,8 @@ func TestRenameMatrix(t *testing.T) {
 				newParent = f.ino("/dst/file") // exists, not a dir
 			}
 			err := f.s.Rename(metaapi.RenameReq{
-				OldParent: f.ino(fromDir), OldName: fromName,
-				NewParent: newParent, NewName: toName,
+				OldParent: f.ino(fromDir), OldName: metaapi.ByteString(fromName),
+				NewParent: newParent, NewName: metaapi.ByteString(toName),
 				NoReplace: tc.noReplace, Who: root,
 			})
 			wantCode(t, err, tc.want)
@@ -555,7 +555,7 @@ func TestReaddir(t *testing.T) {
 	after := ""
 	pages := 0
 	for {
-		r, err := f.s.Readdir(metaapi.ReaddirReq{Ino: f.ino("/d"), After: after, Limit: 7, Who: root})
+		r, err := f.s.Readdir(metaapi.ReaddirReq{Ino: f.ino("/d"), After: metaapi.ByteString(after), Limit: 7, Who: root})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -564,8 +564,8 @@ func TestReaddir(t *testing.T) {
 			t.Fatalf("page of %d entries, limit 7", len(r.Entries))
 		}
 		for _, e := range r.Entries {
-			got = append(got, e.Name)
-			if e.Ino != f.ino("/d/"+e.Name) {
+			got = append(got, string(e.Name))
+			if e.Ino != f.ino("/d/"+string(e.Name)) {
 				t.Fatalf("entry %s has ino %d", e.Name, e.Ino)
 			}
 			if (e.Name == "zdir") != (e.Type == metaapi.TypeDir) {
@@ -575,7 +575,7 @@ func TestReaddir(t *testing.T) {
 		if !r.More {
 			break
 		}
-		after = r.Entries[len(r.Entries)-1].Name
+		after = string(r.Entries[len(r.Entries)-1].Name)
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("readdir = %v\nwant %v", got, want)

@@ -74,7 +74,7 @@ func (f *fixture) release(ino ids.Ino, renew bool, who metaapi.Who) error {
 }
 
 func (f *fixture) rm(parent, name string, keep bool) error {
-	return f.s.Remove(metaapi.RemoveReq{Parent: f.ino(parent), Name: name, Keep: keep, Who: root})
+	return f.s.Remove(metaapi.RemoveReq{Parent: f.ino(parent), Name: metaapi.ByteString(name), Keep: keep, Who: root})
 }
 
 // gcQueue collects every node's deletion queue (without acknowledging).
@@ -235,7 +235,7 @@ func TestOrphanRemoveWithoutKeepFrees(t *testing.T) {
 
 func TestOrphanRenameOver(t *testing.T) {
 	rename := func(f *fixture, from, to string, keep bool) error {
-		return f.s.Rename(metaapi.RenameReq{OldParent: ids.RootIno, OldName: from, NewParent: f.ino("/d"), NewName: to, Keep: keep, Who: root})
+		return f.s.Rename(metaapi.RenameReq{OldParent: ids.RootIno, OldName: metaapi.ByteString(from), NewParent: f.ino("/d"), NewName: metaapi.ByteString(to), Keep: keep, Who: root})
 	}
 	t.Run("keep", func(t *testing.T) {
 		f := newFixture(t, func(o *Options) { o.DefaultReplicas = 1 })
@@ -417,7 +417,7 @@ func TestOrphanReleasePermissions(t *testing.T) {
 	f.mk("/", "d", metaapi.TypeDir, 0o777, root)
 	mk := func(name string, mode uint32) ids.Ino {
 		a := f.mk("/d", name, metaapi.TypeFile, mode, alice)
-		if err := f.s.Remove(metaapi.RemoveReq{Parent: f.ino("/d"), Name: name, Keep: true, Who: alice}); err != nil {
+		if err := f.s.Remove(metaapi.RemoveReq{Parent: f.ino("/d"), Name: metaapi.ByteString(name), Keep: true, Who: alice}); err != nil {
 			t.Fatal(err)
 		}
 		f.wantOrphan(a.Ino)

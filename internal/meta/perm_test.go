@@ -46,7 +46,7 @@ func TestPermissions(t *testing.T) {
 	}
 	rm := func(parent, name string, who metaapi.Who) func(f *fixture) error {
 		return func(f *fixture) error {
-			return f.s.Remove(metaapi.RemoveReq{Parent: f.ino(parent), Name: name, Who: who})
+			return f.s.Remove(metaapi.RemoveReq{Parent: f.ino(parent), Name: metaapi.ByteString(name), Who: who})
 		}
 	}
 	setattr := func(path string, who metaapi.Who, req metaapi.SetAttrReq) func(f *fixture) error {

@@ -172,7 +172,7 @@ func TestCrashDurability(t *testing.T) {
 		t.Fatalf("invariants after crash: %v", err)
 	}
 	exists := func(name string) bool {
-		_, err := s.Lookup(metaapi.LookupReq{Parent: ids.RootIno, Name: name})
+		_, err := s.Lookup(metaapi.LookupReq{Parent: ids.RootIno, Name: metaapi.ByteString(name)})
 		return err == nil
 	}
 	for name, kind := range acked {
@@ -211,12 +211,12 @@ func crashChild(dir string) {
 			defer wg.Done()
 			for i := 0; ; i++ {
 				name := fmt.Sprintf("c%s-%d-%d", os.Getenv("SLUICE_META_CRASH_ROUND"), g, i)
-				if _, err := s.Create(metaapi.CreateReq{Parent: ids.RootIno, Name: name, Type: metaapi.TypeFile, Who: root}); err != nil {
+				if _, err := s.Create(metaapi.CreateReq{Parent: ids.RootIno, Name: metaapi.ByteString(name), Type: metaapi.TypeFile, Who: root}); err != nil {
 					fmt.Fprintln(os.Stderr, err)
 					os.Exit(1)
 				}
 				say("created", name)
-				if err := s.Rename(metaapi.RenameReq{OldParent: ids.RootIno, OldName: name, NewParent: ids.RootIno, NewName: "r" + name[1:], Who: root}); err != nil {
+				if err := s.Rename(metaapi.RenameReq{OldParent: ids.RootIno, OldName: metaapi.ByteString(name), NewParent: ids.RootIno, NewName: metaapi.ByteString("r" + name[1:]), Who: root}); err != nil {
 					fmt.Fprintln(os.Stderr, err)
 					os.Exit(1)
 				}

@@ -96,7 +96,7 @@ func xattrMayWrite(in *inode, ns xattrNamespace, who metaapi.Who) error {
 
 // SetXattr creates or replaces an extended attribute.
 func (s *Service) SetXattr(req metaapi.SetXattrReq) error {
-	ns, err := parseXattrName(req.Name)
+	ns, err := parseXattrName(string(req.Name))
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func (s *Service) SetXattr(req metaapi.SetXattrReq) error {
 	return s.changeXattrs(req.Ino, ns, req.Who, func(tx *txn, in *inode) error {
 		total, names, found := 0, 0, false
 		err := scan(tx.b, xattrPrefix(in.Ino), prefixEnd(xattrPrefix(in.Ino)), func(k, v []byte) (bool, error) {
-			if string(k[9:]) == req.Name {
+			if string(k[9:]) == string(req.Name) {
 				found = true
 				return true, nil
 			}
@@ -130,7 +130,7 @@ func (s *Service) SetXattr(req metaapi.SetXattrReq) error {
 		case names+len(req.Name)+1 > metaapi.MaxXattrList:
 			return metaapi.Errorf(metaapi.ENOSPC, "inode %d's attribute names would take %d bytes (listxattr returns at most %d)", in.Ino, names+len(req.Name)+1, metaapi.MaxXattrList)
 		}
-		return tx.b.Set(xattrKey(in.Ino, req.Name), req.Value, nil)
+		return tx.b.Set(xattrKey(in.Ino, string(req.Name)), req.Value, nil)
 	})
 }
 
@@ -157,7 +157,7 @@ func (s *Service) changeXattrs(ino ids.Ino, ns xattrNamespace, who metaapi.Who, 
 // GetXattr returns an extended attribute's value.
 func (s *Service) GetXattr(req metaapi.XattrReq) (metaapi.XattrResp, error) {
 	var out metaapi.XattrResp
-	ns, err := parseXattrName(req.Name)
+	ns, err := parseXattrName(string(req.Name))
 	if err != nil {
 		return out, err
 	}
@@ -169,7 +169,7 @@ func (s *Service) GetXattr(req metaapi.XattrReq) (metaapi.XattrResp, error) {
 		if err := xattrMayRead(in, ns, req.Who); err != nil {
 			return err
 		}
-		val, closer, err := v.r.Get(xattrKey(in.Ino, req.Name))
+		val, closer, err := v.r.Get(xattrKey(in.Ino, string(req.Name)))
 		if err == pebble.ErrNotFound {
 			return metaapi.Errorf(metaapi.ENODATA, "inode %d has no attribute %q", in.Ino, req.Name)
 		}
@@ -187,7 +187,7 @@ func (s *Service) GetXattr(req metaapi.XattrReq) (metaapi.XattrResp, error) {
 
 // ListXattr returns the names of the attributes who may see.
 func (s *Service) ListXattr(req metaapi.ListXattrReq) (metaapi.ListXattrResp, error) {
-	out := metaapi.ListXattrResp{Names: []string{}}
+	out := metaapi.ListXattrResp{Names: []metaapi.ByteString{}}
 	err := s.read(func(v view) error {
 		in, err := v.inode(req.Ino)
 		if err != nil {
@@ -198,7 +198,7 @@ func (s *Service) ListXattr(req metaapi.ListXattrReq) (metaapi.ListXattrResp, er
 			// getting a value does); trusted. names are root's alone.
 			name := string(k[9:])
 			if ns, err := parseXattrName(name); err == nil && (ns != nsTrusted || req.Who.UID == 0) {
-				out.Names = append(out.Names, name)
+				out.Names = append(out.Names, metaapi.ByteString(name))
 			}
 			return true, nil
 		})
@@ -208,12 +208,12 @@ func (s *Service) ListXattr(req metaapi.ListXattrReq) (metaapi.ListXattrResp, er
 
 // RemoveXattr deletes an extended attribute.
 func (s *Service) RemoveXattr(req metaapi.XattrReq) error {
-	ns, err := parseXattrName(req.Name)
+	ns, err := parseXattrName(string(req.Name))
 	if err != nil {
 		return err
 	}
 	return s.changeXattrs(req.Ino, ns, req.Who, func(tx *txn, in *inode) error {
-		key := xattrKey(in.Ino, req.Name)
+		key := xattrKey(in.Ino, string(req.Name))
 		_, closer, err := tx.b.Get(key)
 		if err == pebble.ErrNotFound {
 			return metaapi.Errorf(metaapi.ENODATA, "inode %d has no attribute %q", in.Ino, req.Name)

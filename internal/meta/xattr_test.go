@@ -16,10 +16,10 @@ func TestXattrs(t *testing.T) {
 	f.mk("/", "pub", metaapi.TypeDir, 0o777, root)
 	file := f.mk("/pub", "f", metaapi.TypeFile, 0o644, alice)
 	set := func(name, val string, flags uint32, who metaapi.Who) error {
-		return f.s.SetXattr(metaapi.SetXattrReq{Ino: file.Ino, Name: name, Value: []byte(val), Flags: flags, Who: who})
+		return f.s.SetXattr(metaapi.SetXattrReq{Ino: file.Ino, Name: metaapi.ByteString(name), Value: []byte(val), Flags: flags, Who: who})
 	}
 	get := func(name string, who metaapi.Who) (string, error) {
-		r, err := f.s.GetXattr(metaapi.XattrReq{Ino: file.Ino, Name: name, Who: who})
+		r, err := f.s.GetXattr(metaapi.XattrReq{Ino: file.Ino, Name: metaapi.ByteString(name), Who: who})
 		return string(r.Value), err
 	}
 	list := func(who metaapi.Who) []string {
@@ -28,7 +28,11 @@ func TestXattrs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.Names
+		names := []string{}
+		for _, n := range r.Names {
+			names = append(names, string(n))
+		}
+		return names
 	}
 
 	f.clk.Advance(time.Second)
@@ -148,7 +152,7 @@ func TestXattrNamesBounded(t *testing.T) {
 	n := 0
 	for ; ; n++ {
 		name := fmt.Sprintf("user.%03d%s", n, strings.Repeat("n", 240))
-		err := f.s.SetXattr(metaapi.SetXattrReq{Ino: file.Ino, Name: name, Who: root})
+		err := f.s.SetXattr(metaapi.SetXattrReq{Ino: file.Ino, Name: metaapi.ByteString(name), Who: root})
 		if err != nil {
 			wantCode(t, err, metaapi.ENOSPC)
 			break

@@ -7,7 +7,10 @@
 // plain HTTP/1.1 with JSON bodies: debuggable with curl, reconnects by
 // itself when meta restarts, and every decoder is the standard library's.
 // Every call is a POST to /v1/<Op> with a JSON body; success is 200 with a
-// JSON body, failure is a non-200 status with an Error body.
+// JSON body, failure is a non-200 status with an Error body. File names,
+// paths, symlink targets and attribute names are bytes, not text: they
+// are ByteStrings, a JSON string when valid UTF-8 and {"base64": ...}
+// otherwise.
 //
 // Clients authenticate with "Authorization: Bearer <id>:<credential>" from
 // client.conf; storage nodes with "Authorization: Node <node token>".
@@ -88,19 +91,19 @@ const (
 
 // Attr is an inode's attributes. Times are unix nanoseconds.
 type Attr struct {
-	Ino       ids.Ino  `json:"ino"`
-	Type      FileType `json:"type"`
-	Mode      uint32   `json:"mode"` // permission bits only (07777)
-	UID       uint32   `json:"uid"`
-	GID       uint32   `json:"gid"`
-	Size      int64    `json:"size"`
-	Nlink     uint32   `json:"nlink"`
-	Atime     int64    `json:"atime"`
-	Mtime     int64    `json:"mtime"`
-	Ctime     int64    `json:"ctime"`
-	ChunkSize int64    `json:"chunk_size,omitempty"` // files
-	Policy    *Policy  `json:"policy,omitempty"`     // files: the policy fixed at creation
-	Target    string   `json:"target,omitempty"`     // symlinks
+	Ino       ids.Ino    `json:"ino"`
+	Type      FileType   `json:"type"`
+	Mode      uint32     `json:"mode"` // permission bits only (07777)
+	UID       uint32     `json:"uid"`
+	GID       uint32     `json:"gid"`
+	Size      int64      `json:"size"`
+	Nlink     uint32     `json:"nlink"`
+	Atime     int64      `json:"atime"`
+	Mtime     int64      `json:"mtime"`
+	Ctime     int64      `json:"ctime"`
+	ChunkSize int64      `json:"chunk_size,omitempty"` // files
+	Policy    *Policy    `json:"policy,omitempty"`     // files: the policy fixed at creation
+	Target    ByteString `json:"target,omitempty"`     // symlinks
 }
 
 // Strategy names a replication strategy.
@@ -235,8 +238,8 @@ type Who struct {
 // ---- namespace ----
 
 type ResolveReq struct {
-	Path   string `json:"path"`   // absolute, "/"-separated
-	Follow bool   `json:"follow"` // follow a symlink in the last component
+	Path   ByteString `json:"path"`   // absolute, "/"-separated
+	Follow bool       `json:"follow"` // follow a symlink in the last component
 }
 type AttrResp struct {
 	Attr Attr `json:"attr"`
@@ -252,21 +255,21 @@ type DirsResp struct {
 }
 
 type LookupReq struct {
-	Parent ids.Ino `json:"parent"`
-	Name   string  `json:"name"`
-	Who    Who     `json:"who"` // needs search permission on Parent
+	Parent ids.Ino    `json:"parent"`
+	Name   ByteString `json:"name"`
+	Who    Who        `json:"who"` // needs search permission on Parent
 }
 type GetAttrReq struct {
 	Ino ids.Ino `json:"ino"`
 }
 
 type CreateReq struct {
-	Parent    ids.Ino  `json:"parent"`
-	Name      string   `json:"name"`
-	Type      FileType `json:"type"` // file, dir, symlink or fifo
-	Mode      uint32   `json:"mode"`
-	Target    string   `json:"target,omitempty"`    // symlink target
-	Exclusive bool     `json:"exclusive,omitempty"` // files: EEXIST if present; otherwise an existing file is returned
+	Parent    ids.Ino    `json:"parent"`
+	Name      ByteString `json:"name"`
+	Type      FileType   `json:"type"` // file, dir, symlink or fifo
+	Mode      uint32     `json:"mode"`
+	Target    ByteString `json:"target,omitempty"`    // symlink target
+	Exclusive bool       `json:"exclusive,omitempty"` // files: EEXIST if present; otherwise an existing file is returned
 	// Tmpfile creates a file with no name (open(2) with O_TMPFILE; Name
 	// empty), kept like a removed open file until Release, and linkable
 	// into place with Link unless Exclusive.
@@ -278,16 +281,16 @@ type CreateReq struct {
 }
 
 type LinkReq struct {
-	Ino       ids.Ino `json:"ino"`
-	NewParent ids.Ino `json:"new_parent"`
-	NewName   string  `json:"new_name"`
-	Who       Who     `json:"who"`
+	Ino       ids.Ino    `json:"ino"`
+	NewParent ids.Ino    `json:"new_parent"`
+	NewName   ByteString `json:"new_name"`
+	Who       Who        `json:"who"`
 }
 
 type RemoveReq struct {
-	Parent ids.Ino `json:"parent"`
-	Name   string  `json:"name"`
-	Dir    bool    `json:"dir"` // rmdir semantics if true, unlink otherwise
+	Parent ids.Ino    `json:"parent"`
+	Name   ByteString `json:"name"`
+	Dir    bool       `json:"dir"` // rmdir semantics if true, unlink otherwise
 	// Keep: the caller holds the file open. If this removes its last
 	// name, meta keeps it (nlink 0, readable and writable by inode) as an
 	// orphan until the caller's Release, or until the orphan lease lapses
@@ -324,18 +327,18 @@ const (
 )
 
 type SetXattrReq struct {
-	Ino   ids.Ino `json:"ino"`
-	Name  string  `json:"name"`
-	Value []byte  `json:"value"`
-	Flags uint32  `json:"flags,omitempty"` // XattrCreate, XattrReplace
-	Who   Who     `json:"who"`
+	Ino   ids.Ino    `json:"ino"`
+	Name  ByteString `json:"name"`
+	Value []byte     `json:"value"`
+	Flags uint32     `json:"flags,omitempty"` // XattrCreate, XattrReplace
+	Who   Who        `json:"who"`
 }
 
 // XattrReq names one attribute to get or remove.
 type XattrReq struct {
-	Ino  ids.Ino `json:"ino"`
-	Name string  `json:"name"`
-	Who  Who     `json:"who"`
+	Ino  ids.Ino    `json:"ino"`
+	Name ByteString `json:"name"`
+	Who  Who        `json:"who"`
 }
 
 type XattrResp struct {
@@ -348,7 +351,7 @@ type ListXattrReq struct {
 }
 
 type ListXattrResp struct {
-	Names []string `json:"names"` // those the caller may see, in name order
+	Names []ByteString `json:"names"` // those the caller may see, in name order
 }
 
 // File locks (fcntl record locks, OFD locks and flock) are held by an
@@ -422,25 +425,25 @@ type LockSessionResp struct {
 }
 
 type RenameReq struct {
-	OldParent ids.Ino `json:"old_parent"`
-	OldName   string  `json:"old_name"`
-	NewParent ids.Ino `json:"new_parent"`
-	NewName   string  `json:"new_name"`
-	NoReplace bool    `json:"no_replace,omitempty"` // EEXIST instead of replacing
-	Keep      bool    `json:"keep,omitempty"`       // a replaced file is kept as an orphan (see RemoveReq)
-	Who       Who     `json:"who"`
+	OldParent ids.Ino    `json:"old_parent"`
+	OldName   ByteString `json:"old_name"`
+	NewParent ids.Ino    `json:"new_parent"`
+	NewName   ByteString `json:"new_name"`
+	NoReplace bool       `json:"no_replace,omitempty"` // EEXIST instead of replacing
+	Keep      bool       `json:"keep,omitempty"`       // a replaced file is kept as an orphan (see RemoveReq)
+	Who       Who        `json:"who"`
 }
 
 type ReaddirReq struct {
-	Ino   ids.Ino `json:"ino"`
-	After string  `json:"after,omitempty"` // return names strictly after this one
-	Limit int     `json:"limit,omitempty"` // default and max MaxReaddirLimit
-	Who   Who     `json:"who"`
+	Ino   ids.Ino    `json:"ino"`
+	After ByteString `json:"after,omitempty"` // return names strictly after this one
+	Limit int        `json:"limit,omitempty"` // default and max MaxReaddirLimit
+	Who   Who        `json:"who"`
 }
 type Dirent struct {
-	Name string   `json:"name"`
-	Ino  ids.Ino  `json:"ino"`
-	Type FileType `json:"type"`
+	Name ByteString `json:"name"`
+	Ino  ids.Ino    `json:"ino"`
+	Type FileType   `json:"type"`
 }
 type ReaddirResp struct {
 	Entries []Dirent `json:"entries"`

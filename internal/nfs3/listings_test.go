@@ -17,7 +17,7 @@ func TestListingsBoundedByBytes(t *testing.T) {
 	long := strings.Repeat("n", 255)
 	page := make([]metaapi.Dirent, 10) // about 3 KB
 	for i := range page {
-		page[i] = metaapi.Dirent{Name: long, Ino: 1}
+		page[i] = metaapi.Dirent{Name: metaapi.ByteString(long), Ino: 1}
 	}
 	var verfs []uint64
 	for i := range 5 {

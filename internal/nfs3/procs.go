@@ -301,7 +301,7 @@ func (g *Gateway) readlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bo
 		if a.Type != metaapi.TypeSymlink {
 			return ErrInval
 		}
-		w.String(a.Target)
+		w.String(string(a.Target))
 		return OK
 	})
 }
@@ -588,7 +588,7 @@ func (g *Gateway) create(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 	if !g.createPrecheck(ctx, w, dir, name, herr) {
 		return true
 	}
-	req := metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeFile, Mode: modeOr(s.mode, 0o644), Exclusive: how != 0}
+	req := metaapi.CreateReq{Parent: dir, Name: metaapi.ByteString(name), Type: metaapi.TypeFile, Mode: modeOr(s.mode, 0o644), Exclusive: how != 0}
 	if how == 0 {
 		req.Open = metaapi.MayWrite // an existing file is opened for writing
 	}
@@ -621,7 +621,7 @@ func (g *Gateway) mkdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 	if !g.createPrecheck(ctx, w, dir, name, herr) {
 		return true
 	}
-	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeDir, Mode: modeOr(s.mode, 0o755), Exclusive: true})
+	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: metaapi.ByteString(name), Type: metaapi.TypeDir, Mode: modeOr(s.mode, 0o755), Exclusive: true})
 	if err == nil {
 		resp.Attr, err = g.applySattr(ctx, resp.Attr.Ino, sattr{uid: s.uid, gid: s.gid, atime: s.atime, mtime: s.mtime, atimeNow: s.atimeNow, mtimeNow: s.mtimeNow})
 	}
@@ -644,7 +644,7 @@ func (g *Gateway) symlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) boo
 		putWcc(w, g.attrOf(ctx, dir))
 		return true
 	}
-	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeSymlink, Mode: 0o777, Target: target, Exclusive: true})
+	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: metaapi.ByteString(name), Type: metaapi.TypeSymlink, Mode: 0o777, Target: metaapi.ByteString(target), Exclusive: true})
 	g.created(ctx, w, dir, resp, err)
 	return true
 }
@@ -678,7 +678,7 @@ func (g *Gateway) mknod(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 		putWcc(w, g.attrOf(ctx, dir))
 		return true
 	}
-	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: name, Type: metaapi.TypeFIFO, Mode: modeOr(s.mode, 0o644), Exclusive: true})
+	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: metaapi.ByteString(name), Type: metaapi.TypeFIFO, Mode: modeOr(s.mode, 0o644), Exclusive: true})
 	g.created(ctx, w, dir, resp, err)
 	return true
 }
@@ -859,10 +859,10 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 			continue
 		}
 		d := ls.ents[pos]
-		if used+perEntry(d.Name) > budget || len(entries) == maxEntries {
+		if used+perEntry(string(d.Name)) > budget || len(entries) == maxEntries {
 			break
 		}
-		used += perEntry(d.Name)
+		used += perEntry(string(d.Name))
 		entries = append(entries, entry{d: d})
 		pos++
 	}
@@ -892,7 +892,7 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 	for i, e := range entries {
 		w.Bool(true)
 		w.Uint64(uint64(e.d.Ino))
-		w.String(e.d.Name)
+		w.String(string(e.d.Name))
 		w.Uint64(uint64(first + i + 1)) // its place in the listing
 		if plus {
 			putPostOp(w, e.attr)
@@ -909,7 +909,7 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 func (g *Gateway) nextPage(ctx context.Context, ls *listing) error {
 	after := ""
 	if len(ls.ents) > 0 {
-		after = ls.ents[len(ls.ents)-1].Name
+		after = string(ls.ents[len(ls.ents)-1].Name)
 	}
 	page, more, err := g.cl.ReadDirPage(ctx, ls.dir, after)
 	if err == nil {

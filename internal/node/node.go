@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
@@ -110,6 +111,11 @@ const identityFile = "node.json"
 // Start opens the store, registers with meta (a new node waits for meta
 // to assign its id) and starts serving.
 func Start(ctx context.Context, opts Options) (*Node, error) {
+	if !utf8.ValidString(opts.Domain) {
+		// Meta's API carries it as JSON text: its bytes that are not
+		// UTF-8 would arrive as U+FFFD, merging distinct domains.
+		return nil, fmt.Errorf("node: failure domain %q is not UTF-8 text", opts.Domain)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
