@@ -194,6 +194,10 @@ func (c *Client) readCopy(ctx context.Context, r metaapi.Replica, l *metaapi.Chu
 		return piece{}, err
 	}
 	if rep.Version < l.Version {
+		// A member behind meta's record (it lost its copy, or missed a
+		// write) needs reconciling as much as a corrupt one: report it
+		// bad throughout.
+		c.reportCorrupt(l, r.Node, rep.Version, nil)
 		return piece{}, fmt.Errorf("%w: at version %d, the last committed write is %d", errStale, rep.Version, l.Version)
 	}
 	data, bad, err := verify(region.Bytes(), &rep, off, n)
@@ -294,8 +298,8 @@ func (r *reports) due(k reportKey, now time.Time) bool {
 }
 
 // reportCorrupt tells meta, in the background, that node's copy of l's
-// chunk at version holds the bad bytes; the layout's read capability
-// proves the client may say so.
+// chunk at version holds the bad bytes (nil: it is bad throughout, or
+// behind); the layout's read capability proves the client may say so.
 func (c *Client) reportCorrupt(l *metaapi.ChunkLayout, node ids.NodeID, version uint64, bad extent.List) {
 	c.log.Debug("read blocks failing their checksums; reading them from another copy and reporting", "chunk", l.Chunk, "node", node, "version", version, "bad", bad)
 	if !c.reported.due(reportKey{l.Chunk, node}, time.Now()) {

@@ -270,7 +270,7 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 	}
 	res.Files, res.Dirs = ns.Files, ns.Dirs
 	var p problems
-	var due []chunkRef
+	var due []metaapi.CorruptCopy // copies to restore, with --repair
 	c.mu.Lock() // the rounds are over: nothing feeds it any more
 	defer c.mu.Unlock()
 	if c.full {
@@ -323,13 +323,12 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 				p.add(metaapi.CheckUnreached, "%s: %d of %d members on nodes that did not list their chunks", what, j.unreached, len(rec.Nodes))
 			case j.intact < want:
 				p.add(metaapi.CheckBelowPolicy, "%s: %d of %d copies intact%s (%s)", what, j.intact, want, j.where, describeCopies(rec.Nodes, seen, rec.Version))
-				due = append(due, ref)
 			}
 			if j.versionsDiffer {
 				p.add(metaapi.CheckUnitVersions, "%s: units at versions %s, meta recorded %d", what, j.versions, rec.Version)
-				if j.intact >= want {
-					due = append(due, ref)
-				}
+			}
+			if j.intact < want && j.unreached == 0 || j.versionsDiffer {
+				due = append(due, damaged(rec.ID, rec.Nodes, seen, rec.Version, j.versionsDiffer)...)
 			}
 			return true, nil
 		})
@@ -390,9 +389,10 @@ func (s *Service) judgeHeld(c *checkRun, p *problems) error {
 	})
 }
 
-// repairChecked queues the chunks below their policy (or with units at
-// different versions) for reconciliation.
-func (s *Service) repairChecked(ps []metaapi.CheckProblem, due []chunkRef) {
+// repairChecked has the copies found damaged (missing, behind, with bad
+// blocks) restored: they are reported to the repair scan as a scrub's
+// findings are, so status counts them and meta reconciles their chunks.
+func (s *Service) repairChecked(ps []metaapi.CheckProblem, due []metaapi.CorruptCopy) {
 	for i := range ps {
 		pr := &ps[i]
 		switch pr.Kind {
@@ -412,9 +412,29 @@ func (s *Service) repairChecked(ps []metaapi.CheckProblem, due []chunkRef) {
 	if !s.repairs.started.Load() {
 		return
 	}
-	for _, ref := range due {
-		s.repairs.add(ref, 0, false)
+	for len(due) > 0 {
+		n := min(len(due), metaapi.MaxCorruptCopies)
+		s.repairs.noteCorrupt(0, due[:n])
+		due = due[n:]
 	}
+	s.repairs.poke()
+}
+
+// damaged lists the members of a chunk whose copies are missing, behind
+// version (with exact, at any other version: stripe units must agree),
+// or have bad blocks.
+func damaged(id ids.ChunkID, nodes []ids.NodeID, seen []copySeen, version uint64, exact bool) []metaapi.CorruptCopy {
+	var out []metaapi.CorruptCopy
+	for i, s := range seen {
+		switch {
+		case !s.reached:
+		case !s.held || s.version < version || exact && s.version != version || s.badUnlisted:
+			out = append(out, metaapi.CorruptCopy{Chunk: id, Node: nodes[i], Version: s.version})
+		case len(s.bad) > 0:
+			out = append(out, metaapi.CorruptCopy{Chunk: id, Node: nodes[i], Version: s.version, Bad: s.bad})
+		}
+	}
+	return out
 }
 
 // recordState is what of a chunk record a check compares before and
