@@ -271,7 +271,7 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 	res.Files, res.Dirs = ns.Files, ns.Dirs
 	var p problems
 	var due []metaapi.CorruptCopy // copies to restore, with --repair
-	c.mu.Lock() // the rounds are over: nothing feeds it any more
+	c.mu.Lock()                   // the rounds are over: nothing feeds it any more
 	defer c.mu.Unlock()
 	if c.full {
 		p.add(metaapi.CheckMetadata, "the nodes hold more than %d copies: only the first %d listed were judged", maxCheckCopies, maxCheckCopies)
