@@ -29,6 +29,9 @@ func TestChaos(t *testing.T) {
 	if rep.BytesLost != 0 || rep.FilesLost != 0 {
 		t.Errorf("%d files, %d bytes lost", rep.FilesLost, rep.BytesLost)
 	}
+	if len(rep.Check) != 0 {
+		t.Errorf("sluice check after the run: %+v", rep.Check)
+	}
 	if rep.WrongReads != 0 {
 		t.Errorf("%d reads during the run returned bytes no write produced", rep.WrongReads)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,6 +135,13 @@ func TestBadBlockOnEveryCopy(t *testing.T) {
 		t.Fatal("sluice get after healing returned wrong bytes")
 	}
 	mustFail(t, c.conf, []string{"checksums on every replica"}, "cat", "/lost")
+	// The fsck agrees: the healed file is whole, the other has one block
+	// intact nowhere.
+	res := checkReport(t, c.conf, "--verify")
+	if len(res.Problems) != 1 || res.Problems[0].Kind != metaapi.CheckBelowPolicy || res.Problems[0].Count != 1 ||
+		!strings.Contains(res.Problems[0].Examples[0], "0 of 3 copies intact at bytes [0, 16384)") {
+		t.Fatalf("sluice check: %+v", res.Problems)
+	}
 }
 
 // TestReadReportsBadBlock: with no scrub due, the only one to see a bad
@@ -160,4 +168,5 @@ func TestReadReportsBadBlock(t *testing.T) {
 		return beginsWith(files[0], data) && beginsWith(files[1], data), "copies not healed yet"
 	})
 	t.Logf("both copies healed %s after the read", time.Since(read).Round(100*time.Millisecond))
+	checkClean(t, c.conf, 30*time.Second)
 }

@@ -160,6 +160,7 @@ func TestReplayedWriteAfterRemove(t *testing.T) {
 			t.Errorf("node %v holds chunk %v at version %d, %d bytes", r.Node, l.Chunk, v, n)
 		}
 	}
+	checkClean(t, c.conf, 30*time.Second)
 }
 
 // TestRemoveWhileWriting: one client removes a file another is writing.
@@ -260,6 +261,7 @@ func TestRemoveWhileWriting(t *testing.T) {
 	// Whatever a racing write left is collected: by the deletion, or
 	// after the grace period by the inventory.
 	waitNoHolder(t, c.dirs(), gchunk, 60*time.Second)
+	checkClean(t, c.conf, 30*time.Second)
 }
 
 // TestFUSEWriteAfterRemoveElsewhere: a mount writing a file another
@@ -280,6 +282,7 @@ func TestFUSEWriteAfterRemoveElsewhere(t *testing.T) {
 	if h := chunkHolders(t, dirs, chunk); len(h) != 0 {
 		t.Errorf("B's write re-created chunk %v on %v", chunk, h)
 	}
+	checkClean(t, c.conf, 30*time.Second)
 }
 
 // layoutChunk is the chunk id of a one-chunk file.
@@ -409,5 +412,11 @@ func TestStrayCopiesCollected(t *testing.T) {
 	}
 	if v, _ := committed(t, c.nodes[liveNode].addr, liveNode, liveChunk, keys); v == 0 {
 		t.Errorf("the live file's own copy on %v is gone", liveNode)
+	}
+	// The fsck reports the copy kept, and nothing else.
+	res := checkReport(t, c.conf, "--verify")
+	if len(res.Problems) != 1 || res.Problems[0].Kind != metaapi.CheckUnknownCopy || res.Problems[0].Count != 1 ||
+		!strings.Contains(res.Problems[0].Examples[0], ahead.String()) {
+		t.Errorf("sluice check: %+v", res.Problems)
 	}
 }

@@ -66,13 +66,16 @@ type Report struct {
 	FilesLost     int   // files not readable as any acknowledged state at the end
 	BytesLost     int64 // their sizes
 	RepairTime    time.Duration
+	// Check is what `sluice check --verify` found at the end (nothing,
+	// on a healthy run).
+	Check []metaapi.CheckProblem
 }
 
 func (r Report) String() string {
 	return fmt.Sprintf("%s: %d writes acknowledged (%d failed), %d reads verified (%d failed, %d wrong); faults: %d node kills, %d restarts, %d meta restarts; "+
-		"repairs: %d chunks, %d bytes, full redundancy %s after the faults stopped; %d files checked, %d lost, %d bytes lost",
+		"repairs: %d chunks, %d bytes, full redundancy %s after the faults stopped; %d files checked, %d lost, %d bytes lost; sluice check: %s",
 		r.Duration.Round(time.Second), r.Writes, r.WriteErrors, r.Reads, r.ReadErrors, r.WrongReads, r.NodeKills, r.NodeRestarts, r.MetaRestarts,
-		r.Repairs, r.RepairedBytes, r.RepairTime.Round(100*time.Millisecond), r.Files, r.FilesLost, r.BytesLost)
+		r.Repairs, r.RepairedBytes, r.RepairTime.Round(100*time.Millisecond), r.Files, r.FilesLost, r.BytesLost, describeProblems(r.Check))
 }
 
 var (
@@ -256,7 +259,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		return rep, err
 	}
 	rep.Files, rep.FilesLost, rep.BytesLost = w.verifyAll(ctx, o.Logf)
-	return rep, nil
+	rep.Check, err = checkSettled(ctx, cl, time.Minute)
+	return rep, err
 }
 
 // faults runs the controller for d: a node kill or restart every few
