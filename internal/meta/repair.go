@@ -41,6 +41,7 @@ type Repairer interface {
 	FenceMembers(ctx context.Context, l *metaapi.ChunkLayout, resolveAt uint64) ([]repairplan.Member, []error)
 	CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target int, sources []int, version uint64, length int64, heal bool) error
 	RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64, gather, heal bool) error
+	DropMembers(ctx context.Context, l *metaapi.ChunkLayout, members []int, versions []uint64) error
 }
 
 // chunkRef names a chunk by its place in a file.
@@ -394,7 +395,11 @@ func (s *Service) scanForRepair() {
 			n := 0
 			lower := cursor
 			cursor = nil
-			return scan(v.r, lower, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
+			marks, err := newKeyCursor(v.r, pDegraded, lower[1:])
+			if err != nil {
+				return err
+			}
+			err = scan(v.r, lower, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
 				if n == page {
 					cursor = append([]byte(nil), k...)
 					return false, nil
@@ -432,12 +437,20 @@ func (s *Service) scanForRepair() {
 					found = append(found, finding{ref, rec.ID, copies})
 				}
 				live := intactCopies(&rec, state, copies)
+				// A group a write left with units at different versions,
+				// or a reconciliation not finished, is short of its
+				// policy whatever the state of its nodes, and is queued.
+				degraded := pol != nil && pol.EC != nil && marks.has(k[1:])
+				if degraded || rec.Reconciling {
+					live = min(live, len(rec.Nodes)-1)
+				}
 				tally.Count(pol != nil && pol.EC != nil, live, len(rec.Nodes), minimum)
-				if replaceable || rec.Reconciling || len(rec.Corrupt) > 0 {
-					due = append(due, &repairJob{ref: chunkRef{ino, int64(beUint64(k[9:]))}, margin: repairplan.Margin(live, minimum)})
+				if replaceable || rec.Reconciling || degraded || len(rec.Corrupt) > 0 {
+					due = append(due, &repairJob{ref: ref, margin: repairplan.Margin(live, minimum)})
 				}
 				return true, nil
 			})
+			return errors.Join(err, marks.close())
 		})
 	}
 	if err != nil {
@@ -681,17 +694,23 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 	}
 	var plan repairplan.Plan
 	if p.ec != nil {
-		plan, err = repairplan.Striped(ms, p.ec.Data)
+		plan, err = repairplan.Striped(ms, p.ec.Data, p.version)
 	} else {
-		plan, err = repairplan.Replicated(ms)
-	}
-	if err == nil && plan.Version < p.version {
-		// Meta recorded a commit of a later version than any member
-		// holds: the copies that have it are not reachable. Wait for them.
-		err = fmt.Errorf("no reachable member holds version %d, which meta recorded (the newest held is %d)", p.version, plan.Version)
+		plan, err = repairplan.Replicated(ms, p.version)
 	}
 	if err != nil {
 		return false, 0, fmt.Errorf("planning chunk %v: %w", l.Chunk, err)
+	}
+	if len(plan.Drop) > 0 {
+		// No write to the chunk completed; these members hold one that
+		// did not, or its doubt, which would keep the chunk unwritable.
+		versions := make([]uint64, len(plan.Drop))
+		for k, i := range plan.Drop {
+			versions[k] = ms[i].Version
+		}
+		if err := r.DropMembers(ctx, l, plan.Drop, versions); err != nil {
+			return false, 0, fmt.Errorf("dropping the incomplete first write of chunk %v: %w", l.Chunk, err)
+		}
 	}
 	if len(plan.Targets)+len(plan.Heal) > 0 {
 		bytes = plan.Length * int64(len(plan.Targets))
@@ -726,9 +745,9 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		j.restored = append(j.restored, metaapi.RestoredMember{Index: t, Node: l.Replicas[t].Node, Moved: p.fresh[t]})
 	}
 	s.repairs.mu.Unlock()
-	if len(plan.Targets) > 0 || len(plan.Resolve) > 0 {
+	if !plan.Done() {
 		s.log.Info("chunk reconciled", "ino", j.ref.ino, "index", j.ref.index, "chunk", l.Chunk, "version", plan.Version,
-			"copied_to", plan.Targets, "healed", plan.Heal, "resolved", plan.Resolve, "epoch", p.epoch)
+			"copied_to", plan.Targets, "healed", plan.Heal, "resolved", plan.Resolve, "dropped", plan.Drop, "epoch", p.epoch)
 	}
 	return true, bytes, nil
 }
@@ -869,7 +888,11 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			// so that no member whose blocks may be needed leaves first.
 			replace, grow = nil, nil
 		}
-		if len(replace) == 0 && len(grow) == 0 && !rec.Reconciling && !failover && len(rec.Corrupt) == 0 {
+		_, degraded, err := getRaw(tx.b, degradedKey(in.Ino, j.ref.index))
+		if err != nil {
+			return err
+		}
+		if len(replace) == 0 && len(grow) == 0 && !rec.Reconciling && !failover && !degraded && len(rec.Corrupt) == 0 {
 			skip = true
 			return nil
 		}
