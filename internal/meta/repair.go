@@ -63,6 +63,10 @@ type repairJob struct {
 	// taken, what the running attempt took of it (given back if it fails).
 	asked, taken reconcileAsk
 	started      int // attempts begun
+	// joins is the queue's count of node (re)starts when the running
+	// attempt began: one that fails after a node came up is retried at
+	// once, its verdict stale.
+	joins uint64
 	// restored is what the running attempt copied or rebuilt.
 	restored []metaapi.RestoredMember
 	version  uint64
@@ -109,6 +113,7 @@ type repairQueue struct {
 	// stuck holds why a chunk cannot be made whole now (no live node to
 	// replace a lost member): writers waiting for it are told at once.
 	stuck   map[chunkRef]error
+	joins   uint64 // nodes joined or came back up (nodeBack calls)
 	wake    chan struct{}
 	tallies metaapi.RedundancyTally
 	stats   metaapi.RepairStats
@@ -200,6 +205,21 @@ func (q *repairQueue) add(ref chunkRef, margin int, failover bool) {
 	q.poke()
 }
 
+// nodeBack makes every queued job due now, with its failures forgotten:
+// a node joined or came back up, so a member that did not answer may,
+// and a lost one may find a place. Writers waiting for a chunk wait for
+// that attempt instead of failing on a reason that may no longer hold.
+func (q *repairQueue) nodeBack() {
+	q.mu.Lock()
+	q.joins++
+	for _, j := range q.jobs {
+		j.notBefore, j.attempts = time.Time{}, 0
+	}
+	clear(q.stuck)
+	q.mu.Unlock()
+	q.poke()
+}
+
 // next takes the most urgent job that is due.
 func (q *repairQueue) next(now time.Time) *repairJob {
 	q.mu.Lock()
@@ -216,6 +236,7 @@ func (q *repairQueue) next(now time.Time) *repairJob {
 	if best != nil {
 		best.running = true
 		best.started++
+		best.joins = q.joins
 		best.restored, best.version, best.elapsed = nil, 0, 0
 		best.taken, best.asked = best.asked, reconcileAsk{}
 	}
@@ -593,9 +614,11 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	defer q.mu.Unlock()
 	j.running = false
 	var me *metaapi.Error
+	stale := j.joins != q.joins // a node came up meanwhile: try again now
 	switch {
 	case done || err == nil:
 		delete(q.stuck, j.ref)
+	case stale:
 	case errors.As(err, &me) && me.Code == metaapi.ENOSPC:
 		q.stuck[j.ref] = err
 	case j.attempts+1 >= stuckAfter:
@@ -642,9 +665,12 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 		}
 		return
 	}
-	j.attempts++
 	q.stats.Failed++
-	wait := min(time.Duration(1<<min(j.attempts, 6))*250*time.Millisecond, 15*time.Second)
+	wait := time.Duration(0)
+	if !stale {
+		j.attempts++
+		wait = min(time.Duration(1<<min(j.attempts, 6))*250*time.Millisecond, 15*time.Second)
+	}
 	j.notBefore = s.opts.Now().Add(wait)
 	if err != nil {
 		s.log.Warn("reconciling a chunk; will retry", "ino", j.ref.ino, "index", j.ref.index, "attempt", j.attempts, "retry_in", wait, "err", err)

@@ -312,3 +312,53 @@ func TestReconcileFirstWriteFailed(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeBackRetriesStuckRepairs: a chunk no live node could take a
+// member of is stuck (its writers get EIO) only until a node starts or
+// comes back: then it is due at once and its writers wait again. An
+// attempt that began before the node came up and fails is not stuck
+// either: it is retried at once (issue 15: the file must be writable
+// once its nodes are back).
+func TestNodeBackRetriesStuckRepairs(t *testing.T) {
+	f := newFixture(t)
+	nodes := f.addNodes(3)
+	q := f.s.repairs
+	ref := chunkRef{9, 0}
+	q.add(ref, 0, true)
+	now := f.clk.Now()
+	noSpace := metaapi.Errorf(metaapi.ENOSPC, "no live node can take its place")
+	j := q.next(now)
+	f.s.finishJob(j, false, 0, noSpace)
+	if q.stuckErr(ref) == nil || q.next(now) != nil {
+		t.Fatal("an unplaceable chunk is not stuck and backing off")
+	}
+	f.addNodes(1) // a node starts
+	if q.stuckErr(ref) != nil {
+		t.Fatal("still stuck after a node started")
+	}
+	j = q.next(now)
+	if j == nil {
+		t.Fatal("not due at once after a node started")
+	}
+	// This attempt fails, but a node came back while it ran.
+	f.addNodes(1)
+	f.s.finishJob(j, false, 0, noSpace)
+	if q.stuckErr(ref) != nil {
+		t.Fatal("an attempt that began before a node came up marked the chunk stuck")
+	}
+	j = q.next(now)
+	if j == nil {
+		t.Fatal("an attempt that began before a node came up is not retried at once")
+	}
+	// Stuck again; then a node that was down heartbeats again.
+	f.s.finishJob(j, false, 0, noSpace)
+	f.clk.Advance(time.Minute)
+	f.s.Sweep()
+	if q.stuckErr(ref) == nil {
+		t.Fatal("not stuck again")
+	}
+	f.heartbeat(nodes[0])
+	if q.stuckErr(ref) != nil || q.next(f.clk.Now()) == nil {
+		t.Fatal("still stuck, or not due, after a node came back up")
+	}
+}
