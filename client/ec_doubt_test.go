@@ -76,6 +76,56 @@ func TestECWriteAfterDoubtedWrite(t *testing.T) {
 	assertParityIsLibrarys(t, c, cl, "/ec/f", 2, 1)
 }
 
+// TestECFirstWriteInDoubt: a writer's first write to a new stripe group
+// reserves version 1 at unit 0 and reaches only data unit 1 before it
+// dies; the reservation expires into a doubt at unit 0 (issue 15,
+// defect 4). Two of three units — K — hold nothing, so the group is
+// still unwritten: a later small write reads its stripe as zeros (not
+// "fewer than K units at version 1 or later") and succeeds at once,
+// without meta having to repair anything.
+func TestECFirstWriteInDoubt(t *testing.T) {
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 3, MetaListen: "127.0.0.1:0",
+		ChunkSize: testChunk, ReserveTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	cl := newClient(t, c, client.Options{ECMode: client.ECCentral})
+	ctx := context.Background()
+	const cell = 4096
+	ecDir(t, cl, "/ec", 2, 1, cell)
+	f, err := cl.Create(ctx, "/ec/f", 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, l := firstGroup(t, cl, "/ec/f", true)
+	send := rawUnitSender(t, l)
+	// The dead writer: version 1 reserved, only data unit 1 written.
+	h := wire.WriteHeader{Strategy: wire.StrategyEC, Chunk: l.Chunk, Len: cell, Cap: l.Cap, WriteID: 0xdead}
+	res := h
+	res.Flags = wire.FlagReserve
+	v := send(0, res, nil).Version
+	if v != 1 {
+		t.Fatalf("reserved version %d of a new group", v)
+	}
+	h.Rank, h.Version = 1, v
+	send(1, h, bytes.Repeat([]byte{0x22}, cell))
+	waitDoubt(t, c, &l)
+	patch := []byte("PATCH")
+	if _, err := f.WriteAt(patch, 10); err != nil {
+		t.Fatalf("write into the group whose first write failed: %v", err)
+	}
+	if st := cl.Stats(); st.Failovers != 0 {
+		t.Errorf("the write needed %d fail-overs (meta's repair), want none", st.Failovers)
+	}
+	want := make([]byte, 10+len(patch))
+	copy(want[10:], patch)
+	if got := getAll(t, cl, "/ec/f"); !bytes.Equal(got, want) {
+		t.Fatalf("read back %q, want %q", got, want)
+	}
+	assertParityIsLibrarys(t, c, cl, "/ec/f", 2, 1)
+}
+
 // rawUnitSender returns a function that sends one write message to a
 // unit of group l as a client of its own would, bypassing the SDK (a
 // writer that dies midway), and returns the unit's reply.
