@@ -227,3 +227,54 @@ func TestTreeUnderTableFull(t *testing.T) {
 		})
 	}
 }
+
+// TestFlatFirstWriteInDoubt: the replica side of issue 15's defect 4. A
+// flat writer reserves version 1 of a new chunk at rank 0 and dies
+// before sending any data; the reservation expires into a doubt at rank
+// 0, and no replica holds anything. A later write that does not cover
+// the doubted range is refused "unresolved write" by rank 0, so the
+// writer has meta reconcile the chunk: the chunk's version is 0, and
+// rank 0 must drop the doubt (nothing to resolve it to) for the write to
+// succeed.
+func TestFlatFirstWriteInDoubt(t *testing.T) {
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 3, MetaListen: "127.0.0.1:0",
+		ChunkSize: testChunk, ReserveTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	// Rank 0 answers a write the doubt does not admit busy (its writer may
+	// be retrying it): ask meta sooner than the default 30 s.
+	cl := newClient(t, c, client.Options{BusyRetry: time.Second})
+	ctx := context.Background()
+	if err := cl.MkdirAll(ctx, "/flat", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.SetPolicy(ctx, "/flat", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyFlat}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.Create(ctx, "/flat/f", 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, l := firstGroup(t, cl, "/flat/f", true)
+	send := rawUnitSender(t, l)
+	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: l.Chunk, Len: 4096, Cap: l.Cap, WriteID: 0xdead}
+	if v := send(0, res, nil).Version; v != 1 {
+		t.Fatalf("reserved version %d of a new chunk", v)
+	}
+	head := waitDoubt(t, c, &l)
+	data := []byte("after the doubt")
+	const at = 64 << 10 // outside the doubted [0, 4096)
+	if _, err := f.WriteAt(data, at); err != nil {
+		t.Fatalf("write to the chunk whose first write was left in doubt: %v", err)
+	}
+	if _, ok := head.Store().Doubt(l.Chunk); ok {
+		t.Fatal("rank 0 still holds the doubt")
+	}
+	want := make([]byte, at+len(data))
+	copy(want[at:], data)
+	if got := getAll(t, cl, "/flat/f"); !bytes.Equal(got, want) {
+		t.Fatalf("read back %d bytes, want %d", len(got), len(want))
+	}
+}

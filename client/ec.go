@@ -214,11 +214,13 @@ func (c *Client) ecWriteAttempt(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 	if o != start || int64(len(data)) != span {
 		// Not whole stripes: the first and last stripes' other bytes are
 		// read as they stand (at the reserved base or a version skipped
-		// since, whichever K units agree on), then the new bytes overlaid.
+		// since, whichever K units agree on — the base may be 0, nothing
+		// written, when a first write failed midway), then the new bytes
+		// overlaid.
 		stripes = make([]byte, span)
 		if base > 0 || rep.Skipped > 0 {
 			read := func(s int64) error {
-				return c.ecReadStripes(ctx, g, l, s, s+1, stripes[(s-s0)*g.width:][:g.width], max(base, 1))
+				return c.ecReadStripes(ctx, g, l, s, s+1, stripes[(s-s0)*g.width:][:g.width], base)
 			}
 			end := o + int64(len(data))
 			var err error
@@ -615,10 +617,10 @@ func (c *Client) readUnit(ctx context.Context, l *metaapi.ChunkLayout, j int, of
 // ecReadStripes reads whole stripes [s0, s1) of group l into out (file
 // order), decoding from any K units that agree on a version: the newest
 // at least K units hold among those at floor or later (0: the version
-// meta knows). Every byte used passed its checksum: the units are judged
-// block by block, so a stretch is decoded from the units intact there.
-// The code works bytewise, so the units are read and decoded in runs of at
-// most one read request each.
+// meta knows; K units holding nothing read as zeros). Every byte used
+// passed its checksum: the units are judged block by block, so a stretch
+// is decoded from the units intact there. The code works bytewise, so the
+// units are read and decoded in runs of at most one read request each.
 func (c *Client) ecReadStripes(ctx context.Context, g ecGeom, l *metaapi.ChunkLayout, s0, s1 int64, out []byte, floor uint64) error {
 	code, err := c.codes.Get(g.k, g.m)
 	if err != nil {
@@ -671,7 +673,8 @@ func (c *Client) ecDecodeRun(ctx context.Context, code *erasure.Code, l *metaapi
 			}
 		}
 	}
-	// The newest version enough units agree on.
+	// The newest version enough units agree on: 0 too, when K units
+	// hold nothing (a first write that failed midway reached the rest).
 	count := map[uint64]int{}
 	for u := range units {
 		if errs[u] == nil {
@@ -679,12 +682,13 @@ func (c *Client) ecDecodeRun(ctx context.Context, code *erasure.Code, l *metaapi
 		}
 	}
 	var ver uint64
+	found := false
 	for v, k := range count {
-		if k >= code.K && v > ver {
-			ver = v
+		if k >= code.K && (!found || v > ver) {
+			ver, found = v, true
 		}
 	}
-	if ver == 0 {
+	if !found {
 		release()
 		var failed []error
 		for _, e := range errs {

@@ -76,6 +76,32 @@ func (c *Client) CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target
 	return c.restoreMembers(ctx, l, []int{target}, sources, version, length, wire.RepairCopy, heal)
 }
 
+// DropMembers has members of l's chunk discard their copies, all at
+// once: the reconciliation found that no write to the chunk completed.
+// Member i is dropped only if it is still at versions[i] (what fencing
+// found).
+func (c *Client) DropMembers(ctx context.Context, l *metaapi.ChunkLayout, members []int, versions []uint64) error {
+	addrs := layoutAddrs(l)
+	errs := make([]error, len(members))
+	var wg sync.WaitGroup
+	for k, i := range members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := wire.RepairHeader{Mode: wire.RepairDrop, Unit: uint8(i), Chunk: l.Chunk, Version: versions[k], Cap: l.Cap}
+			hdr, err := wire.AppendRepair(nil, &h, addrs)
+			if err == nil {
+				_, err = c.retryBusy(ctx, func() (uint64, error) { return c.sendWrite(ctx, addrs[i], hdr, nil) })
+			}
+			if err != nil {
+				errs[k] = &NodeError{Op: fmt.Sprintf("drop member %d of chunk %v", i, l.Chunk), Addr: addrs[i], Err: err}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
 // RebuildUnits has the units lost of l's stripe group rebuild themselves
 // from the units survivors (at version; the first K serve, the others
 // stand in for blocks that fail their checksums), all at once: by

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -319,6 +320,37 @@ func scan(r pebble.Reader, lower, upper []byte, fn func(k, v []byte) (bool, erro
 		return err
 	}
 	return it.Close()
+}
+
+// keyCursor tells, for keys asked in increasing order, whether each is
+// present under one prefix: a merge join of two sorted key spaces with
+// one iterator, rather than a lookup per key.
+type keyCursor struct {
+	it    *pebble.Iterator
+	valid bool
+}
+
+// newKeyCursor opens a cursor over the keys prefix+suffix, suffix >= from.
+func newKeyCursor(r pebble.Reader, prefix byte, from []byte) (*keyCursor, error) {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: append([]byte{prefix}, from...), UpperBound: []byte{prefix + 1}})
+	if err != nil {
+		return nil, err
+	}
+	return &keyCursor{it: it, valid: it.First()}, nil
+}
+
+// has reports whether prefix+suffix exists; suffixes come in increasing
+// order.
+func (c *keyCursor) has(suffix []byte) bool {
+	for c.valid && bytes.Compare(c.it.Key()[1:], suffix) < 0 {
+		c.valid = c.it.Next()
+	}
+	return c.valid && bytes.Equal(c.it.Key()[1:], suffix)
+}
+
+func (c *keyCursor) close() error {
+	err := c.it.Error()
+	return errors.Join(err, c.it.Close())
 }
 
 func mustJSON(v any) []byte {

@@ -121,6 +121,9 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 		}
 		tx.after = append(tx.after, func() {
 			s.nodes[id] = &member{rec: rec, state: metaapi.NodeUp, heard: true}
+			// A node (re)started: members that did not answer may now.
+			// Under the lock, so nobody sees it up with stale verdicts.
+			s.repairs.nodeBack()
 			s.log.Info("storage node registered", "node", id, "addr", rec.Addr, "domain", rec.Domain, "epoch", tx.ctr.Epoch)
 		})
 		out = metaapi.RegisterResp{ID: id, Epoch: tx.ctr.Epoch, HeartbeatInterval: int64(s.opts.HeartbeatInterval)}
@@ -198,6 +201,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 		tx.after = append(tx.after, func() {
 			m.rec, m.state, m.heard = rec, metaapi.NodeUp, true
 			if !wasUp {
+				s.repairs.nodeBack()
 				s.log.Info("storage node up", "node", rec.ID, "addr", rec.Addr, "epoch", tx.ctr.Epoch)
 			}
 			out.Nodes = s.nodeInfosLocked()

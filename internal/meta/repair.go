@@ -41,6 +41,7 @@ type Repairer interface {
 	FenceMembers(ctx context.Context, l *metaapi.ChunkLayout, resolveAt uint64) ([]repairplan.Member, []error)
 	CopyReplica(ctx context.Context, l *metaapi.ChunkLayout, target int, sources []int, version uint64, length int64, heal bool) error
 	RebuildUnits(ctx context.Context, l *metaapi.ChunkLayout, lost, survivors []int, version uint64, length int64, gather, heal bool) error
+	DropMembers(ctx context.Context, l *metaapi.ChunkLayout, members []int, versions []uint64) error
 }
 
 // chunkRef names a chunk by its place in a file.
@@ -62,6 +63,10 @@ type repairJob struct {
 	// taken, what the running attempt took of it (given back if it fails).
 	asked, taken reconcileAsk
 	started      int // attempts begun
+	// joins is the queue's count of node (re)starts when the running
+	// attempt began: one that fails after a node came up is retried at
+	// once, its verdict stale.
+	joins uint64
 	// restored is what the running attempt copied or rebuilt.
 	restored []metaapi.RestoredMember
 	version  uint64
@@ -108,6 +113,7 @@ type repairQueue struct {
 	// stuck holds why a chunk cannot be made whole now (no live node to
 	// replace a lost member): writers waiting for it are told at once.
 	stuck   map[chunkRef]error
+	joins   uint64 // nodes joined or came back up (nodeBack calls)
 	wake    chan struct{}
 	tallies metaapi.RedundancyTally
 	stats   metaapi.RepairStats
@@ -199,6 +205,21 @@ func (q *repairQueue) add(ref chunkRef, margin int, failover bool) {
 	q.poke()
 }
 
+// nodeBack makes every queued job due now, with its failures forgotten:
+// a node joined or came back up, so a member that did not answer may,
+// and a lost one may find a place. Writers waiting for a chunk wait for
+// that attempt instead of failing on a reason that may no longer hold.
+func (q *repairQueue) nodeBack() {
+	q.mu.Lock()
+	q.joins++
+	for _, j := range q.jobs {
+		j.notBefore, j.attempts = time.Time{}, 0
+	}
+	clear(q.stuck)
+	q.mu.Unlock()
+	q.poke()
+}
+
 // next takes the most urgent job that is due.
 func (q *repairQueue) next(now time.Time) *repairJob {
 	q.mu.Lock()
@@ -215,6 +236,7 @@ func (q *repairQueue) next(now time.Time) *repairJob {
 	if best != nil {
 		best.running = true
 		best.started++
+		best.joins = q.joins
 		best.restored, best.version, best.elapsed = nil, 0, 0
 		best.taken, best.asked = best.asked, reconcileAsk{}
 	}
@@ -394,7 +416,11 @@ func (s *Service) scanForRepair() {
 			n := 0
 			lower := cursor
 			cursor = nil
-			return scan(v.r, lower, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
+			marks, err := newKeyCursor(v.r, pDegraded, lower[1:])
+			if err != nil {
+				return err
+			}
+			err = scan(v.r, lower, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
 				if n == page {
 					cursor = append([]byte(nil), k...)
 					return false, nil
@@ -432,12 +458,20 @@ func (s *Service) scanForRepair() {
 					found = append(found, finding{ref, rec.ID, copies})
 				}
 				live := intactCopies(&rec, state, copies)
+				// A group a write left with units at different versions,
+				// or a reconciliation not finished, is short of its
+				// policy whatever the state of its nodes, and is queued.
+				degraded := pol != nil && pol.EC != nil && marks.has(k[1:])
+				if degraded || rec.Reconciling {
+					live = min(live, len(rec.Nodes)-1)
+				}
 				tally.Count(pol != nil && pol.EC != nil, live, len(rec.Nodes), minimum)
-				if replaceable || rec.Reconciling || len(rec.Corrupt) > 0 {
-					due = append(due, &repairJob{ref: chunkRef{ino, int64(beUint64(k[9:]))}, margin: repairplan.Margin(live, minimum)})
+				if replaceable || rec.Reconciling || degraded || len(rec.Corrupt) > 0 {
+					due = append(due, &repairJob{ref: ref, margin: repairplan.Margin(live, minimum)})
 				}
 				return true, nil
 			})
+			return errors.Join(err, marks.close())
 		})
 	}
 	if err != nil {
@@ -580,9 +614,11 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	defer q.mu.Unlock()
 	j.running = false
 	var me *metaapi.Error
+	stale := j.joins != q.joins // a node came up meanwhile: try again now
 	switch {
 	case done || err == nil:
 		delete(q.stuck, j.ref)
+	case stale:
 	case errors.As(err, &me) && me.Code == metaapi.ENOSPC:
 		q.stuck[j.ref] = err
 	case j.attempts+1 >= stuckAfter:
@@ -629,9 +665,12 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 		}
 		return
 	}
-	j.attempts++
 	q.stats.Failed++
-	wait := min(time.Duration(1<<min(j.attempts, 6))*250*time.Millisecond, 15*time.Second)
+	wait := time.Duration(0)
+	if !stale {
+		j.attempts++
+		wait = min(time.Duration(1<<min(j.attempts, 6))*250*time.Millisecond, 15*time.Second)
+	}
 	j.notBefore = s.opts.Now().Add(wait)
 	if err != nil {
 		s.log.Warn("reconciling a chunk; will retry", "ino", j.ref.ino, "index", j.ref.index, "attempt", j.attempts, "retry_in", wait, "err", err)
@@ -681,17 +720,23 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 	}
 	var plan repairplan.Plan
 	if p.ec != nil {
-		plan, err = repairplan.Striped(ms, p.ec.Data)
+		plan, err = repairplan.Striped(ms, p.ec.Data, p.version)
 	} else {
-		plan, err = repairplan.Replicated(ms)
-	}
-	if err == nil && plan.Version < p.version {
-		// Meta recorded a commit of a later version than any member
-		// holds: the copies that have it are not reachable. Wait for them.
-		err = fmt.Errorf("no reachable member holds version %d, which meta recorded (the newest held is %d)", p.version, plan.Version)
+		plan, err = repairplan.Replicated(ms, p.version)
 	}
 	if err != nil {
 		return false, 0, fmt.Errorf("planning chunk %v: %w", l.Chunk, err)
+	}
+	if len(plan.Drop) > 0 {
+		// No write to the chunk completed; these members hold one that
+		// did not, or its doubt, which would keep the chunk unwritable.
+		versions := make([]uint64, len(plan.Drop))
+		for k, i := range plan.Drop {
+			versions[k] = ms[i].Version
+		}
+		if err := r.DropMembers(ctx, l, plan.Drop, versions); err != nil {
+			return false, 0, fmt.Errorf("dropping the incomplete first write of chunk %v: %w", l.Chunk, err)
+		}
 	}
 	if len(plan.Targets)+len(plan.Heal) > 0 {
 		bytes = plan.Length * int64(len(plan.Targets))
@@ -726,9 +771,9 @@ func (s *Service) reconcile(ctx context.Context, r Repairer, j *repairJob) (done
 		j.restored = append(j.restored, metaapi.RestoredMember{Index: t, Node: l.Replicas[t].Node, Moved: p.fresh[t]})
 	}
 	s.repairs.mu.Unlock()
-	if len(plan.Targets) > 0 || len(plan.Resolve) > 0 {
+	if !plan.Done() {
 		s.log.Info("chunk reconciled", "ino", j.ref.ino, "index", j.ref.index, "chunk", l.Chunk, "version", plan.Version,
-			"copied_to", plan.Targets, "healed", plan.Heal, "resolved", plan.Resolve, "epoch", p.epoch)
+			"copied_to", plan.Targets, "healed", plan.Heal, "resolved", plan.Resolve, "dropped", plan.Drop, "epoch", p.epoch)
 	}
 	return true, bytes, nil
 }
@@ -869,7 +914,11 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			// so that no member whose blocks may be needed leaves first.
 			replace, grow = nil, nil
 		}
-		if len(replace) == 0 && len(grow) == 0 && !rec.Reconciling && !failover && len(rec.Corrupt) == 0 {
+		_, degraded, err := getRaw(tx.b, degradedKey(in.Ino, j.ref.index))
+		if err != nil {
+			return err
+		}
+		if len(replace) == 0 && len(grow) == 0 && !rec.Reconciling && !failover && !degraded && len(rec.Corrupt) == 0 {
 			skip = true
 			return nil
 		}

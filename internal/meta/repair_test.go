@@ -1,6 +1,8 @@
 package meta
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/repairplan"
 )
 
 // TestRepairQueueOrder: a writer waiting comes first, then the chunks
@@ -214,5 +217,148 @@ func TestRetiredCopiesCarryTheirEpoch(t *testing.T) {
 	}
 	if len(r.Delete) != 1 || r.Delete[0] != (metaapi.RetiredCopy{Chunk: l.Chunk, Epoch: p.epoch}) {
 		t.Fatalf("the replaced node is told %+v, want its copy retired at epoch %d", r.Delete, p.epoch)
+	}
+}
+
+// fakeRepairer answers fences with what the test says the members hold
+// and records the drops it is asked for.
+type fakeRepairer struct {
+	members []repairplan.Member
+	dropped []int
+	at      []uint64
+}
+
+func (r *fakeRepairer) FenceMembers(_ context.Context, l *metaapi.ChunkLayout, _ uint64) ([]repairplan.Member, []error) {
+	return slices.Clone(r.members), make([]error, len(l.Replicas))
+}
+
+func (r *fakeRepairer) CopyReplica(context.Context, *metaapi.ChunkLayout, int, []int, uint64, int64, bool) error {
+	return errors.New("fakeRepairer copies nothing")
+}
+
+func (r *fakeRepairer) RebuildUnits(context.Context, *metaapi.ChunkLayout, []int, []int, uint64, int64, bool, bool) error {
+	return errors.New("fakeRepairer rebuilds nothing")
+}
+
+func (r *fakeRepairer) DropMembers(_ context.Context, _ *metaapi.ChunkLayout, members []int, versions []uint64) error {
+	r.dropped, r.at = append(r.dropped, members...), append(r.at, versions...)
+	return nil
+}
+
+// TestReconcileFirstWriteFailed: an RS(2,2) group whose first write
+// failed midway (issue 15, defect 4): the writer marked it degraded;
+// unit 0 holds the doubt of version 1 and parity unit 3 committed it
+// alone. Until it is reconciled the scan does not count it at full
+// redundancy and queues it; the reconciliation drops what units 0 and
+// 3 hold (version 0 is the group's: three units hold nothing) and
+// clears the mark. Had meta recorded version 1, nothing would be
+// dropped and the group would stay short and listed.
+func TestReconcileFirstWriteFailed(t *testing.T) {
+	for _, recorded := range []uint64{0, 1} {
+		f := newFixture(t)
+		f.addNodes(5)
+		f.tree("/ec/")
+		f.setPolicy("/ec", metaapi.Policy{EC: &metaapi.ErasureCode{Data: 2, Parity: 2, Cell: 4096}})
+		f.tree("/ec/f")
+		ino := f.ino("/ec/f")
+		l := f.layout("/ec/f", 0, 1, true).Chunks[0]
+		if err := f.s.MarkDegraded(metaapi.MarkDegradedReq{Ino: ino, Index: 0, Chunk: l.Chunk, Degraded: true, Who: root}); err != nil {
+			t.Fatal(err)
+		}
+		if recorded > 0 {
+			if _, err := f.s.Commit(metaapi.CommitReq{Ino: ino, Size: 1, Chunks: []metaapi.ChunkVersion{{Chunk: l.Chunk, Version: recorded, End: 1}}, Who: root}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		short := func(when string) {
+			t.Helper()
+			f.s.scanForRepair()
+			tally, _ := f.s.repairStatus()
+			if tally.Striped.Full != 0 || tally.Striped.Short() != 1 {
+				t.Fatalf("recorded %d, %s: tallies %+v, want the group short of full redundancy", recorded, when, tally.Striped)
+			}
+			if d, err := f.s.ListDegraded(); err != nil || len(d.Groups) != 1 {
+				t.Fatalf("recorded %d, %s: degraded groups %+v %v, want the group", recorded, when, d, err)
+			}
+		}
+		short("before the reconciliation")
+		j := f.s.repairs.next(f.clk.Now())
+		if j == nil || j.ref != (chunkRef{ino, 0}) {
+			t.Fatalf("the scan did not queue the degraded group: %+v", j)
+		}
+		doubt := repairplan.Member{Answered: true, Doubt: true}
+		r := &fakeRepairer{members: []repairplan.Member{doubt, {Answered: true}, {Answered: true}, {Answered: true, Version: 1, Length: 4096}}}
+		done, _, err := f.s.reconcile(context.Background(), r, j)
+		f.s.finishJob(j, done, 0, err)
+		if recorded > 0 {
+			if done || err == nil || len(r.dropped) > 0 {
+				t.Fatalf("below the recorded version: done %v, err %v, dropped %v", done, err, r.dropped)
+			}
+			short("after a reconciliation that must wait")
+			continue
+		}
+		if !done || err != nil || !slices.Equal(r.dropped, []int{0, 3}) || !slices.Equal(r.at, []uint64{0, 1}) {
+			t.Fatalf("done %v, err %v, dropped %v at %v; want units 0 and 3 dropped at versions 0 and 1", done, err, r.dropped, r.at)
+		}
+		f.s.scanForRepair()
+		if tally, _ := f.s.repairStatus(); tally.Striped.Full != 1 {
+			t.Fatalf("after the reconciliation: %+v", tally.Striped)
+		}
+		if d, _ := f.s.ListDegraded(); len(d.Groups) != 0 {
+			t.Fatalf("still listed degraded: %+v", d)
+		}
+		if l := f.layout("/ec/f", 0, 1, true).Chunks[0]; l.Version != 0 {
+			t.Fatalf("recorded version %d", l.Version)
+		}
+	}
+}
+
+// TestNodeBackRetriesStuckRepairs: a chunk no live node could take a
+// member of is stuck (its writers get EIO) only until a node starts or
+// comes back: then it is due at once and its writers wait again. An
+// attempt that began before the node came up and fails is not stuck
+// either: it is retried at once (issue 15: the file must be writable
+// once its nodes are back).
+func TestNodeBackRetriesStuckRepairs(t *testing.T) {
+	f := newFixture(t)
+	nodes := f.addNodes(3)
+	q := f.s.repairs
+	ref := chunkRef{9, 0}
+	q.add(ref, 0, true)
+	now := f.clk.Now()
+	noSpace := metaapi.Errorf(metaapi.ENOSPC, "no live node can take its place")
+	j := q.next(now)
+	f.s.finishJob(j, false, 0, noSpace)
+	if q.stuckErr(ref) == nil || q.next(now) != nil {
+		t.Fatal("an unplaceable chunk is not stuck and backing off")
+	}
+	f.addNodes(1) // a node starts
+	if q.stuckErr(ref) != nil {
+		t.Fatal("still stuck after a node started")
+	}
+	j = q.next(now)
+	if j == nil {
+		t.Fatal("not due at once after a node started")
+	}
+	// This attempt fails, but a node came back while it ran.
+	f.addNodes(1)
+	f.s.finishJob(j, false, 0, noSpace)
+	if q.stuckErr(ref) != nil {
+		t.Fatal("an attempt that began before a node came up marked the chunk stuck")
+	}
+	j = q.next(now)
+	if j == nil {
+		t.Fatal("an attempt that began before a node came up is not retried at once")
+	}
+	// Stuck again; then a node that was down heartbeats again.
+	f.s.finishJob(j, false, 0, noSpace)
+	f.clk.Advance(time.Minute)
+	f.s.Sweep()
+	if q.stuckErr(ref) == nil {
+		t.Fatal("not stuck again")
+	}
+	f.heartbeat(nodes[0])
+	if q.stuckErr(ref) != nil || q.next(f.clk.Now()) == nil {
+		t.Fatal("still stuck, or not due, after a node came back up")
 	}
 }

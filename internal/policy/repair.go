@@ -26,7 +26,8 @@ import (
 // (bounded memory), committed at the group's version, and read back
 // against its fresh checksums before the reply. A replicated chunk is
 // copied the same way from one survivor (copy mode). Fence mode raises a
-// member's fence and reports its state (docs/failures.md).
+// member's fence and reports its state; drop mode discards a copy of a
+// chunk no write to which completed (docs/failures.md).
 type repairer struct {
 	d      *Deps
 	codes  *erasure.Codes
@@ -81,7 +82,7 @@ func (x *repairer) header(r *engine.Request, hdr []byte) error {
 		return wire.Errorf(wire.StatusAuth, "node %v is not unit %d of chunk %v", x.d.Self(), h.Unit, h.Chunk)
 	case h.Addrs.Len() != int(c.NReplicas):
 		return wire.Errorf(wire.StatusBadRequest, "%d addresses for %d units", h.Addrs.Len(), c.NReplicas)
-	case h.Mode == wire.RepairFence:
+	case h.Mode.Survivorless():
 		r.State = st
 		return nil // cheap: no repair slot
 	case h.Mode == wire.RepairCopy && ec:
@@ -133,6 +134,16 @@ func (x *repairer) completion(r *engine.Request) {
 		}()
 		return
 	}
+	if st.h.Mode == wire.RepairDrop {
+		go func() {
+			if err := x.drop(st); err != nil {
+				r.Finish(wire.AppendError(nil, err))
+				return
+			}
+			r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK}, nil, ""))
+		}()
+		return
+	}
 	go func() {
 		defer func() { <-x.slots }()
 		info, err := x.rebuild(st)
@@ -142,6 +153,26 @@ func (x *repairer) completion(r *engine.Request) {
 		}
 		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, ""))
 	}()
+}
+
+// drop discards this member's copy for a reconciliation that found no
+// complete write to the chunk: only under the reconciliation's fence,
+// and only if the member still holds what fencing found.
+func (x *repairer) drop(st *repairState) error {
+	h, c := &st.h, &st.cap
+	fs, err := x.d.Store.Fence(h.Chunk, c.Epoch)
+	switch {
+	case err != nil:
+		return storeError(err)
+	case c.Epoch < fs.Fence:
+		return wire.Errorf(wire.StatusFenced, "chunk %v is fenced at epoch %d, this drop was planned on %d", h.Chunk, fs.Fence, c.Epoch)
+	case fs.Info.Version != h.Version:
+		return wire.Errorf(wire.StatusStale, "chunk %v is at version %d, the drop was planned at %d", h.Chunk, fs.Info.Version, h.Version)
+	}
+	if err := x.d.Store.Delete(h.Chunk); err != nil {
+		return storeError(err)
+	}
+	return nil
 }
 
 func (x *repairer) rebuild(st *repairState) (store.Info, error) {

@@ -47,10 +47,19 @@ type Plan struct {
 	// member holds Version, nothing can hold the write in doubt but
 	// copies already discarded, and the doubt is cleared.
 	Resolve []int
+	// Drop are members whose copy is discarded (its fence stays): the
+	// chunk's version is 0, no write to it ever completed, and they hold
+	// an incomplete one or the doubt of one. Left in place, a version no
+	// member can serve would stay recorded at them: the head would never
+	// give that version out again, nor let a write read it back.
+	Drop []int
 }
 
-// Done reports whether nothing needs copying, healing or resolving.
-func (p Plan) Done() bool { return len(p.Targets) == 0 && len(p.Heal) == 0 && len(p.Resolve) == 0 }
+// Done reports whether nothing needs copying, healing, resolving or
+// dropping.
+func (p Plan) Done() bool {
+	return len(p.Targets) == 0 && len(p.Heal) == 0 && len(p.Resolve) == 0 && len(p.Drop) == 0
+}
 
 // holds reports whether the member's version is the chunk's to judge by:
 // it answered and was not just placed. A corrupt copy holds its version
@@ -62,39 +71,53 @@ func (m Member) holds() bool { return m.Answered && !m.Fresh }
 // among the members is the chunk's (a write that reached only some
 // replicas was never acknowledged, and keeping it is as good as dropping
 // it). Members at another version, or fresh, receive a copy; corrupt
-// ones at it are healed.
-func Replicated(ms []Member) (Plan, error) {
+// ones at it are healed. recorded is the version meta recorded a commit
+// of: a plan below it is an error (the members holding it are not
+// reachable; wait for them).
+func Replicated(ms []Member, recorded uint64) (Plan, error) {
 	var p Plan
 	for _, m := range ms {
 		if m.holds() && m.Version > p.Version {
 			p.Version, p.Length = m.Version, m.Length
 		}
 	}
+	if err := atLeast(p.Version, recorded); err != nil {
+		return Plan{}, err
+	}
+	if p.Version == 0 {
+		return empty(ms, false)
+	}
 	return classify(p, ms, false)
 }
 
 // Striped plans a stripe group of k data units: its version is the
 // newest at least k units hold (a version k units hold is a complete
-// write; fewer cannot be decoded). Units not at it are rebuilt from those
-// that are, block by block from k intact there; corrupt units at it are
-// healed.
-func Striped(ms []Member, k int) (Plan, error) {
+// write; fewer cannot be decoded), version 0 — nothing written —
+// included: k units holding nothing prove that no write completed, so
+// the units a failed first write reached are dropped. Units not at the
+// version are rebuilt from those that are, block by block from k intact
+// there; corrupt units at it are healed. recorded is as for Replicated.
+func Striped(ms []Member, k int, recorded uint64) (Plan, error) {
 	count := map[uint64]int{}
-	written := false
 	for _, m := range ms {
-		written = written || m.Version > 0
-		if m.holds() && m.Version > 0 {
+		if m.holds() {
 			count[m.Version]++
 		}
 	}
-	var p Plan
+	p, found := Plan{}, false
 	for v, n := range count {
-		if n >= k && v > p.Version {
-			p.Version = v
+		if n >= k && (!found || v > p.Version) {
+			p.Version, found = v, true
 		}
 	}
-	if p.Version == 0 && written {
+	if !found {
 		return Plan{}, fmt.Errorf("fewer than %d of %d units hold one version (%v): the group cannot be rebuilt", k, len(ms), count)
+	}
+	if err := atLeast(p.Version, recorded); err != nil {
+		return Plan{}, err
+	}
+	if p.Version == 0 {
+		return empty(ms, true)
 	}
 	for _, m := range ms {
 		if m.holds() && m.Version == p.Version {
@@ -104,25 +127,41 @@ func Striped(ms []Member, k int) (Plan, error) {
 	return classify(p, ms, true)
 }
 
-// classify sorts members into sources, targets, members to heal and
-// doubts to resolve, for the version and length p carries. Units of a
-// stripe group may be shorter than the longest (striped).
-func classify(p Plan, ms []Member, striped bool) (Plan, error) {
-	if p.Version == 0 {
-		for i, m := range ms {
-			if m.Version > 0 {
-				return Plan{}, fmt.Errorf("no copy is left to judge by (member %d holds version %d, but it was just placed)", i, m.Version)
-			}
-		}
-		// Never written anywhere: no member holds data; fencing told the
-		// fresh ones the chunk's epoch, and nobody needs a copy.
-		for i, m := range ms {
-			if !m.Answered {
-				return Plan{}, fmt.Errorf("member %d did not answer", i)
-			}
-		}
-		return p, nil
+// atLeast refuses a plan below the version meta recorded.
+func atLeast(version, recorded uint64) error {
+	if version < recorded {
+		return fmt.Errorf("no reachable member holds version %d, which meta recorded (the newest held is %d)", recorded, version)
 	}
+	return nil
+}
+
+// empty plans a chunk whose version is 0: no write to it completed.
+// Every member must have answered (one that did not may hold a write
+// that did). Fencing told the fresh ones the chunk's epoch; the members
+// holding an incomplete write, or the doubt of one, drop it. A fresh
+// member holding a version is dropped only in a stripe group, where k
+// units at version 0 prove no write completed; a replica set is refused
+// instead (such a copy may be the last one of a write meta has not
+// recorded yet).
+func empty(ms []Member, striped bool) (Plan, error) {
+	var p Plan
+	for i, m := range ms {
+		switch {
+		case !m.Answered:
+			return Plan{}, fmt.Errorf("member %d did not answer", i)
+		case m.Version > 0 && !m.holds() && !striped:
+			return Plan{}, fmt.Errorf("no copy is left to judge by (member %d holds version %d, but it was just placed)", i, m.Version)
+		case m.Version > 0 || m.Doubt:
+			p.Drop = append(p.Drop, i)
+		}
+	}
+	return p, nil
+}
+
+// classify sorts members into sources, targets, members to heal and
+// doubts to resolve, for the version (not 0) and length p carries. Units
+// of a stripe group may be shorter than the longest (striped).
+func classify(p Plan, ms []Member, striped bool) (Plan, error) {
 	var corrupt []int
 	for i, m := range ms {
 		switch {

@@ -12,7 +12,9 @@ import (
 
 // TestPlans runs the cases in testdata/plans. Each member is written
 // VERSION/LENGTH followed by flags — f fresh, c corrupt, d in doubt — or
-// "-" for a member that did not answer.
+// "-" for a member that did not answer. recorded=N is the version meta
+// recorded a commit of (0 if not given). Members to drop are listed
+// only when there are some.
 func TestPlans(t *testing.T) {
 	datadriven.RunTest(t, "testdata/plans", func(t *testing.T, d *datadriven.TestData) string {
 		ms, err := parseMembers(d.Input)
@@ -20,21 +22,27 @@ func TestPlans(t *testing.T) {
 			d.Fatalf(t, "%v", err)
 		}
 		var p Plan
+		var recorded uint64
+		d.MaybeScanArgs(t, "recorded", &recorded)
 		switch d.Cmd {
 		case "replicated":
-			p, err = Replicated(ms)
+			p, err = Replicated(ms, recorded)
 		case "striped":
 			var k int
 			d.ScanArgs(t, "k", &k)
-			p, err = Striped(ms, k)
+			p, err = Striped(ms, k, recorded)
 		default:
 			d.Fatalf(t, "unknown command %s", d.Cmd)
 		}
 		if err != nil {
 			return "error: " + err.Error() + "\n"
 		}
-		out := fmt.Sprintf("version=%d length=%d sources=%v targets=%v heal=%v resolve=%v done=%v\n",
-			p.Version, p.Length, p.Sources, p.Targets, p.Heal, p.Resolve, p.Done())
+		drop := ""
+		if len(p.Drop) > 0 {
+			drop = fmt.Sprintf(" drop=%v", p.Drop)
+		}
+		out := fmt.Sprintf("version=%d length=%d sources=%v targets=%v heal=%v resolve=%v%s done=%v\n",
+			p.Version, p.Length, p.Sources, p.Targets, p.Heal, p.Resolve, drop, p.Done())
 		return strings.ReplaceAll(out, "[]", "-")
 	})
 }

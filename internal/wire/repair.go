@@ -33,6 +33,12 @@ const (
 	// survivors listed, in order: each block from the first whose copy of
 	// it passes its checksum. Len is the chunk's length.
 	RepairCopy RepairMode = 3
+	// RepairDrop: discard the member's copy — its data and any
+	// unresolved write — keeping its fence, if the member is still at
+	// Version (the one fencing found). The reconciliation found that no
+	// write to the chunk completed and that this member holds an
+	// incomplete one, or its doubt. No survivors.
+	RepairDrop RepairMode = 4
 )
 
 // RepairHeal (a flag, with RepairCopy, RepairDistributed or RepairGather):
@@ -51,9 +57,15 @@ func (m RepairMode) String() string {
 		return "fence"
 	case RepairCopy:
 		return "copy"
+	case RepairDrop:
+		return "drop"
 	}
 	return fmt.Sprintf("repair-mode(%d)", uint8(m))
 }
+
+// Survivorless reports whether the mode acts on the member alone (fence,
+// drop): such a request lists no survivors, and the others at least one.
+func (m RepairMode) Survivorless() bool { return m == RepairFence || m == RepairDrop }
 
 const repairFixed = 32
 
@@ -101,10 +113,10 @@ func ParseRepair(b []byte, h *RepairHeader) error {
 	h.Mode, h.Unit = RepairMode(b[1]), b[2]
 	n, capLen, ns := int(b[3]), int(binary.LittleEndian.Uint16(b[4:])), int(b[6])
 	h.Flags = b[7]
-	if h.Mode > RepairCopy || h.Flags&^RepairHeal != 0 || (h.Mode == RepairFence && h.Flags != 0) {
+	if h.Mode > RepairDrop || h.Flags&^RepairHeal != 0 || (h.Mode.Survivorless() && h.Flags != 0) {
 		return malformed("repair mode %d, flags %#x", b[1], b[7])
 	}
-	if n == 0 || n > MaxAddrs || int(h.Unit) >= n || ns >= n || (h.Mode == RepairFence) != (ns == 0) {
+	if n == 0 || n > MaxAddrs || int(h.Unit) >= n || ns >= n || h.Mode.Survivorless() != (ns == 0) {
 		return malformed("%s of unit %d of %d with %d survivors", h.Mode, h.Unit, n, ns)
 	}
 	h.Chunk = ids.ChunkID(binary.LittleEndian.Uint64(b[8:]))

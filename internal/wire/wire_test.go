@@ -276,6 +276,8 @@ func FuzzParse(f *testing.F) {
 	heal, _ := AppendRepair(nil, &RepairHeader{Mode: RepairCopy, Flags: RepairHeal, Unit: 0, Version: 3, Len: 1 << 20, Survivors: []byte{2, 1}, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
 	f.Add(heal)
 	f.Add(AppendReply(nil, &Reply{Status: StatusOK, Corrupt: true, Version: 9}, nil, ""))
+	drop, _ := AppendRepair(nil, &RepairHeader{Mode: RepairDrop, Unit: 0, Version: 1, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
+	f.Add(drop)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var wh WriteHeader
 		if ParseWrite(b, &wh) == nil {
@@ -315,7 +317,7 @@ func FuzzParse(f *testing.F) {
 			if len(rr.Survivors) >= rr.Addrs.Len() || int(rr.Unit) >= rr.Addrs.Len() {
 				t.Fatal("repair header with impossible units accepted")
 			}
-			if (rr.Mode == RepairFence) != (len(rr.Survivors) == 0) || (rr.Mode == RepairFence && rr.Flags != 0) || rr.Flags&^RepairHeal != 0 {
+			if rr.Mode.Survivorless() != (len(rr.Survivors) == 0) || (rr.Mode.Survivorless() && rr.Flags != 0) || rr.Flags&^RepairHeal != 0 || rr.Mode > RepairDrop {
 				t.Fatalf("%s with %d survivors and flags %#x accepted", rr.Mode, len(rr.Survivors), rr.Flags)
 			}
 		}
