@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/meta"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/privfs"
 )
 
 // Options configure a local cluster.
@@ -95,7 +95,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+	if err := privfs.MkdirAll(opts.Dir); err != nil { // holds client.conf, a credential
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	if opts.DefaultReplicas == 0 {

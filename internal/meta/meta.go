@@ -47,6 +47,7 @@ import (
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/privfs"
 	"github.com/sluicefs/sluice/internal/secret"
 )
 
@@ -180,14 +181,23 @@ func Open(opts Options) (*Service, error) {
 	if opts.DefaultReplicas > 16 {
 		return nil, fmt.Errorf("meta: default replicas %d out of range 1..16", opts.DefaultReplicas)
 	}
-	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+	// Everything under the data directory is private to this account,
+	// including what an older version left readable by others.
+	if err := privfs.MkdirAll(opts.Dir); err != nil {
 		return nil, fmt.Errorf("meta: creating data directory: %w", err)
+	}
+	if err := privfs.Secure(opts.Dir); err != nil {
+		return nil, fmt.Errorf("meta: %w", err)
+	}
+	fs := opts.fs
+	if fs == nil {
+		fs = privfs.Pebble(vfs.Default)
 	}
 	sec, err := secret.LoadOrCreate(filepath.Join(opts.Dir, SecretFile))
 	if err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
-	db, err := pebble.Open(filepath.Join(opts.Dir, DBDir), &pebble.Options{Logger: pebbleLogger{opts.Logger}, FS: opts.fs})
+	db, err := pebble.Open(filepath.Join(opts.Dir, DBDir), &pebble.Options{Logger: pebbleLogger{opts.Logger}, FS: fs})
 	if err != nil {
 		return nil, fmt.Errorf("meta: opening %s: %w", DBDir, err)
 	}

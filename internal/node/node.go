@@ -27,6 +27,7 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/policy"
+	"github.com/sluicefs/sluice/internal/privfs"
 	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/store"
 )
@@ -125,8 +126,13 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if opts.InventoryInterval == 0 {
 		opts.InventoryInterval = DefaultInventoryInterval
 	}
-	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
+	// Everything under the data directory is private to this account,
+	// including what an older version left readable by others.
+	if err := privfs.MkdirAll(opts.DataDir); err != nil {
 		return nil, fmt.Errorf("node: creating data dir: %w", err)
+	}
+	if err := privfs.Secure(opts.DataDir); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
 	}
 	n := &Node{opts: opts, log: opts.Logger, fatal: make(chan error, 1), refresh: make(chan struct{}, 1), inventoryNow: make(chan struct{}, 1)}
 	id, err := loadIdentity(opts.DataDir)
@@ -326,7 +332,7 @@ func loadIdentity(dir string) (ids.NodeID, error) {
 func saveIdentity(dir string, id ids.NodeID) error {
 	raw, _ := json.Marshal(identity{ID: id})
 	tmp := filepath.Join(dir, identityFile+".tmp")
-	f, err := os.Create(tmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, privfs.FileMode)
 	if err != nil {
 		return fmt.Errorf("node: saving identity: %w", err)
 	}

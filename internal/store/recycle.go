@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/sluicefs/sluice/internal/privfs"
 )
 
 // Chunk files are recycled. When a chunk is deleted (or a new chunk's
@@ -45,7 +47,7 @@ type freeFile struct {
 // open scans the pool directory left by an earlier run.
 func (p *pool) open(dir string, limit int64) error {
 	p.dir, p.limit = filepath.Join(dir, freeDir), limit
-	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+	if err := privfs.MkdirAll(p.dir); err != nil {
 		return err
 	}
 	ents, err := os.ReadDir(p.dir)

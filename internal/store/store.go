@@ -5,15 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/privfs"
 )
 
 // Info is a chunk's committed state.
@@ -81,6 +82,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	db, err := pebble.Open(filepath.Join(opts.Dir, indexDir), &pebble.Options{
 		Logger: pebbleLogger{opts.Logger},
+		FS:     privfs.Pebble(vfs.Default),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: open index in %s: %w", opts.Dir, err)
@@ -126,18 +128,15 @@ func (s *Store) open(asked, dflt int) error {
 	return s.loadUsage()
 }
 
-// makeDirs creates the directory tree, syncing each parent whose entries
-// changed so the tree survives a crash.
+// makeDirs creates the directory tree, private to this account (see
+// privfs), syncing each parent whose entries changed so the tree survives
+// a crash.
 func makeDirs(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := privfs.MkdirAll(dir); err != nil {
 		return err
 	}
 	mk := func(parent, name string) (bool, error) {
-		err := os.Mkdir(filepath.Join(parent, name), 0o755)
-		if errors.Is(err, os.ErrExist) {
-			return false, nil
-		}
-		return err == nil, err
+		return privfs.Mkdir(filepath.Join(parent, name))
 	}
 	top := false
 	for _, name := range []string{chunksDir, stagingDir} {

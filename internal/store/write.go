@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/privfs"
 )
 
 // Write is an open write transaction on one byte range of one chunk. Its
@@ -162,7 +163,7 @@ func (w *Write) begin(version uint64) error {
 	}
 	if w.ovEnd > w.off {
 		w.stagePath = s.stagingPath(w.id, version)
-		f, err := os.OpenFile(w.stagePath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		f, err := os.OpenFile(w.stagePath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, privfs.FileMode)
 		if err != nil {
 			return fmt.Errorf("create staging file: %w", err)
 		}
@@ -190,7 +191,7 @@ func (w *Write) openChunkFile() error {
 		if ok, rerr := w.s.pool.take(path, w.end); rerr == nil && ok {
 			f, err = os.OpenFile(path, os.O_RDWR, 0)
 		} else {
-			f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+			f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, privfs.FileMode)
 		}
 		w.created = err == nil
 	}
