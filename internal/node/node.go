@@ -141,7 +141,8 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	}
 	n.id.Store(uint32(id))
 	n.store, err = store.Open(store.Options{Dir: filepath.Join(opts.DataDir, "store"), BlockSize: opts.BlockSize, Logger: opts.Logger,
-		OnCorrupt: func(id ids.ChunkID, version uint64, bad extent.List) { n.reportCorrupt(id, 0, version, bad) }})
+		OnCorrupt: func(id ids.ChunkID, version uint64, bad extent.List) { n.reportCorrupt(id, 0, version, bad) },
+		OnNoSpace: n.reportSoon})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -346,15 +347,34 @@ func saveIdentity(dir string, id ids.NodeID) error {
 	return os.Rename(tmp, filepath.Join(dir, identityFile))
 }
 
-func (n *Node) usage() (capacity, used, chunks int64) {
-	capacity, _ = n.store.Capacity()
+// usage is what the node reports of its space: its file system's size,
+// what it can still take (free bytes and recycled chunk files), and what
+// its chunks hold. Without statfs (not Linux) it reports no size, and
+// meta then places as if it had room.
+func (n *Node) usage() (capacity, free, used, chunks int64) {
+	if sp, err := n.store.Space(); err == nil {
+		capacity, free = sp.Total, sp.Free()
+	} else {
+		n.log.Debug("no file system space to report", "err", err)
+	}
 	used, chunks = n.store.Usage()
 	return
 }
 
+// reportSoon has the control loop heartbeat now: the store met a full
+// file system, and meta should stop placing chunks here at once rather
+// than at the next heartbeat. It never blocks (the store calls it from
+// writes).
+func (n *Node) reportSoon() {
+	select {
+	case n.refresh <- struct{}{}:
+	default:
+	}
+}
+
 // register announces the node to meta, retrying until ctx ends.
 func (n *Node) register(ctx context.Context) error {
-	capacity, used, chunks := n.usage()
+	capacity, _, used, chunks := n.usage()
 	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: capacity, Used: used, Chunks: chunks}
 	var resp metaapi.RegisterResp
 	backoff := 100 * time.Millisecond
@@ -431,7 +451,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 }
 
 func (n *Node) heartbeat(ctx context.Context) error {
-	capacity, used, chunks := n.usage()
+	capacity, _, used, chunks := n.usage()
 	n.mu.Lock()
 	deleted := n.deleted
 	n.deleted = nil

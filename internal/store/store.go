@@ -36,15 +36,18 @@ type Store struct {
 	log        *slog.Logger
 	db         *pebble.DB
 
-	gate   gate
-	chunks chunkTable
-	pool   pool
-	doubts doubts
-	fences fences
+	gate    gate
+	chunks  chunkTable
+	pool    pool
+	reserve reserve // the index's, for a full file system (space.go)
+	doubts  doubts
+	fences  fences
 	// suspects are chunks found holding bad blocks; onCorrupt is told of
 	// each finding (Options.OnCorrupt).
 	suspects  suspects
 	onCorrupt func(ids.ChunkID, uint64, extent.List)
+	// onNoSpace is Options.OnNoSpace.
+	onNoSpace func()
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -80,27 +83,29 @@ func Open(opts Options) (*Store, error) {
 	if err := makeDirs(opts.Dir); err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", opts.Dir, err)
 	}
+	s := &Store{
+		dir:       opts.Dir,
+		maxChunk:  opts.MaxChunkSize,
+		log:       opts.Logger,
+		gate:      newGate(),
+		onCorrupt: opts.OnCorrupt,
+		onNoSpace: opts.OnNoSpace,
+	}
+	s.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }
+	if err := s.pool.open(opts.Dir, opts.RecycleBytes); err != nil {
+		return nil, fmt.Errorf("store: open recycle pool in %s: %w", opts.Dir, err)
+	}
+	if err := s.reserve.open(opts.Dir); err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", opts.Dir, err)
+	}
 	db, err := pebble.Open(filepath.Join(opts.Dir, indexDir), &pebble.Options{
 		Logger: pebbleLogger{opts.Logger},
-		FS:     privfs.Pebble(vfs.Default),
+		FS:     vfs.OnDiskFull(privfs.Pebble(vfs.Default), s.indexFull),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: open index in %s: %w", opts.Dir, err)
 	}
-	s := &Store{
-		dir:      opts.Dir,
-		maxChunk: opts.MaxChunkSize,
-		log:      opts.Logger,
-		db:       db,
-		gate:     newGate(),
-
-		onCorrupt: opts.OnCorrupt,
-	}
-	s.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }
-	if err := s.pool.open(opts.Dir, opts.RecycleBytes); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("store: open recycle pool in %s: %w", opts.Dir, err)
-	}
+	s.db = db
 	if err := s.open(blockSizeAsked, opts.BlockSize); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("store: open %s: %w", opts.Dir, err)
@@ -311,15 +316,6 @@ func (s *Store) ListFrom(from ids.ChunkID, fn func(ids.ChunkID, Info) bool) erro
 // holes included) and the number of chunks.
 func (s *Store) Usage() (bytes int64, chunks int64) {
 	return s.usedBytes.Load(), s.numChunks.Load()
-}
-
-// Capacity returns the total size of the filesystem holding the store.
-func (s *Store) Capacity() (int64, error) {
-	n, err := fsCapacity(s.dir)
-	if err != nil {
-		return 0, fmt.Errorf("store: capacity: %w", err)
-	}
-	return n, nil
 }
 
 func (s *Store) getCopyBuf() *[]byte  { return s.copyBufs.Get().(*[]byte) }
