@@ -49,6 +49,10 @@ type Options struct {
 	RepairGrace    time.Duration
 	RepairParallel int
 	RepairRate     int64 // bytes a second; 0: unlimited
+	// MinFreeBytes and MinFreePercent: the free space a node keeps
+	// (meta.Options).
+	MinFreeBytes   int64
+	MinFreePercent float64
 	// ScrubInterval and ScrubRate of each node (node.Options); 0: the
 	// nodes do not scrub.
 	ScrubInterval time.Duration
@@ -103,7 +107,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	ms, err := meta.Open(meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
 		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval,
-		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate, OrphanGrace: opts.OrphanGrace})
+		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate, OrphanGrace: opts.OrphanGrace,
+		MinFreeBytes: opts.MinFreeBytes, MinFreePercent: opts.MinFreePercent})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

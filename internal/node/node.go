@@ -374,8 +374,8 @@ func (n *Node) reportSoon() {
 
 // register announces the node to meta, retrying until ctx ends.
 func (n *Node) register(ctx context.Context) error {
-	capacity, _, used, chunks := n.usage()
-	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: capacity, Used: used, Chunks: chunks}
+	capacity, free, used, chunks := n.usage()
+	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: capacity, Used: used, Free: free, Chunks: chunks}
 	var resp metaapi.RegisterResp
 	backoff := 100 * time.Millisecond
 	for {
@@ -451,7 +451,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 }
 
 func (n *Node) heartbeat(ctx context.Context) error {
-	capacity, _, used, chunks := n.usage()
+	capacity, free, used, chunks := n.usage()
 	n.mu.Lock()
 	deleted := n.deleted
 	n.deleted = nil
@@ -460,7 +460,7 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		corrupt[i].Node = cmp.Or(corrupt[i].Node, n.ID())
 	}
 	n.mu.Unlock()
-	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Chunks: chunks, Deleted: deleted, Corrupt: corrupt}
+	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Free: free, Chunks: chunks, Deleted: deleted, Corrupt: corrupt}
 	var resp metaapi.HeartbeatResp
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
