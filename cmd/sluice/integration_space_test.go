@@ -122,8 +122,8 @@ func TestFullNodeGetsNoNewChunks(t *testing.T) {
 		}
 		return false, "the node is not listed"
 	})
-	if out := string(mustRun(t, c.conf, nil, "status").stdout); !strings.Contains(out, "FREE") {
-		t.Errorf("status shows no free space:\n%s", out)
+	if out := string(mustRun(t, c.conf, nil, "status").stdout); !strings.Contains(out, "FREE") || !strings.Contains(out, "up,full") {
+		t.Errorf("status shows no free space, or not the full node:\n%s", out)
 	}
 
 	files := map[string][]byte{}
