@@ -117,7 +117,11 @@ func (c *Client) chunkLayouts(ctx context.Context, ino ids.Ino, chunkSize, off, 
 	var attr *metaapi.Attr
 	for from := first; from <= last; {
 		var resp metaapi.LayoutResp
-		req := metaapi.LayoutReq{Ino: ino, Off: from * chunkSize, Len: (last+1)*chunkSize - from*chunkSize, Write: write, Who: c.whoOf(ctx)}
+		// The exact range, not whole chunks: meta counts what a write
+		// puts on the nodes it places new chunks on (the same chunks are
+		// returned either way).
+		lo := max(off, from*chunkSize)
+		req := metaapi.LayoutReq{Ino: ino, Off: lo, Len: off + n - lo, Write: write, Who: c.whoOf(ctx)}
 		if err := c.meta.Call(ctx, metaapi.OpLayout, req, &resp); err != nil {
 			return nil, nil, err
 		}

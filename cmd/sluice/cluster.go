@@ -133,7 +133,7 @@ func (a *app) statusCmd() *cobra.Command {
 				}
 				a.printRedundancy(st)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tCAPACITY\tCHUNKS\tPLACED\tLAST HEARTBEAT")
+				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tFREE\tCAPACITY\tCHUNKS\tPLACED\tLAST HEARTBEAT")
 				for _, n := range st.Nodes {
 					hb := "never"
 					if n.LastHeartbeat > 0 {
@@ -143,10 +143,13 @@ func (a *app) statusCmd() *cobra.Command {
 					if n.Draining {
 						state += ",draining"
 					}
+					if n.Full {
+						state += ",full"
+					}
 					if n.Members >= 0 {
 						placed = strconv.FormatInt(n.Members, 10)
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Domain, state, human(n.Used), human(n.Capacity), n.Chunks, placed, hb)
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Domain, state, human(n.Used), human(n.Free), human(n.Capacity), n.Chunks, placed, hb)
 				}
 				return tw.Flush()
 			})

@@ -50,7 +50,13 @@ func startMeta(t *testing.T, dir string, extra ...string) *splitCluster {
 // startNode runs `sluice node` with data dir dir/name.
 func (c *splitCluster) startNode(t *testing.T, name string, extra ...string) *nodeProc {
 	t.Helper()
-	dir := filepath.Join(c.dir, name)
+	return c.startNodeIn(t, name, filepath.Join(c.dir, name), extra...)
+}
+
+// startNodeIn runs `sluice node` with data dir dir (its log stays in the
+// cluster's directory).
+func (c *splitCluster) startNodeIn(t *testing.T, name, dir string, extra ...string) *nodeProc {
+	t.Helper()
 	args := append([]string{"node", "--data", dir, "--meta", c.meta, "--secret-file", c.secretFile, "--listen", "127.0.0.1:0"}, extra...)
 	p := startProc(t, c.dir, name, args...)
 	m := p.waitLine(t, reNodeListen, 20*time.Second)

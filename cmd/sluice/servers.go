@@ -69,6 +69,7 @@ func (a *app) upCmd() *cobra.Command {
 		ef     engineFlags
 		mount  string
 		mf     mountFlags
+		sf     spaceFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -79,7 +80,12 @@ func (a *app) upCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, Logger: a.logger()})
+			minFree, minFreePct, err := sf.options()
+			if err != nil {
+				return err
+			}
+			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, Fabric: fo, Engine: eo, Accumulators: ef.accumulators,
+				MinFreeBytes: minFree, MinFreePercent: minFreePct, Logger: a.logger()})
 			if err != nil {
 				return err
 			}
@@ -111,6 +117,7 @@ func (a *app) upCmd() *cobra.Command {
 	cmd.Flags().StringVar(&mount, "mount", "", "also mount the cluster here (FUSE); the cluster stops when it is unmounted")
 	ef.add(cmd)
 	mf.add(cmd)
+	sf.add(cmd)
 	return cmd
 }
 
@@ -156,6 +163,7 @@ func (a *app) metaCmd() *cobra.Command {
 		repairRate  int64
 		repairPar   int
 		replicas    int
+		sf          spaceFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "meta",
@@ -174,8 +182,13 @@ func (a *app) metaCmd() *cobra.Command {
 			if orphanGrace <= 0 {
 				return fmt.Errorf("--orphan-grace %s: must be positive", orphanGrace)
 			}
+			minFree, minFreePct, err := sf.options()
+			if err != nil {
+				return err
+			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
-				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace})
+				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace,
+				MinFreeBytes: minFree, MinFreePercent: minFreePct})
 			if err != nil {
 				return err
 			}
@@ -221,7 +234,35 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&orphanGrace, "orphan-grace", time.Hour, "have nodes delete a copy no file needs once their inventories have found it so for this long")
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
+	sf.add(cmd)
 	return cmd
+}
+
+// spaceFlags are the free space a node keeps, for `meta` and `up`.
+type spaceFlags struct {
+	bytes   int64
+	percent float64
+}
+
+func (f *spaceFlags) add(cmd *cobra.Command) {
+	cmd.Flags().Int64Var(&f.bytes, "min-free", meta.DefaultMinFreeBytes, "give new chunks only to nodes with more than this many bytes free...")
+	cmd.Flags().Float64Var(&f.percent, "min-free-percent", meta.DefaultMinFreePercent, "...and more than this percentage of their file system free")
+}
+
+// options returns the flags as meta.Options reads them (where 0 is "the
+// default" and a negative value "none").
+func (f *spaceFlags) options() (bytes int64, percent float64, err error) {
+	if f.bytes < 0 || f.percent < 0 || f.percent >= 100 {
+		return 0, 0, fmt.Errorf("--min-free %d, --min-free-percent %g: bytes must not be negative, the percentage must be in [0, 100)", f.bytes, f.percent)
+	}
+	bytes, percent = f.bytes, f.percent
+	if bytes == 0 {
+		bytes = -1
+	}
+	if percent == 0 {
+		percent = -1
+	}
+	return bytes, percent, nil
 }
 
 func (a *app) nodeCmd() *cobra.Command {

@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/meta"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/privfs"
 )
 
 // Options configure a local cluster.
@@ -49,6 +49,10 @@ type Options struct {
 	RepairGrace    time.Duration
 	RepairParallel int
 	RepairRate     int64 // bytes a second; 0: unlimited
+	// MinFreeBytes and MinFreePercent: the free space a node keeps
+	// (meta.Options).
+	MinFreeBytes   int64
+	MinFreePercent float64
 	// ScrubInterval and ScrubRate of each node (node.Options); 0: the
 	// nodes do not scrub.
 	ScrubInterval time.Duration
@@ -95,7 +99,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+	if err := privfs.MkdirAll(opts.Dir); err != nil { // holds client.conf, a credential
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	if opts.DefaultReplicas == 0 {
@@ -103,7 +107,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	ms, err := meta.Open(meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
 		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval,
-		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate, OrphanGrace: opts.OrphanGrace})
+		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate, OrphanGrace: opts.OrphanGrace,
+		MinFreeBytes: opts.MinFreeBytes, MinFreePercent: opts.MinFreePercent})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

@@ -351,11 +351,11 @@ func (f *FS) statfs(ctx context.Context, out *fuse.StatfsOut) error {
 		}
 		f.statResp, f.statAt = st, time.Now()
 	}
-	capacity, used := f.statResp.Space()
+	capacity, free := f.statResp.Space()
 	const bs = 4096
 	out.Bsize, out.Frsize = bs, bs
 	out.Blocks = uint64(capacity / bs)
-	out.Bfree = uint64(max(0, capacity-used) / bs)
+	out.Bfree = uint64(min(free, capacity) / bs)
 	out.Bavail = out.Bfree
 	inodes := uint64(f.statResp.Files + f.statResp.Dirs)
 	out.Files = inodes + 1<<32

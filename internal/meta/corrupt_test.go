@@ -49,7 +49,7 @@ func TestCorruptCopiesCountedBlockByBlock(t *testing.T) {
 				}
 				reps = append(reps, r)
 				// Each node reports its own copy with its heartbeat.
-				if _, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: l.Replicas[i].Node, Capacity: 1 << 40, Corrupt: reps[len(reps)-1:]}); err != nil {
+				if _, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: l.Replicas[i].Node, Capacity: 1 << 40, Free: 1 << 40, Corrupt: reps[len(reps)-1:]}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -51,7 +51,7 @@ func runCheckOn(t *testing.T, f *fixture, verify, repair bool, held map[ids.Node
 		t.Fatal(err)
 	}
 	for n, hs := range held {
-		r, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: n, Capacity: 1 << 40})
+		r, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: n, Capacity: 1 << 40, Free: 1 << 40})
 		if err != nil || !r.Inventory || r.Verify != verify {
 			t.Fatalf("node %v was not asked for a round (verify %v): %+v %v", n, verify, r, err)
 		}

@@ -247,6 +247,7 @@ type nodeRec struct {
 	Domain        string     `json:"domain,omitempty"`
 	Capacity      int64      `json:"capacity"`
 	Used          int64      `json:"used"`
+	Free          int64      `json:"free"`
 	Chunks        int64      `json:"chunks"`
 	LastHeartbeat int64      `json:"last_heartbeat"`
 	Draining      bool       `json:"draining,omitempty"`

@@ -151,7 +151,8 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 			if in.Policy != nil {
 				pol = *in.Policy
 			}
-			infos := s.nodeInfosLocked()
+			infos := s.placementInfosLocked()
+			placed := charges{}
 			chunks := make([]indexedChunk, 0, last-first+1)
 			next := 0
 			for idx := first; idx <= last; idx++ {
@@ -160,10 +161,11 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 					next++
 					continue
 				}
-				nodes, err := placement.Choose(infos, pol.Units(), nil, s.rng)
+				nodes, err := placement.Choose(infos, pol.Units(), nil, s.minFree, s.rng)
 				if err != nil {
 					return s.placementError(err)
 				}
+				placed.add(infos, nodes, placedBytes(pol, in.ChunkSize, idx, req.Off, req.Len))
 				c := indexedChunk{index: idx, rec: chunkRec{ID: tx.ctr.NextChunk, Nodes: nodes}}
 				tx.ctr.NextChunk++
 				tx.ctr.Chunks++
@@ -176,6 +178,7 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 				chunks = append(chunks, c)
 			}
 			p = layoutPlan{at: tx.now, attr: in.Attr, epoch: tx.ctr.Epoch, chunks: chunks, more: more, addrs: s.addrsLocked()}
+			tx.after = append(tx.after, func() { s.commitCharges(placed) })
 			return nil
 		})
 		if err != nil {

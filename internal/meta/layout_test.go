@@ -18,7 +18,7 @@ func (f *fixture) addNodes(n int, domains ...string) []ids.NodeID {
 	f.t.Helper()
 	var out []ids.NodeID
 	for i := 0; i < n; i++ {
-		req := metaapi.RegisterReq{Addr: fmt.Sprintf("127.0.0.1:%d", 9000+len(f.s.nodes)+1), Capacity: 1 << 40}
+		req := metaapi.RegisterReq{Addr: fmt.Sprintf("127.0.0.1:%d", 9000+len(f.s.nodes)+1), Capacity: 1 << 40, Free: 1 << 40}
 		if len(domains) > 0 {
 			req.Domain = domains[i%len(domains)]
 		}
@@ -43,7 +43,7 @@ func (f *fixture) layout(path string, off, n int64, write bool) metaapi.LayoutRe
 // heartbeat sends a heartbeat for node id acknowledging deleted.
 func (f *fixture) heartbeat(id ids.NodeID, deleted ...ids.ChunkID) metaapi.HeartbeatResp {
 	f.t.Helper()
-	r, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: id, Capacity: 1 << 40, Deleted: deleted})
+	r, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: id, Capacity: 1 << 40, Free: 1 << 40, Deleted: deleted})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -37,12 +37,15 @@ type member struct {
 	rec   nodeRec
 	state metaapi.NodeState
 	heard bool // heard from since this process started
+	// pending is the bytes meta placed on the node since its last report
+	// of its free space (space.go).
+	pending int64
 }
 
 func (m *member) info() metaapi.NodeInfo {
 	return metaapi.NodeInfo{
 		ID: m.rec.ID, Addr: m.rec.Addr, Domain: m.rec.Domain, State: m.state,
-		Capacity: m.rec.Capacity, Used: m.rec.Used, Chunks: m.rec.Chunks,
+		Capacity: m.rec.Capacity, Used: m.rec.Used, Free: m.rec.Free, Chunks: m.rec.Chunks,
 		LastHeartbeat: m.rec.LastHeartbeat, Draining: m.rec.Draining, Members: -1,
 	}
 }
@@ -51,7 +54,9 @@ func (m *member) info() metaapi.NodeInfo {
 func (s *Service) nodeInfosLocked() []metaapi.NodeInfo {
 	out := make([]metaapi.NodeInfo, 0, len(s.nodes))
 	for _, m := range s.nodes {
-		out = append(out, m.info())
+		in := m.info()
+		in.Full = s.fullLocked(m)
+		out = append(out, in)
 	}
 	slices.SortFunc(out, func(a, b metaapi.NodeInfo) int { return int(a.ID) - int(b.ID) })
 	return out
@@ -85,7 +90,7 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 	if len(req.Domain) > 256 {
 		return out, metaapi.Errorf(metaapi.EINVAL, "failure domain name of %d bytes", len(req.Domain))
 	}
-	if req.Capacity < 0 || req.Used < 0 || req.Chunks < 0 {
+	if req.Capacity < 0 || req.Used < 0 || req.Free < 0 || req.Chunks < 0 {
 		return out, metaapi.Errorf(metaapi.EINVAL, "negative capacity or usage")
 	}
 	err := s.update(func(tx *txn) error {
@@ -107,7 +112,7 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 		}
 		rec := nodeRec{
 			ID: id, Addr: req.Addr, Domain: req.Domain,
-			Capacity: req.Capacity, Used: req.Used, Chunks: req.Chunks,
+			Capacity: req.Capacity, Used: req.Used, Free: req.Free, Chunks: req.Chunks,
 			LastHeartbeat: tx.now,
 		}
 		if old != nil {
@@ -141,7 +146,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 			return out, err
 		}
 	}
-	if req.Capacity < 0 || req.Used < 0 || req.Chunks < 0 {
+	if req.Capacity < 0 || req.Used < 0 || req.Free < 0 || req.Chunks < 0 {
 		return out, metaapi.Errorf(metaapi.EINVAL, "negative capacity or usage")
 	}
 	if len(req.Deleted) > maxDeletedAcks {
@@ -161,7 +166,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 			return metaapi.Errorf(metaapi.ENOENT, "unknown storage node %d: register first", req.ID)
 		}
 		rec := m.rec
-		rec.Capacity, rec.Used, rec.Chunks = req.Capacity, req.Used, req.Chunks
+		rec.Capacity, rec.Used, rec.Free, rec.Chunks = req.Capacity, req.Used, req.Free, req.Chunks
 		rec.LastHeartbeat = tx.now
 		persist := false
 		if req.Addr != "" && req.Addr != rec.Addr {
@@ -199,7 +204,9 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 		}
 		wasUp := m.state == metaapi.NodeUp
 		tx.after = append(tx.after, func() {
-			m.rec, m.state, m.heard = rec, metaapi.NodeUp, true
+			// Its report counts what it holds now: what meta placed
+			// before it is in there (or arrives within the margin).
+			m.rec, m.state, m.heard, m.pending = rec, metaapi.NodeUp, true, 0
 			if !wasUp {
 				s.repairs.nodeBack()
 				s.log.Info("storage node up", "node", rec.ID, "addr", rec.Addr, "epoch", tx.ctr.Epoch)

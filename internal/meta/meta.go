@@ -47,6 +47,8 @@ import (
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/placement"
+	"github.com/sluicefs/sluice/internal/privfs"
 	"github.com/sluicefs/sluice/internal/secret"
 )
 
@@ -90,6 +92,12 @@ type Options struct {
 	// (no file needs it there) by the node's inventories before the
 	// node is told to delete it; default 1h.
 	OrphanGrace time.Duration
+	// MinFreeBytes and MinFreePercent are the free space a node must
+	// keep to be given new chunks: the bytes, or the percentage of its
+	// file system, whichever is more (see space.go). 0 means the default
+	// (DefaultMinFreeBytes, DefaultMinFreePercent); negative, none.
+	MinFreeBytes   int64
+	MinFreePercent float64
 
 	fs vfs.FS // tests: an in-memory file system for meta.db
 }
@@ -131,6 +139,13 @@ func (o *Options) setDefaults() {
 	if o.OrphanGrace <= 0 {
 		o.OrphanGrace = time.Hour
 	}
+	if o.MinFreeBytes == 0 {
+		o.MinFreeBytes = DefaultMinFreeBytes
+	}
+	if o.MinFreePercent == 0 {
+		o.MinFreePercent = DefaultMinFreePercent
+	}
+	o.MinFreeBytes, o.MinFreePercent = max(o.MinFreeBytes, 0), max(o.MinFreePercent, 0)
 }
 
 // Service is the meta service. Its exported methods are safe for
@@ -150,6 +165,7 @@ type Service struct {
 	ctr      counters
 	nodes    map[ids.NodeID]*member
 	rng      *rand.Rand // under mu (write)
+	minFree  placement.MinFree
 	metaAddr string
 	openedAt time.Time
 
@@ -180,14 +196,26 @@ func Open(opts Options) (*Service, error) {
 	if opts.DefaultReplicas > 16 {
 		return nil, fmt.Errorf("meta: default replicas %d out of range 1..16", opts.DefaultReplicas)
 	}
-	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+	if opts.MinFreePercent >= 100 {
+		return nil, fmt.Errorf("meta: a node must keep %g%% of its space free: no node could take anything", opts.MinFreePercent)
+	}
+	// Everything under the data directory is private to this account,
+	// including what an older version left readable by others.
+	if err := privfs.MkdirAll(opts.Dir); err != nil {
 		return nil, fmt.Errorf("meta: creating data directory: %w", err)
+	}
+	if err := privfs.Secure(opts.Dir); err != nil {
+		return nil, fmt.Errorf("meta: %w", err)
+	}
+	fs := opts.fs
+	if fs == nil {
+		fs = privfs.Pebble(vfs.Default)
 	}
 	sec, err := secret.LoadOrCreate(filepath.Join(opts.Dir, SecretFile))
 	if err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
-	db, err := pebble.Open(filepath.Join(opts.Dir, DBDir), &pebble.Options{Logger: pebbleLogger{opts.Logger}, FS: opts.fs})
+	db, err := pebble.Open(filepath.Join(opts.Dir, DBDir), &pebble.Options{Logger: pebbleLogger{opts.Logger}, FS: fs})
 	if err != nil {
 		return nil, fmt.Errorf("meta: opening %s: %w", DBDir, err)
 	}
@@ -204,6 +232,7 @@ func Open(opts Options) (*Service, error) {
 		nodeTk:   sec.NodeToken(),
 		nodes:    make(map[ids.NodeID]*member),
 		rng:      rand.New(rand.NewPCG(seed, seed^0x5eed)),
+		minFree:  placement.MinFree{Bytes: opts.MinFreeBytes, Percent: opts.MinFreePercent},
 		metaAddr: opts.MetaAddr,
 		openedAt: opts.Now(),
 		repairs:  newRepairQueue(),

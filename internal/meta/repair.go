@@ -871,9 +871,13 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			if !down && !slices.Contains(rec.Fresh, n) && slices.Contains(rec.Corrupt, n) {
 				corrupt++
 			}
+			// A writer's fail-over also moves members off full nodes: the
+			// write it retries would fail there again (no space), while
+			// other nodes have room. They leave like a drain's.
+			leaving := m != nil && (m.rec.Draining || failover && !down && s.fullLocked(m))
 			switch {
 			case m == nil:
-			case m.rec.Draining && !down && !ec:
+			case leaving && !down && !ec:
 				// A replica leaving a live node stays a member, and a
 				// source, until the new copy is whole (the set grows by
 				// one meanwhile): a drain never lowers redundancy, and a
@@ -885,7 +889,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 					grow = append(grow, i)
 				}
 				continue
-			case m.rec.Draining:
+			case leaving:
 			case down && now.Sub(s.downSince(m)) >= s.opts.RepairGrace:
 			// A writer waiting, or a member that did not answer: replace
 			// it now if meta has heard it go silent (not merely not yet
@@ -929,7 +933,8 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 					kept = append(kept, n)
 				}
 			}
-			nodes, err := placement.Replace(s.nodeInfosLocked(), len(replace)+len(grow), rec.Nodes, kept, s.rng)
+			infos := s.placementInfosLocked()
+			nodes, err := placement.Replace(infos, len(replace)+len(grow), rec.Nodes, kept, s.minFree, s.rng)
 			if err != nil {
 				err = s.placementError(err)
 				if me, ok := err.(*metaapi.Error); ok {
@@ -937,6 +942,14 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 				}
 				return err
 			}
+			// The new members receive a copy of the chunk.
+			pol := metaapi.Policy{}
+			if in.Policy != nil {
+				pol = *in.Policy
+			}
+			placed := charges{}
+			placed.add(infos, nodes, placedBytes(pol, in.ChunkSize, j.ref.index, 0, in.Size))
+			tx.after = append(tx.after, func() { s.commitCharges(placed) })
 			for k, i := range replace {
 				old := rec.Nodes[i]
 				rec.Nodes[i] = nodes[k]

@@ -211,7 +211,7 @@ func TestRetiredCopiesCarryTheirEpoch(t *testing.T) {
 	if err := f.s.endReconcile(ref, l.Chunk, p.epoch, 1, nil); err != nil {
 		t.Fatal(err)
 	}
-	r, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: gone, Capacity: 1 << 40})
+	r, err := f.s.Heartbeat(metaapi.HeartbeatReq{ID: gone, Capacity: 1 << 40, Free: 1 << 40})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -590,8 +590,9 @@ type NodeInfo struct {
 	Addr          string     `json:"addr"`
 	Domain        string     `json:"domain"`
 	State         NodeState  `json:"state"`
-	Capacity      int64      `json:"capacity"` // bytes
-	Used          int64      `json:"used"`     // bytes
+	Capacity      int64      `json:"capacity"` // bytes: the size of its file system
+	Used          int64      `json:"used"`     // bytes in its chunks
+	Free          int64      `json:"free"`     // bytes it can still take, as last reported (see HeartbeatReq)
 	Chunks        int64      `json:"chunks"`
 	LastHeartbeat int64      `json:"last_heartbeat"` // unix nanoseconds
 	// Draining: `sluice node drain` asked for everything to move off it;
@@ -599,6 +600,10 @@ type NodeInfo struct {
 	// meta places on it, as of the last scan (-1: not scanned yet).
 	Draining bool  `json:"draining,omitempty"`
 	Members  int64 `json:"members"`
+	// Full: it has no more free space than meta's margin (sluice meta
+	// --min-free), counting what meta placed there since its report; it
+	// gets no new chunks.
+	Full bool `json:"full,omitempty"`
 }
 
 // DrainReq moves all data off a node (or, with Cancel, stops doing so).
@@ -646,16 +651,16 @@ func (s StatusResp) Repaired(since time.Time) bool {
 	return r.ScannedAt > since.UnixNano() && r.Replicated.Short()+r.Striped.Short() == 0 && s.Repair.Pending == 0
 }
 
-// Space sums the capacity and the bytes used of the nodes that are up:
+// Space sums the capacity and the free space of the nodes that are up:
 // what front ends report as the file system's size (statfs, FSSTAT).
-func (s StatusResp) Space() (capacity, used int64) {
+func (s StatusResp) Space() (capacity, free int64) {
 	for _, n := range s.Nodes {
 		if n.State == NodeUp {
-			capacity += n.Capacity
-			used += n.Used
+			capacity += max(n.Capacity, 0)
+			free += max(n.Free, 0)
 		}
 	}
-	return capacity, used
+	return capacity, free
 }
 
 type RedundancyTally struct {
@@ -760,6 +765,7 @@ type RegisterReq struct {
 	Domain   string     `json:"domain"`
 	Capacity int64      `json:"capacity"`
 	Used     int64      `json:"used"`
+	Free     int64      `json:"free"`
 	Chunks   int64      `json:"chunks"`
 }
 type RegisterResp struct {
@@ -769,12 +775,18 @@ type RegisterResp struct {
 }
 
 // HeartbeatReq reports a node's liveness and usage, and acknowledges
-// chunk deletions done since the last heartbeat.
+// chunk deletions done since the last heartbeat. Capacity is the size of
+// the node's file system, Used the bytes in its chunks, Free what it can
+// still take: the file system's free bytes and the recycled chunk files
+// it reuses or gives back (store.Space). Meta places new chunks by Free,
+// not by Used: the index, recycled files and other tenants of the disk
+// take space too.
 type HeartbeatReq struct {
 	ID       ids.NodeID    `json:"id"`
 	Addr     string        `json:"addr"`
 	Capacity int64         `json:"capacity"`
 	Used     int64         `json:"used"`
+	Free     int64         `json:"free"`
 	Chunks   int64         `json:"chunks"`
 	Deleted  []ids.ChunkID `json:"deleted,omitempty"`
 	// Corrupt are copies found holding blocks that fail their checksums:

@@ -924,8 +924,8 @@ func (g *Gateway) fsstat(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		if err != nil {
 			return statusOf(err)
 		}
-		capacity, used := st.Space()
-		free := uint64(max(0, capacity-used))
+		capacity, avail := st.Space()
+		free := uint64(min(avail, capacity))
 		w.Uint64(uint64(max(capacity, 0)))
 		w.Uint64(free)
 		w.Uint64(free)

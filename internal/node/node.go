@@ -27,6 +27,7 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/policy"
+	"github.com/sluicefs/sluice/internal/privfs"
 	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/store"
 )
@@ -125,8 +126,13 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if opts.InventoryInterval == 0 {
 		opts.InventoryInterval = DefaultInventoryInterval
 	}
-	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
+	// Everything under the data directory is private to this account,
+	// including what an older version left readable by others.
+	if err := privfs.MkdirAll(opts.DataDir); err != nil {
 		return nil, fmt.Errorf("node: creating data dir: %w", err)
+	}
+	if err := privfs.Secure(opts.DataDir); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
 	}
 	n := &Node{opts: opts, log: opts.Logger, fatal: make(chan error, 1), refresh: make(chan struct{}, 1), inventoryNow: make(chan struct{}, 1)}
 	id, err := loadIdentity(opts.DataDir)
@@ -135,7 +141,8 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	}
 	n.id.Store(uint32(id))
 	n.store, err = store.Open(store.Options{Dir: filepath.Join(opts.DataDir, "store"), BlockSize: opts.BlockSize, Logger: opts.Logger,
-		OnCorrupt: func(id ids.ChunkID, version uint64, bad extent.List) { n.reportCorrupt(id, 0, version, bad) }})
+		OnCorrupt: func(id ids.ChunkID, version uint64, bad extent.List) { n.reportCorrupt(id, 0, version, bad) },
+		OnNoSpace: n.reportSoon})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -326,7 +333,7 @@ func loadIdentity(dir string) (ids.NodeID, error) {
 func saveIdentity(dir string, id ids.NodeID) error {
 	raw, _ := json.Marshal(identity{ID: id})
 	tmp := filepath.Join(dir, identityFile+".tmp")
-	f, err := os.Create(tmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, privfs.FileMode)
 	if err != nil {
 		return fmt.Errorf("node: saving identity: %w", err)
 	}
@@ -340,16 +347,35 @@ func saveIdentity(dir string, id ids.NodeID) error {
 	return os.Rename(tmp, filepath.Join(dir, identityFile))
 }
 
-func (n *Node) usage() (capacity, used, chunks int64) {
-	capacity, _ = n.store.Capacity()
+// usage is what the node reports of its space: its file system's size,
+// what it can still take (free bytes and recycled chunk files), and what
+// its chunks hold. Without statfs (not Linux) it reports no size, and
+// meta then places as if it had room.
+func (n *Node) usage() (capacity, free, used, chunks int64) {
+	if sp, err := n.store.Space(); err == nil {
+		capacity, free = sp.Total, sp.Free()
+	} else {
+		n.log.Debug("no file system space to report", "err", err)
+	}
 	used, chunks = n.store.Usage()
 	return
 }
 
+// reportSoon has the control loop heartbeat now: the store met a full
+// file system, and meta should stop placing chunks here at once rather
+// than at the next heartbeat. It never blocks (the store calls it from
+// writes).
+func (n *Node) reportSoon() {
+	select {
+	case n.refresh <- struct{}{}:
+	default:
+	}
+}
+
 // register announces the node to meta, retrying until ctx ends.
 func (n *Node) register(ctx context.Context) error {
-	capacity, used, chunks := n.usage()
-	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: capacity, Used: used, Chunks: chunks}
+	capacity, free, used, chunks := n.usage()
+	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: capacity, Used: used, Free: free, Chunks: chunks}
 	var resp metaapi.RegisterResp
 	backoff := 100 * time.Millisecond
 	for {
@@ -425,7 +451,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 }
 
 func (n *Node) heartbeat(ctx context.Context) error {
-	capacity, used, chunks := n.usage()
+	capacity, free, used, chunks := n.usage()
 	n.mu.Lock()
 	deleted := n.deleted
 	n.deleted = nil
@@ -434,7 +460,7 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		corrupt[i].Node = cmp.Or(corrupt[i].Node, n.ID())
 	}
 	n.mu.Unlock()
-	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Chunks: chunks, Deleted: deleted, Corrupt: corrupt}
+	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Free: free, Chunks: chunks, Deleted: deleted, Corrupt: corrupt}
 	var resp metaapi.HeartbeatResp
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -5,20 +5,29 @@
 //
 // The policy, in order of priority:
 //
-//  1. Only live nodes (State == up), never an excluded node, never a node
-//     that reports itself full (Capacity > 0 and Used >= Capacity).
+//  1. Only live nodes (State == up), never an excluded node, never a
+//     full one: a node must have more than a margin free (MinFree: a
+//     number of bytes or a share of its capacity, whichever is more).
+//     NodeInfo.Free is what meta expects the node to have — its last
+//     report less what meta placed there since — and the margin absorbs
+//     what that estimate misses (appends to existing chunks, a burst
+//     between reports), so a node's file system never fills up under a
+//     write it was given. A node that reports no capacity (no statfs
+//     where it runs) is taken to have room.
 //  2. Spread across failure domains: the first replicas go to distinct
 //     domains (nodes sharing NodeInfo.Domain are one domain; a node with
 //     an empty domain is a domain of its own); only when every domain
 //     holds a replica are further replicas doubled up inside domains.
-//  3. Within those bounds, prefer emptier nodes without herding: each pick
-//     is a "power of two choices" — draw two candidates at random and keep
-//     the one with the lower used/capacity ratio. A fully deterministic
-//     "least used first" would send every chunk allocated between two
-//     heartbeats to the same nodes, since usage is only refreshed by
-//     heartbeats; two random choices keep the load balanced with
-//     exponentially smaller imbalance than one random choice, yet still
-//     spread a burst of allocations over the whole cluster.
+//  3. Within those bounds, prefer nodes with more room without herding:
+//     each pick is a "power of two choices" — draw two candidates at
+//     random and keep the one with the larger share of its capacity
+//     free. A fully deterministic "emptiest first" would send every chunk
+//     allocated between two heartbeats to the same nodes; two random
+//     choices keep the load balanced with exponentially smaller imbalance
+//     than one random choice, yet still spread a burst of allocations
+//     over the whole cluster. Free space, not the bytes in chunks, is
+//     what counts: the index, recycled chunk files and other tenants of
+//     a disk take space too.
 package placement
 
 import (
@@ -29,15 +38,33 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
+// MinFree is the free space a node must keep to be given new chunks:
+// Bytes, or Percent of its capacity if that is more.
+type MinFree struct {
+	Bytes   int64
+	Percent float64
+}
+
+// Of is the free space a node of capacity bytes must keep.
+func (m MinFree) Of(capacity int64) int64 {
+	return max(m.Bytes, int64(float64(max(capacity, 0))*m.Percent/100))
+}
+
+// Full reports whether n has no more than the margin free (a node that
+// reports no capacity never is).
+func (m MinFree) Full(n *metaapi.NodeInfo) bool {
+	return n.Capacity > 0 && n.Free <= m.Of(n.Capacity)
+}
+
 // Choose returns k distinct node ids for a new chunk, chosen from nodes as
 // described in the package comment. The first returned node is the head of
 // the replication chain. If fewer than k nodes qualify it returns an
 // ENOSPC *metaapi.Error naming both numbers.
-func Choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, rng *rand.Rand) ([]ids.NodeID, error) {
+func Choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, minFree MinFree, rng *rand.Rand) ([]ids.NodeID, error) {
 	if k < 1 {
 		return nil, metaapi.Errorf(metaapi.EINVAL, "placement: need at least 1 replica, got %d", k)
 	}
-	out, up, full, ok := choose(nodes, k, exclude, nil, rng)
+	out, up, full, ok := choose(nodes, k, exclude, nil, minFree, rng)
 	if ok {
 		return out, nil
 	}
@@ -61,7 +88,7 @@ func Choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, rng *rand.Ran
 // replaced), and in failure domains the kept members do not already
 // occupy before doubling up, as a new chunk's would be. If fewer than k
 // nodes qualify it returns an ENOSPC *metaapi.Error.
-func Replace(nodes []metaapi.NodeInfo, k int, members, kept []ids.NodeID, rng *rand.Rand) ([]ids.NodeID, error) {
+func Replace(nodes []metaapi.NodeInfo, k int, members, kept []ids.NodeID, minFree MinFree, rng *rand.Rand) ([]ids.NodeID, error) {
 	if k < 1 {
 		return nil, metaapi.Errorf(metaapi.EINVAL, "placement: need at least 1 replacement, got %d", k)
 	}
@@ -71,7 +98,7 @@ func Replace(nodes []metaapi.NodeInfo, k int, members, kept []ids.NodeID, rng *r
 			occupied[domainOf(&nodes[i])] = true
 		}
 	}
-	out, up, full, ok := choose(nodes, k, members, occupied, rng)
+	out, up, full, ok := choose(nodes, k, members, occupied, minFree, rng)
 	if ok {
 		return out, nil
 	}
@@ -85,7 +112,7 @@ func Replace(nodes []metaapi.NodeInfo, k int, members, kept []ids.NodeID, rng *r
 // choose picks k nodes from those that qualify, spreading over domains
 // not in occupied first. up counts the live nodes outside exclude, full
 // those of them that are full; ok is false if fewer than k qualify.
-func choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, occupied map[string]bool, rng *rand.Rand) (out []ids.NodeID, up, full int, ok bool) {
+func choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, occupied map[string]bool, minFree MinFree, rng *rand.Rand) (out []ids.NodeID, up, full int, ok bool) {
 	cands := make([]cand, 0, len(nodes))
 	seen := make(map[ids.NodeID]bool, len(nodes))
 	for i := range nodes {
@@ -95,11 +122,11 @@ func choose(nodes []metaapi.NodeInfo, k int, exclude []ids.NodeID, occupied map[
 		}
 		seen[n.ID] = true // a duplicated id would break distinctness
 		up++
-		if n.Capacity > 0 && n.Used >= n.Capacity {
+		if minFree.Full(n) {
 			full++
 			continue
 		}
-		cands = append(cands, cand{id: n.ID, domain: domainOf(n), ratio: ratio(n)})
+		cands = append(cands, cand{id: n.ID, domain: domainOf(n), room: room(n)})
 	}
 	if len(cands) < k {
 		return nil, up, full, false
@@ -142,23 +169,22 @@ func domainOf(n *metaapi.NodeInfo) string {
 type cand struct {
 	id     ids.NodeID
 	domain string
-	ratio  float64
+	room   float64
 	taken  bool
 }
 
-// ratio is the fraction of a node's capacity in use; a node that does not
-// report its capacity counts as empty rather than being starved.
-func ratio(n *metaapi.NodeInfo) float64 {
+// room is the share of a node's capacity that is free; a node that does
+// not report its capacity counts as empty rather than being starved.
+func room(n *metaapi.NodeInfo) float64 {
 	if n.Capacity <= 0 {
-		return 0
+		return 1
 	}
-	used := max(n.Used, 0)
-	return float64(used) / float64(n.Capacity)
+	return float64(min(max(n.Free, 0), n.Capacity)) / float64(n.Capacity)
 }
 
 // pick draws two eligible candidates uniformly at random (with
 // replacement; identical when only one is eligible) and returns the index
-// of the one with the lower ratio, or -1 when none is eligible.
+// of the one with more room, or -1 when none is eligible.
 func pick(cands []cand, rng *rand.Rand, ok func(*cand) bool) int {
 	n := 0
 	for i := range cands {
@@ -170,7 +196,7 @@ func pick(cands []cand, rng *rand.Rand, ok func(*cand) bool) int {
 		return -1
 	}
 	a, b := nth(cands, ok, rng.IntN(n)), nth(cands, ok, rng.IntN(n))
-	if cands[b].ratio < cands[a].ratio {
+	if cands[b].room > cands[a].room {
 		return b
 	}
 	return a

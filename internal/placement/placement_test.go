@@ -12,12 +12,13 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
-func node(id ids.NodeID, domain string, state metaapi.NodeState, used, capacity int64) metaapi.NodeInfo {
-	return metaapi.NodeInfo{ID: id, Addr: fmt.Sprintf("127.0.0.1:%d", 7000+id), Domain: domain, State: state, Used: used, Capacity: capacity}
+// node is a node with free of capacity bytes free.
+func node(id ids.NodeID, domain string, state metaapi.NodeState, free, capacity int64) metaapi.NodeInfo {
+	return metaapi.NodeInfo{ID: id, Addr: fmt.Sprintf("127.0.0.1:%d", 7000+id), Domain: domain, State: state, Free: free, Capacity: capacity}
 }
 
 func up(id ids.NodeID, domain string) metaapi.NodeInfo {
-	return node(id, domain, metaapi.NodeUp, 0, 1<<40)
+	return node(id, domain, metaapi.NodeUp, 1<<40, 1<<40)
 }
 
 func TestChooseErrors(t *testing.T) {
@@ -36,7 +37,7 @@ func TestChooseErrors(t *testing.T) {
 		{"no nodes", nil, 1, nil, metaapi.ENOSPC, []string{"needs 1 replicas", "only 0 storage nodes"}},
 		{"excluded do not count", []metaapi.NodeInfo{up(1, ""), up(2, ""), up(3, "")}, 3, []ids.NodeID{2}, metaapi.ENOSPC,
 			[]string{"needs 3", "only 2", "excluded"}},
-		{"full nodes do not count", []metaapi.NodeInfo{up(1, ""), up(2, ""), node(3, "", metaapi.NodeUp, 100, 100)}, 3, nil, metaapi.ENOSPC,
+		{"full nodes do not count", []metaapi.NodeInfo{up(1, ""), up(2, ""), node(3, "", metaapi.NodeUp, 0, 100)}, 3, nil, metaapi.ENOSPC,
 			[]string{"needs 3", "only 2", "1 full"}},
 		{"duplicate ids count once", []metaapi.NodeInfo{up(1, ""), up(1, ""), up(2, "")}, 3, nil, metaapi.ENOSPC,
 			[]string{"needs 3", "only 2"}},
@@ -45,7 +46,7 @@ func TestChooseErrors(t *testing.T) {
 		{"k zero", []metaapi.NodeInfo{up(1, "")}, 0, nil, metaapi.EINVAL, []string{"at least 1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Choose(tc.nodes, tc.k, tc.exclude, rand.New(rand.NewPCG(1, 2)))
+			got, err := Choose(tc.nodes, tc.k, tc.exclude, MinFree{}, rand.New(rand.NewPCG(1, 2)))
 			if err == nil {
 				t.Fatalf("Choose = %v, want error %s", got, tc.code)
 			}
@@ -73,7 +74,7 @@ func TestChooseSelects(t *testing.T) {
 		{"exactly k", []metaapi.NodeInfo{up(1, ""), up(2, ""), up(3, "")}, 3, nil, []ids.NodeID{1, 2, 3}, 3},
 		{"skips down", []metaapi.NodeInfo{up(1, ""), node(2, "", metaapi.NodeDown, 0, 10), up(3, "")}, 2, nil, []ids.NodeID{1, 3}, 2},
 		{"skips excluded", []metaapi.NodeInfo{up(1, ""), up(2, ""), up(3, "")}, 2, []ids.NodeID{1}, []ids.NodeID{2, 3}, 2},
-		{"skips full", []metaapi.NodeInfo{up(1, ""), node(2, "", metaapi.NodeUp, 10, 10), up(3, "")}, 2, nil, []ids.NodeID{1, 3}, 2},
+		{"skips full", []metaapi.NodeInfo{up(1, ""), node(2, "", metaapi.NodeUp, 0, 10), up(3, "")}, 2, nil, []ids.NodeID{1, 3}, 2},
 		{"unknown capacity is usable", []metaapi.NodeInfo{node(1, "", metaapi.NodeUp, 5, 0), up(2, "")}, 2, nil, []ids.NodeID{1, 2}, 2},
 		{"one per domain first", []metaapi.NodeInfo{
 			up(1, "a"), up(2, "a"), up(3, "a"), up(4, "b"), up(5, "c"),
@@ -86,7 +87,7 @@ func TestChooseSelects(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for seed := uint64(0); seed < 50; seed++ {
-				got, err := Choose(tc.nodes, tc.k, tc.exclude, rand.New(rand.NewPCG(seed, 7)))
+				got, err := Choose(tc.nodes, tc.k, tc.exclude, MinFree{}, rand.New(rand.NewPCG(seed, 7)))
 				if err != nil {
 					t.Fatalf("seed %d: %v", seed, err)
 				}
@@ -166,7 +167,7 @@ func TestFailureDomainProperty(t *testing.T) {
 			if gen.IntN(4) != 0 {
 				dom = string(rune('a' + gen.IntN(4)))
 			}
-			nodes = append(nodes, node(ids.NodeID(i), dom, st, gen.Int64N(100), 100+gen.Int64N(100)))
+			nodes = append(nodes, node(ids.NodeID(i), dom, st, 1+gen.Int64N(100), 100+gen.Int64N(100)))
 		}
 		var exclude []ids.NodeID
 		if gen.IntN(3) == 0 {
@@ -181,7 +182,7 @@ func TestFailureDomainProperty(t *testing.T) {
 				nlive++
 			}
 		}
-		got, err := Choose(nodes, k, exclude, rand.New(rand.NewPCG(uint64(iter), 1)))
+		got, err := Choose(nodes, k, exclude, MinFree{}, rand.New(rand.NewPCG(uint64(iter), 1)))
 		if nlive < k {
 			if !metaapi.IsCode(err, metaapi.ENOSPC) {
 				t.Fatalf("iter %d: %d live < k=%d but err = %v", iter, nlive, k, err)
@@ -209,7 +210,7 @@ func TestSpread(t *testing.T) {
 	first := map[ids.NodeID]int{}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for r := 0; r < rounds; r++ {
-		got, err := Choose(nodes, k, nil, rng)
+		got, err := Choose(nodes, k, nil, MinFree{}, rng)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,18 +232,18 @@ func TestSpread(t *testing.T) {
 	}
 }
 
-// TestPrefersEmptier checks the load bias: with two choices, the emptier
-// of two nodes wins 3/4 of single-replica placements.
+// TestPrefersEmptier checks the load bias: with two choices, the node
+// with more free space wins 3/4 of single-replica placements.
 func TestPrefersEmptier(t *testing.T) {
 	nodes := []metaapi.NodeInfo{
-		node(1, "", metaapi.NodeUp, 90, 100),
-		node(2, "", metaapi.NodeUp, 10, 100),
+		node(1, "", metaapi.NodeUp, 10, 100),
+		node(2, "", metaapi.NodeUp, 90, 100),
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
 	const rounds = 10000
 	low := 0
 	for r := 0; r < rounds; r++ {
-		got, err := Choose(nodes, 1, nil, rng)
+		got, err := Choose(nodes, 1, nil, MinFree{}, rng)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -260,8 +261,8 @@ func TestDeterministic(t *testing.T) {
 	for i := 1; i <= 20; i++ {
 		nodes = append(nodes, up(ids.NodeID(i), string(rune('a'+i%4))))
 	}
-	a, _ := Choose(nodes, 5, nil, rand.New(rand.NewPCG(9, 9)))
-	b, _ := Choose(nodes, 5, nil, rand.New(rand.NewPCG(9, 9)))
+	a, _ := Choose(nodes, 5, nil, MinFree{}, rand.New(rand.NewPCG(9, 9)))
+	b, _ := Choose(nodes, 5, nil, MinFree{}, rand.New(rand.NewPCG(9, 9)))
 	if !slices.Equal(a, b) {
 		t.Fatalf("same seed gave %v and %v", a, b)
 	}
@@ -279,7 +280,7 @@ func TestReplace(t *testing.T) {
 	nodes[4].State = metaapi.NodeDown
 	members, kept := []ids.NodeID{1, 3, 5}, []ids.NodeID{1, 3}
 	for seed := range uint64(200) {
-		got, err := Replace(nodes, 1, members, kept, rand.New(rand.NewPCG(seed, 1)))
+		got, err := Replace(nodes, 1, members, kept, MinFree{}, rand.New(rand.NewPCG(seed, 1)))
 		if err != nil || len(got) != 1 || got[0] != 6 {
 			t.Fatalf("seed %d: replacement %v, %v; want node 6 (the only free rack)", seed, got, err)
 		}
@@ -287,7 +288,7 @@ func TestReplace(t *testing.T) {
 	// No free rack left: it doubles up, never on a member.
 	nodes = []metaapi.NodeInfo{up(1, "a"), up(2, "a"), up(3, "b"), up(4, "b")}
 	for seed := range uint64(50) {
-		got, err := Replace(nodes, 1, []ids.NodeID{1, 3}, []ids.NodeID{1}, rand.New(rand.NewPCG(seed, 2)))
+		got, err := Replace(nodes, 1, []ids.NodeID{1, 3}, []ids.NodeID{1}, MinFree{}, rand.New(rand.NewPCG(seed, 2)))
 		if err != nil || len(got) != 1 || got[0] == 1 || got[0] == 3 {
 			t.Fatalf("seed %d: replacement %v, %v", seed, got, err)
 		}
@@ -296,9 +297,107 @@ func TestReplace(t *testing.T) {
 		}
 	}
 	// Every live node is a member: a clear ENOSPC.
-	_, err := Replace(nodes, 1, []ids.NodeID{1, 2, 3, 4}, []ids.NodeID{1, 2, 3}, rand.New(rand.NewPCG(1, 1)))
+	_, err := Replace(nodes, 1, []ids.NodeID{1, 2, 3, 4}, []ids.NodeID{1, 2, 3}, MinFree{}, rand.New(rand.NewPCG(1, 1)))
 	var me *metaapi.Error
 	if !errors.As(err, &me) || me.Code != metaapi.ENOSPC || !strings.Contains(me.Message, "outside its 4 members, but 0 are up") {
 		t.Fatalf("no candidate: %v", err)
+	}
+}
+
+func TestMinFree(t *testing.T) {
+	const gib = 1 << 30
+	m := MinFree{Bytes: gib, Percent: 5}
+	for _, tc := range []struct {
+		capacity, want int64
+	}{
+		{0, gib},             // unknown: the fixed part
+		{10 * gib, gib},      // 5% is less
+		{100 * gib, 5 * gib}, // 5% is more
+		{-1, gib},            // nonsense capacity: no negative share
+	} {
+		if got := m.Of(tc.capacity); got != tc.want {
+			t.Errorf("Of(%d) = %d, want %d", tc.capacity, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		n    metaapi.NodeInfo
+		full bool
+	}{
+		{"plenty", node(1, "", metaapi.NodeUp, 50*gib, 100*gib), false},
+		{"at the margin", node(1, "", metaapi.NodeUp, 5*gib, 100*gib), true},
+		{"just above", node(1, "", metaapi.NodeUp, 5*gib+1, 100*gib), false},
+		{"small disk, fixed part", node(1, "", metaapi.NodeUp, gib/2, 4*gib), true},
+		{"nothing free", node(1, "", metaapi.NodeUp, 0, 100*gib), true},
+		{"placed past its report", node(1, "", metaapi.NodeUp, -gib, 100*gib), true},
+		{"unknown capacity", node(1, "", metaapi.NodeUp, 0, 0), false},
+	} {
+		if got := m.Full(&tc.n); got != tc.full {
+			t.Errorf("%s: Full = %v, want %v", tc.name, got, tc.full)
+		}
+	}
+}
+
+// TestFullByFreeSpace is issue 15's defect 5 in miniature: a node whose
+// chunks hold little (Used far below Capacity) but whose file system has
+// no room left (Free below the margin) gets no new chunk, from Choose or
+// from Replace; with too few nodes left the error says how many are full.
+func TestFullByFreeSpace(t *testing.T) {
+	const gib = 1 << 30
+	m := MinFree{Bytes: gib, Percent: 5}
+	nodes := []metaapi.NodeInfo{
+		node(1, "", metaapi.NodeUp, 40*gib, 50*gib),
+		node(2, "", metaapi.NodeUp, 40*gib, 50*gib),
+		node(3, "", metaapi.NodeUp, 40*gib, 50*gib),
+		node(4, "", metaapi.NodeUp, gib/2, 50*gib),
+	}
+	nodes[3].Used = gib // its index, recycled files or another tenant took the rest
+	for seed := range uint64(200) {
+		got, err := Choose(nodes, 3, nil, m, rand.New(rand.NewPCG(seed, 3)))
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		if slices.Contains(got, 4) {
+			t.Fatalf("seed %d: chose %v, with the full node 4", seed, got)
+		}
+	}
+	_, err := Choose(nodes, 4, nil, m, rand.New(rand.NewPCG(1, 1)))
+	if !metaapi.IsCode(err, metaapi.ENOSPC) || !strings.Contains(err.Error(), "only 3 storage nodes are up with free space (4 up, 1 full)") {
+		t.Fatalf("4 replicas with one node full: %v", err)
+	}
+	// Repair: node 1 died; the replacement is never the full node.
+	nodes[0].State = metaapi.NodeDown
+	for seed := range uint64(50) {
+		got, err := Replace(nodes, 1, []ids.NodeID{1, 2}, []ids.NodeID{2}, m, rand.New(rand.NewPCG(seed, 4)))
+		if err != nil || len(got) != 1 || got[0] != 3 {
+			t.Fatalf("seed %d: replacement %v, %v; want 3, the only node with room", seed, got, err)
+		}
+	}
+	_, err = Replace(nodes, 1, []ids.NodeID{1, 2, 3}, []ids.NodeID{2, 3}, m, rand.New(rand.NewPCG(1, 1)))
+	if !metaapi.IsCode(err, metaapi.ENOSPC) || !strings.Contains(err.Error(), "(1 full)") {
+		t.Fatalf("replacement with only the full node left: %v", err)
+	}
+}
+
+// TestPrefersShareFree: nodes of different sizes are compared by the
+// share of their capacity that is free, so they fill at the same pace.
+func TestPrefersShareFree(t *testing.T) {
+	nodes := []metaapi.NodeInfo{
+		node(1, "", metaapi.NodeUp, 300, 1000), // 30% free, more bytes
+		node(2, "", metaapi.NodeUp, 80, 100),   // 80% free
+	}
+	rng := rand.New(rand.NewPCG(8, 9))
+	small := 0
+	for range 10000 {
+		got, err := Choose(nodes, 1, nil, MinFree{}, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[0] == 2 {
+			small++
+		}
+	}
+	if frac := float64(small) / 10000; frac < 0.72 || frac > 0.78 {
+		t.Fatalf("the node with the larger share free was chosen %.3f of the time, want about 0.75", frac)
 	}
 }

@@ -156,7 +156,7 @@ func (s *Store) heal(id ids.ChunkID, c *chunkState, version uint64, off int64, d
 		if crc32.Checksum(p, castagnoli) == want {
 			continue
 		}
-		if _, err := f.WriteAt(b, at); err != nil {
+		if err := s.writeAt(f, b, at); err != nil {
 			return healed, fmt.Errorf("rewrite block at %d: %w", at, err)
 		}
 		healed = healed.Add(at, int64(len(b)))

@@ -23,6 +23,10 @@ type Options struct {
 	// the chunk, its committed version and the bad bytes. It must not
 	// block; the node passes it on to meta, which has the copy healed.
 	OnCorrupt func(id ids.ChunkID, version uint64, bad extent.List)
+	// OnNoSpace, if set, is called whenever the file system turns out
+	// full (a write or the index met ENOSPC), so the caller can report
+	// its space at once. It must not block.
+	OnNoSpace func()
 }
 
 const (

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/sluicefs/sluice/internal/privfs"
 )
 
 // Chunk files are recycled. When a chunk is deleted (or a new chunk's
@@ -22,6 +24,10 @@ import (
 // invariant: bytes past a chunk's committed length are never read, and a
 // write that starts past the length first zeroes the gap (see
 // Write.zeroGap), so holes always read as zeros.
+//
+// Recycled files are space the file system could have: the pool keeps a
+// file only while it would hold no more than the file system has free,
+// and gives its files back when space runs short (see space.go).
 
 const freeDir = "free"
 
@@ -45,7 +51,7 @@ type freeFile struct {
 // open scans the pool directory left by an earlier run.
 func (p *pool) open(dir string, limit int64) error {
 	p.dir, p.limit = filepath.Join(dir, freeDir), limit
-	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+	if err := privfs.MkdirAll(p.dir); err != nil {
 		return err
 	}
 	ents, err := os.ReadDir(p.dir)
@@ -68,7 +74,8 @@ func (p *pool) open(dir string, limit int64) error {
 	return nil
 }
 
-// put recycles the file at path (or removes it if the pool is full).
+// put recycles the file at path (or removes it if the pool is full, or
+// would hold more than the file system has free).
 func (p *pool) put(path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -77,8 +84,12 @@ func (p *pool) put(path string) error {
 		}
 		return err
 	}
+	avail := int64(-1)
+	if _, a, err := fsSpace(p.dir); err == nil {
+		avail = a
+	}
 	p.mu.Lock()
-	if p.limit <= 0 || p.bytes+fi.Size() > p.limit || fi.Size() == 0 {
+	if p.limit <= 0 || p.bytes+fi.Size() > p.limit || fi.Size() == 0 || avail >= 0 && p.bytes+fi.Size() > avail {
 		p.mu.Unlock()
 		return removeFile(path)
 	}
@@ -118,6 +129,32 @@ func (p *pool) take(path string, want int64) (bool, error) {
 	p.bytes -= f.size
 	return true, nil
 }
+
+// size is the bytes in the pool.
+func (p *pool) size() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bytes
+}
+
+// trim removes the largest files until the pool holds at most target
+// bytes, and returns the bytes removed.
+func (p *pool) trim(target int64) (freed int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.files) > 0 && p.bytes > target {
+		f := p.files[len(p.files)-1]
+		p.files = p.files[:len(p.files)-1]
+		p.bytes -= f.size
+		if removeFile(f.path) == nil {
+			freed += f.size
+		}
+	}
+	return freed
+}
+
+// drain removes every file in the pool, returning the bytes removed.
+func (p *pool) drain() int64 { return p.trim(0) }
 
 // Recycled reports the files and bytes waiting in the pool.
 func (s *Store) Recycled() (files int, bytes int64) {

@@ -157,8 +157,8 @@ func TestReopenKeepsBlockSize(t *testing.T) {
 	if s2.BlockSize() != 8192 {
 		t.Fatalf("block size after reopen %d", s2.BlockSize())
 	}
-	if c, err := s2.Capacity(); err != nil || c <= 0 {
-		t.Fatalf("Capacity = %d, %v", c, err)
+	if sp, err := s2.Space(); err != nil || sp.Total <= 0 || sp.Avail <= 0 || sp.Avail > sp.Total {
+		t.Fatalf("Space = %+v, %v", sp, err)
 	}
 	s2.Close()
 	if _, err := Open(Options{Dir: dir, BlockSize: 4096}); err == nil {

@@ -5,15 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/privfs"
 )
 
 // Info is a chunk's committed state.
@@ -35,15 +36,18 @@ type Store struct {
 	log        *slog.Logger
 	db         *pebble.DB
 
-	gate   gate
-	chunks chunkTable
-	pool   pool
-	doubts doubts
-	fences fences
+	gate    gate
+	chunks  chunkTable
+	pool    pool
+	reserve reserve // the index's, for a full file system (space.go)
+	doubts  doubts
+	fences  fences
 	// suspects are chunks found holding bad blocks; onCorrupt is told of
 	// each finding (Options.OnCorrupt).
 	suspects  suspects
 	onCorrupt func(ids.ChunkID, uint64, extent.List)
+	// onNoSpace is Options.OnNoSpace.
+	onNoSpace func()
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -79,26 +83,29 @@ func Open(opts Options) (*Store, error) {
 	if err := makeDirs(opts.Dir); err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", opts.Dir, err)
 	}
+	s := &Store{
+		dir:       opts.Dir,
+		maxChunk:  opts.MaxChunkSize,
+		log:       opts.Logger,
+		gate:      newGate(),
+		onCorrupt: opts.OnCorrupt,
+		onNoSpace: opts.OnNoSpace,
+	}
+	s.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }
+	if err := s.pool.open(opts.Dir, opts.RecycleBytes); err != nil {
+		return nil, fmt.Errorf("store: open recycle pool in %s: %w", opts.Dir, err)
+	}
+	if err := s.reserve.open(opts.Dir); err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", opts.Dir, err)
+	}
 	db, err := pebble.Open(filepath.Join(opts.Dir, indexDir), &pebble.Options{
 		Logger: pebbleLogger{opts.Logger},
+		FS:     vfs.OnDiskFull(privfs.Pebble(vfs.Default), s.indexFull),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: open index in %s: %w", opts.Dir, err)
 	}
-	s := &Store{
-		dir:      opts.Dir,
-		maxChunk: opts.MaxChunkSize,
-		log:      opts.Logger,
-		db:       db,
-		gate:     newGate(),
-
-		onCorrupt: opts.OnCorrupt,
-	}
-	s.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }
-	if err := s.pool.open(opts.Dir, opts.RecycleBytes); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("store: open recycle pool in %s: %w", opts.Dir, err)
-	}
+	s.db = db
 	if err := s.open(blockSizeAsked, opts.BlockSize); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("store: open %s: %w", opts.Dir, err)
@@ -126,18 +133,15 @@ func (s *Store) open(asked, dflt int) error {
 	return s.loadUsage()
 }
 
-// makeDirs creates the directory tree, syncing each parent whose entries
-// changed so the tree survives a crash.
+// makeDirs creates the directory tree, private to this account (see
+// privfs), syncing each parent whose entries changed so the tree survives
+// a crash.
 func makeDirs(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := privfs.MkdirAll(dir); err != nil {
 		return err
 	}
 	mk := func(parent, name string) (bool, error) {
-		err := os.Mkdir(filepath.Join(parent, name), 0o755)
-		if errors.Is(err, os.ErrExist) {
-			return false, nil
-		}
-		return err == nil, err
+		return privfs.Mkdir(filepath.Join(parent, name))
 	}
 	top := false
 	for _, name := range []string{chunksDir, stagingDir} {
@@ -312,15 +316,6 @@ func (s *Store) ListFrom(from ids.ChunkID, fn func(ids.ChunkID, Info) bool) erro
 // holes included) and the number of chunks.
 func (s *Store) Usage() (bytes int64, chunks int64) {
 	return s.usedBytes.Load(), s.numChunks.Load()
-}
-
-// Capacity returns the total size of the filesystem holding the store.
-func (s *Store) Capacity() (int64, error) {
-	n, err := fsCapacity(s.dir)
-	if err != nil {
-		return 0, fmt.Errorf("store: capacity: %w", err)
-	}
-	return n, nil
 }
 
 func (s *Store) getCopyBuf() *[]byte  { return s.copyBufs.Get().(*[]byte) }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -30,11 +31,21 @@ func fdatasync(f *os.File) error {
 	return nil
 }
 
-// fsCapacity returns the total size of the filesystem holding dir.
-func fsCapacity(dir string) (int64, error) {
+// fsSpace returns the total size of the file system holding dir and the
+// bytes free on it for this (unprivileged) account.
+func fsSpace(dir string) (total, avail int64, err error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+		return 0, 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
-	return int64(st.Blocks) * int64(st.Bsize), nil
+	return int64(st.Blocks) * int64(st.Bsize), int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+// allocate gives f size bytes of real storage (not a hole).
+func allocate(f *os.File, size int64) error {
+	err := syscall.Fallocate(int(f.Fd()), 0, 0, size)
+	if errors.Is(err, syscall.EOPNOTSUPP) {
+		return writeZeros(f, 0, size)
+	}
+	return err
 }

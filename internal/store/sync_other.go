@@ -10,4 +10,6 @@ import (
 // fdatasync falls back to a full fsync where fdatasync is not available.
 func fdatasync(f *os.File) error { return f.Sync() }
 
-func fsCapacity(dir string) (int64, error) { return 0, errors.ErrUnsupported }
+func fsSpace(dir string) (total, avail int64, err error) { return 0, 0, errors.ErrUnsupported }
+
+func allocate(f *os.File, size int64) error { return writeZeros(f, 0, size) }

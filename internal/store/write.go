@@ -156,13 +156,16 @@ func (w *Write) begin(version uint64) error {
 	w.ovEnd = min(w.end, old.Length)
 
 	if w.end > w.off || w.newLen > old.Length {
+		if err := s.checkReserve(); err != nil {
+			return err
+		}
 		if err := w.openChunkFile(); err != nil {
 			return err
 		}
 	}
 	if w.ovEnd > w.off {
 		w.stagePath = s.stagingPath(w.id, version)
-		f, err := os.OpenFile(w.stagePath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		f, err := s.create(w.stagePath, os.O_TRUNC)
 		if err != nil {
 			return fmt.Errorf("create staging file: %w", err)
 		}
@@ -190,7 +193,7 @@ func (w *Write) openChunkFile() error {
 		if ok, rerr := w.s.pool.take(path, w.end); rerr == nil && ok {
 			f, err = os.OpenFile(path, os.O_RDWR, 0)
 		} else {
-			f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+			f, err = w.s.create(path, os.O_EXCL)
 		}
 		w.created = err == nil
 	}
@@ -218,7 +221,10 @@ func (w *Write) zeroGap() error {
 	err := unix.Fallocate(int(w.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, from, to-from)
 	if err != nil {
 		// No hole punching here: write the zeros.
-		if err = writeZeros(w.f, from, to-from); err != nil {
+		if err = writeZeros(w.f, from, to-from); err != nil && w.s.noSpace(err) {
+			err = writeZeros(w.f, from, to-from)
+		}
+		if err != nil {
 			return fmt.Errorf("zero the gap before the write: %w", err)
 		}
 	}
@@ -288,7 +294,7 @@ func (w *Write) Place(off int64, p []byte) error {
 	q, pos := p, off
 	if pos < w.ovEnd {
 		k := min(n, w.ovEnd-pos)
-		if _, err := w.stage.WriteAt(q[:k], pos-w.off); err != nil {
+		if err := w.s.writeAt(w.stage, q[:k], pos-w.off); err != nil {
 			w.err = fmt.Errorf("store: place %v [%d, +%d): write staging file: %w", w.id, pos, k, err)
 			return w.err
 		}
@@ -299,7 +305,7 @@ func (w *Write) Place(off int64, p []byte) error {
 		q = nil
 	}
 	if len(q) > 0 {
-		if _, err := w.f.WriteAt(q, pos); err != nil {
+		if err := w.s.writeAt(w.f, q, pos); err != nil {
 			w.err = fmt.Errorf("store: place %v [%d, +%d): write chunk file: %w", w.id, pos, len(q), err)
 			return w.err
 		}

@@ -1,0 +1,149 @@
+package privfs
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// withUmask runs the test under umask 022, the usual one, which leaves
+// what is created with 0755/0644 readable by everyone. (Tests in this
+// package do not run in parallel: the umask is the process's.)
+func withUmask(t *testing.T) {
+	old := syscall.Umask(0o022)
+	t.Cleanup(func() { syscall.Umask(old) })
+}
+
+// open lists every entry under dir (dir included) whose mode lets group
+// or others in.
+func open(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Type()&fs.ModeSymlink == 0 && fi.Mode().Perm()&0o077 != 0 {
+			out = append(out, p+" "+fi.Mode().String())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestMkdirAllAndMkdir(t *testing.T) {
+	withUmask(t)
+	base := t.TempDir()
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "a", "b")
+	if err := MkdirAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := open(t, filepath.Join(base, "a")); len(got) != 0 {
+		t.Errorf("MkdirAll left open: %v", got)
+	}
+	// An existing directory is made private too.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := MkdirAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	made, err := Mkdir(filepath.Join(dir, "c"))
+	if err != nil || !made {
+		t.Fatalf("Mkdir: made %v, %v", made, err)
+	}
+	os.Chmod(filepath.Join(dir, "c"), 0o777)
+	if made, err := Mkdir(filepath.Join(dir, "c")); err != nil || made {
+		t.Fatalf("Mkdir of an existing directory: made %v, %v", made, err)
+	}
+	if got := open(t, filepath.Join(base, "a")); len(got) != 0 {
+		t.Errorf("left open: %v", got)
+	}
+	// The operator's parent is not ours to change.
+	if fi, _ := os.Stat(base); fi.Mode().Perm() != 0o755 {
+		t.Errorf("parent made %v", fi.Mode())
+	}
+}
+
+func TestSecure(t *testing.T) {
+	withUmask(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	for _, d := range []string{"x/y", "z"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"f", "x/g", "x/y/h"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("secret"), 0o664); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(filepath.Join(dir, "x/g"), 0o640)
+	os.Chmod(filepath.Join(dir, "x/y/h"), 0o400)
+	if err := os.Symlink("f", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if got := open(t, dir); len(got) == 0 {
+		t.Fatal("nothing open before Secure: the test shows nothing")
+	}
+	if err := Secure(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := open(t, dir); len(got) != 0 {
+		t.Errorf("Secure left open: %v", got)
+	}
+	// The owner's bits are kept as they were.
+	for f, want := range map[string]fs.FileMode{"f": 0o600, "x/g": 0o600, "x/y/h": 0o400, "x": 0o700} {
+		if fi, _ := os.Stat(filepath.Join(dir, f)); fi.Mode().Perm() != want {
+			t.Errorf("%s: %v, want %v", f, fi.Mode().Perm(), want)
+		}
+	}
+}
+
+// TestPebble: a pebble database opened through Pebble creates nothing
+// others can read, whatever pebble asks for.
+func TestPebble(t *testing.T) {
+	withUmask(t)
+	base := t.TempDir()
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "db")
+	db, err := pebble.Open(dir, &pebble.Options{FS: Pebble(vfs.Default)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1000 {
+		if err := db.Set([]byte{byte(i), byte(i >> 8)}, make([]byte, 1000), pebble.NoSync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Flush(); err != nil { // an sstable too
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) < 4 {
+		t.Fatalf("pebble made only %d files", len(ents))
+	}
+	if got := open(t, dir); len(got) != 0 {
+		t.Errorf("pebble's files are open to others: %v", got)
+	}
+}
