@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/sluicefs/sluice/client"
@@ -30,20 +29,4 @@ func checkSettled(ctx context.Context, cl *client.Client, d time.Duration) ([]me
 		case <-time.After(2 * time.Second):
 		}
 	}
-}
-
-// describeProblems is a check's findings on one line.
-func describeProblems(ps []metaapi.CheckProblem) string {
-	if len(ps) == 0 {
-		return "clean"
-	}
-	var parts []string
-	for _, p := range ps {
-		s := fmt.Sprintf("%d %s", p.Count, p.Kind)
-		if len(p.Examples) > 0 {
-			s += " (" + p.Examples[0] + ")"
-		}
-		parts = append(parts, s)
-	}
-	return strings.Join(parts, "; ")
 }
