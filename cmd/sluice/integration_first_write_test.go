@@ -128,4 +128,5 @@ func firstWriteFailed(t *testing.T, n int, policy []string, victimUnit int) {
 			t.Fatalf("repair of a whole group: %q", out)
 		}
 	}
+	checkClean(t, c.conf, 30*time.Second)
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
@@ -294,6 +295,7 @@ func TestByteNames(t *testing.T) {
 		mustRun(t, c.conf, nil, append([]string{"rm"}, paths...)...)
 		wantNames(t, "after sluice rm of every name", mountNames(t, all), nil)
 	})
+	checkClean(t, c.conf, 30*time.Second)
 }
 
 // nfsConn makes raw NFSv3 calls to a gateway, as root.

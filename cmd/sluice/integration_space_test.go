@@ -177,4 +177,5 @@ func TestFullNodeGetsNoNewChunks(t *testing.T) {
 	if st := nodeStates(status(t, c.conf))[full.id]; st != metaapi.NodeUp || full.proc.exited() {
 		t.Errorf("the full node is %s (exited: %v)", st, full.proc.exited())
 	}
+	checkClean(t, c.conf, 30*time.Second)
 }
