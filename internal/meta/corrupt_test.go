@@ -2,6 +2,7 @@ package meta
 
 import (
 	"testing"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
@@ -123,5 +124,32 @@ func TestReportCorruptNeedsTheReadCapability(t *testing.T) {
 	}
 	if len(rec.Corrupt) != 1 || rec.Corrupt[0] != good.Node || len(rec.Bad[good.Node]) != 1 {
 		t.Fatalf("the report was not recorded: %+v", rec)
+	}
+}
+
+// TestClientReportsRateLimited: a client cannot have the nodes re-read
+// copies on its say-so without bound: past a burst its reports are
+// refused for a while (another client's are not).
+func TestClientReportsRateLimited(t *testing.T) {
+	f := newFixture(t)
+	f.addNodes(3)
+	f.setPolicy("/", metaapi.Policy{Replicas: 2, Strategy: metaapi.StrategyRing})
+	f.tree("/a")
+	l := f.layout("/a", 0, 1, true).Chunks[0]
+	req := metaapi.ReportCorruptReq{Cap: l.Cap, Copy: metaapi.CorruptCopy{Chunk: l.Chunk, Node: l.Replicas[0].Node}}
+	refused := 0
+	for range clientReportBurst + 50 {
+		if err := f.s.ReportCorrupt(7, req); metaapi.IsCode(err, metaapi.EAGAIN) {
+			refused++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if refused != 50 {
+		t.Fatalf("%d of %d reports in one instant refused, want 50", refused, clientReportBurst+50)
+	}
+	f.clk.Advance(time.Second)
+	if err := f.s.ReportCorrupt(7, req); err != nil {
+		t.Fatalf("a report a second later: %v", err)
 	}
 }

@@ -176,10 +176,12 @@ type Service struct {
 	wg       sync.WaitGroup // background goroutines
 	inflight sync.WaitGroup // mutations applied but not yet synced
 
-	repairs  *repairQueue
-	inv      inventories
-	chk      checks
-	scanPage int // chunk records per read lock in the repair scan (tests shrink it)
+	repairs *repairQueue
+	inv     inventories
+	// reportLimits bound how fast each client may report corrupt copies.
+	reportLimits reportLimits
+	chk          checks
+	scanPage     int // chunk records per read lock in the repair scan (tests shrink it)
 	// reconcileWait is how long a waiting Reconcile call is held (tests
 	// shrink it; metaapi.MaxReconcileWait otherwise).
 	reconcileWait time.Duration

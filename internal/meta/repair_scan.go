@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/capability"
@@ -13,6 +14,7 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/repairplan"
+	"golang.org/x/time/rate"
 )
 
 // maxCorruptReports bounds the chunks with corrupt copies meta holds
@@ -273,7 +275,39 @@ func (s *Service) ReportCorrupt(client ids.ClientID, req metaapi.ReportCorruptRe
 		return metaapi.Errorf(metaapi.EINVAL, "reporting corrupt chunk %v on node %v: the capability is for chunk %v on nodes %v",
 			req.Copy.Chunk, req.Copy.Node, c.Chunk, c.ReplicaList())
 	}
+	if !s.reportLimits.allow(client, s.opts.Now()) {
+		return metaapi.Errorf(metaapi.EAGAIN, "client %v reports corrupt copies faster than %v a second: report later", client, clientReportRate)
+	}
 	s.log.Warn("a client read blocks failing their checksums", "client", client, "chunk", req.Copy.Chunk, "node", req.Copy.Node, "bad", req.Copy.Bad)
 	s.repairs.noteCorrupt(0, []metaapi.CorruptCopy{req.Copy})
 	return nil
+}
+
+// Each report has a node read a whole copy to heal it, so one client's
+// reports are rate-limited: a client cannot make the nodes scrub on its
+// say-so faster than this.
+const (
+	clientReportRate  = 10 // a second
+	clientReportBurst = 100
+	maxReportLimiters = 4096
+)
+
+// reportLimits are the clients' report rate limiters.
+type reportLimits struct {
+	mu sync.Mutex
+	m  map[ids.ClientID]*rate.Limiter
+}
+
+func (r *reportLimits) allow(client ids.ClientID, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.m[client]
+	if l == nil {
+		if r.m == nil || len(r.m) >= maxReportLimiters {
+			r.m = map[ids.ClientID]*rate.Limiter{} // forgetting only ever allows more
+		}
+		l = rate.NewLimiter(clientReportRate, clientReportBurst)
+		r.m[client] = l
+	}
+	return l.AllowN(now, 1)
 }
