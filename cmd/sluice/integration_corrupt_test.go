@@ -170,3 +170,56 @@ func TestReadReportsBadBlock(t *testing.T) {
 	t.Logf("both copies healed %s after the read", time.Since(read).Round(100*time.Millisecond))
 	checkClean(t, c.conf, 30*time.Second)
 }
+
+// TestBadBlockInEveryUnit: the same for an RS(3,2) stripe group: each of
+// its five units has one bad block, in different places, so every byte
+// is still intact in four units (K is 3). `sluice get` decodes each
+// stretch from units intact there; after the nodes restart their scrubs
+// report every unit, and each is healed in place from K others.
+func TestBadBlockInEveryUnit(t *testing.T) {
+	c := startMeta(t, baseDir(t), "--repair-grace", "2s")
+	for i := 1; i <= 5; i++ {
+		c.startNode(t, fmt.Sprintf("n%d", i))
+	}
+	waitNodesUp(t, c.conf, 5, 15*time.Second)
+	mustRun(t, c.conf, nil, "policy", "set", "/", "--ec", "3+2", "--cell", "4096")
+	data := randomBytes(t, 3*300000)
+	mustRun(t, c.conf, bytes.NewReader(data), "put", "-", "/f")
+	units := replicaFiles(t, c, "/f")
+	var want [][]byte
+	var before []os.FileInfo
+	for i, u := range units {
+		b, err := os.ReadFile(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, _ := os.Stat(u)
+		want, before = append(want, b), append(before, fi)
+		flipByte(t, u, int64(20000+i*50000))
+	}
+	out := filepath.Join(t.TempDir(), "f")
+	mustRun(t, c.conf, nil, "get", "/f", out)
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+		t.Fatal("sluice get returned wrong bytes")
+	}
+	for _, n := range c.nodes {
+		n.proc.kill()
+	}
+	for i := 1; i <= 5; i++ {
+		c.startNode(t, fmt.Sprintf("n%d", i))
+	}
+	eventually(t, 60*time.Second, 200*time.Millisecond, func() (bool, string) {
+		for i, u := range units {
+			if b, err := os.ReadFile(u); err != nil || !bytes.Equal(b, want[i]) {
+				return false, fmt.Sprintf("unit %d is not healed", i)
+			}
+		}
+		return true, ""
+	})
+	for i, u := range units {
+		if fi, err := os.Stat(u); err != nil || !os.SameFile(fi, before[i]) {
+			t.Errorf("unit %d was replaced, not healed in place", i)
+		}
+	}
+	checkClean(t, c.conf, 30*time.Second)
+}
