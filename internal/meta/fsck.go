@@ -301,8 +301,8 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 			if a.ChunkSize > 0 && ref.index*a.ChunkSize >= max(a.Size, 1) {
 				p.add(metaapi.CheckPastEOF, "%s: starts at %d, the file has %d bytes", what, ref.index*a.ChunkSize, a.Size)
 			}
-			if b, ok := c.before[rec.ID]; !ok || b != stateOf(&rec) || rec.Reconciling {
-				return true, nil // written, moved or repaired during the check
+			if b, ok := c.before[rec.ID]; !ok || b != stateOf(&rec) {
+				return true, nil // written or moved during the check
 			}
 			want := 1
 			if a.Policy != nil {
@@ -322,7 +322,11 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 			case j.intact < want && j.unreached > 0:
 				p.add(metaapi.CheckUnreached, "%s: %d of %d members on nodes that did not list their chunks", what, j.unreached, len(rec.Nodes))
 			case j.intact < want:
-				p.add(metaapi.CheckBelowPolicy, "%s: %d of %d copies intact%s (%s)", what, j.intact, want, j.where, describeCopies(rec.Nodes, seen, rec.Version))
+				note := ""
+				if rec.Reconciling {
+					note = "; meta is repairing it"
+				}
+				p.add(metaapi.CheckBelowPolicy, "%s: %d of %d copies intact%s (%s%s)", what, j.intact, want, j.where, describeCopies(rec.Nodes, seen, rec.Version), note)
 			}
 			if j.versionsDiffer {
 				p.add(metaapi.CheckUnitVersions, "%s: units at versions %s, meta recorded %d", what, j.versions, rec.Version)

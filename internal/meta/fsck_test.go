@@ -111,6 +111,15 @@ func TestCheckSession(t *testing.T) {
 		!strings.Contains(u.Examples[0], "ahead") {
 		t.Fatalf("unknown copy: %+v", st.Problems)
 	}
+	// A chunk whose repair keeps failing (left reconciling) is reported
+	// all the same.
+	if _, skip, err := f.s.beginReconcile(&repairJob{ref: chunkRef{f.ino("/a"), 0}, failover: true}); err != nil || skip {
+		t.Fatalf("begin: skip %v, %v", skip, err)
+	}
+	st = runCheckOn(t, f, false, false, held)
+	if below := problemOf(st, metaapi.CheckBelowPolicy); below.Count != 1 || !strings.Contains(below.Examples[0], "meta is repairing it") {
+		t.Fatalf("a chunk being repaired: %+v", st.Problems)
+	}
 	// A verifying check ignores an unverified round.
 	if _, err := f.s.CheckState(metaapi.CheckReq{Start: true, Verify: true, Who: root}); err != nil {
 		t.Fatal(err)
