@@ -1,8 +1,6 @@
 package meta
 
 import (
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -10,250 +8,153 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
-// Check verifies the invariants that tie the stored state together, as
-// fsck would: every entry points at a live inode of the recorded type;
-// link counts match the entries (plus "." and ".." for directories); each
-// directory has exactly one name and knows its parent; no inode is
-// unreachable; chunks belong to files and have unique ids below the
-// counter; the counters match what is stored. It reads a consistent view
-// and returns every problem found (up to a limit), or nil.
+// The namespace half of `sluice check`: an fsck of meta's own records.
+// It verifies the invariants that tie them together: every entry names a
+// live inode of the recorded type in a live directory; link counts match
+// the names (directories: 2 plus their subdirectories); each directory has
+// exactly one name, knows its parent and is reachable from the root; every
+// other inode has a name or is a file kept open after its removal (an
+// orphan record); chunks belong to files and are indexed by their ids
+// below the counter; the counters match what is stored; the lock tables
+// agree. nscheck.go walks the records, nsrepair.go fixes what is safe.
+//
+// It reads a pebble snapshot taken under the read lock, so it judges one
+// consistent state without holding off mutations while it walks a large
+// namespace. It keeps a small summary of every inode in memory (about 100
+// bytes each, plus the names of directories), as fsck does.
+
+// NamespaceCheck is what CheckNamespace walked and found: each kind of
+// problem (dangling-entry, orphan-inode, link-count, metadata) found at
+// least once, in that order, with every instance counted and at most
+// metaapi.MaxCheckExamples examples. With repair, Repaired and Action say
+// what was fixed and why the rest was left.
+type NamespaceCheck struct {
+	Files    int64 // inodes other than directories
+	Dirs     int64
+	Chunks   int64 // chunk records
+	Problems []metaapi.CheckProblem
+}
+
+// CheckNamespace checks meta's namespace and records (see above) and,
+// with repair, fixes what is safe: it removes dangling entries, links
+// orphan inodes into /lost+found (made if missing: root's, mode 0700) as
+// "#<inode>", and sets wrong link counts to the names counted. It never
+// frees an inode or a chunk; metadata problems are left to an operator.
+// Each repair is made in a transaction that first makes sure what the
+// snapshot showed still holds; what changed since is left for the next
+// check.
+func (s *Service) CheckNamespace(repair bool) (NamespaceCheck, error) {
+	return s.checkNamespace(repair, nil)
+}
+
+// Check returns every problem CheckNamespace finds (its examples, and how
+// many more of each kind), or nil when the namespace is consistent.
 func (s *Service) Check() error {
-	var problems []error
-	report := func(format string, args ...any) {
-		if len(problems) < 50 {
-			problems = append(problems, fmt.Errorf(format, args...))
-		}
-	}
-	err := s.read(func(v view) error {
-		inodes := map[ids.Ino]*inode{}
-		err := scan(v.r, []byte{pInode}, []byte{pInode + 1}, func(k, val []byte) (bool, error) {
-			in := new(inode)
-			if err := json.Unmarshal(val, in); err != nil {
-				return false, err
-			}
-			if key := ids.Ino(binary.BigEndian.Uint64(k[1:])); key != in.Ino {
-				report("inode key %d holds inode %d", key, in.Ino)
-			}
-			inodes[in.Ino] = in
-			return true, nil
-		})
-		if err != nil {
-			return err
-		}
-		orphans := map[ids.Ino]bool{}
-		err = scan(v.r, []byte{pOrphan}, []byte{pOrphan + 1}, func(k, val []byte) (bool, error) {
-			ino := ids.Ino(binary.BigEndian.Uint64(k[1:]))
-			orphans[ino] = true
-			if in, ok := inodes[ino]; !ok || in.Type != metaapi.TypeFile {
-				report("orphan record for missing or non-file inode %d", ino)
-			}
-			return true, nil
-		})
-		if err != nil {
-			return err
-		}
-		err = scan(v.r, []byte{pXattr}, []byte{pXattr + 1}, func(k, val []byte) (bool, error) {
-			if len(k) < 10 {
-				report("malformed attribute key %q", k)
-				return true, nil
-			}
-			if ino := ids.Ino(binary.BigEndian.Uint64(k[1:9])); inodes[ino] == nil {
-				report("attribute %q of missing inode %d", k[9:], ino)
-			}
-			return true, nil
-		})
-		if err != nil {
-			return err
-		}
-		refs := map[ids.Ino]int{}
-		subdirs := map[ids.Ino]uint32{}
-		err = scan(v.r, []byte{pDirent}, []byte{pDirent + 1}, func(k, val []byte) (bool, error) {
-			parent := ids.Ino(binary.BigEndian.Uint64(k[1:9]))
-			name := string(k[9:])
-			d, err := decodeDirent(val)
-			if err != nil {
-				return false, err
-			}
-			if err := validName(name); err != nil {
-				report("entry %q in %d: %v", name, parent, err)
-			}
-			p, ok := inodes[parent]
-			if !ok || !p.isDir() {
-				report("entry %q in %d: parent missing or not a directory", name, parent)
-			}
-			child, ok := inodes[d.Ino]
-			if !ok {
-				report("entry %q in %d points at missing inode %d", name, parent, d.Ino)
-				return true, nil
-			}
-			if child.Type != d.Type {
-				report("entry %q in %d says %s, inode %d is a %s", name, parent, d.Type, d.Ino, child.Type)
-			}
-			refs[d.Ino]++
-			if child.isDir() {
-				subdirs[parent]++
-				if child.Parent != parent {
-					report("directory %d named %q in %d records parent %d", d.Ino, name, parent, child.Parent)
-				}
-			}
-			return true, nil
-		})
-		if err != nil {
-			return err
-		}
-		var files, dirs int64
-		var maxIno ids.Ino
-		for ino, in := range inodes {
-			maxIno = max(maxIno, ino)
-			if in.isDir() {
-				dirs++
-				if want := 2 + subdirs[ino]; in.Nlink != want {
-					report("directory %d has nlink %d, want %d", ino, in.Nlink, want)
-				}
-				wantRefs := 1
-				if ino == ids.RootIno {
-					wantRefs = 0
-					if in.Parent != ids.RootIno {
-						report("root's parent is %d", in.Parent)
-					}
-				}
-				if refs[ino] != wantRefs {
-					report("directory %d has %d names, want %d", ino, refs[ino], wantRefs)
-				}
-			} else {
-				files++
-				if refs[ino] == 0 && !(orphans[ino] && in.Nlink == 0) {
-					report("%s %d is unreachable", in.Type, ino)
-				}
-				if int(in.Nlink) != refs[ino] {
-					report("%s %d has nlink %d but %d names", in.Type, ino, in.Nlink, refs[ino])
-				}
-				if in.Type == metaapi.TypeFile && (in.Policy == nil || in.ChunkSize <= 0) {
-					report("file %d has no policy or chunk size", ino)
-				}
-			}
-		}
-		if _, ok := inodes[ids.RootIno]; !ok {
-			report("no root directory")
-		}
-		var chunks int64
-		chunkIDs := map[ids.ChunkID]bool{}
-		err = scan(v.r, []byte{pChunk}, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
-			ino := ids.Ino(binary.BigEndian.Uint64(k[1:9]))
-			index := int64(binary.BigEndian.Uint64(k[9:17]))
-			var c chunkRec
-			if err := json.Unmarshal(val, &c); err != nil {
-				return false, err
-			}
-			chunks++
-			in, ok := inodes[ino]
-			if !ok || in.Type != metaapi.TypeFile {
-				report("chunk %v (index %d) belongs to missing or non-file inode %d", c.ID, index, ino)
-			}
-			if chunkIDs[c.ID] {
-				report("chunk id %v used twice", c.ID)
-			}
-			chunkIDs[c.ID] = true
-			if raw, found, err := getRaw(v.r, chunkIDKey(c.ID)); err != nil {
-				return false, err
-			} else if ref, err := decodeChunkRef(raw); !found || err != nil || ref != (chunkRef{ino, index}) {
-				report("chunk %v (index %d of inode %d) is not indexed by id (found=%v, %+v, %v)", c.ID, index, ino, found, ref, err)
-			}
-			if c.ID == 0 || c.ID >= s.ctr.NextChunk {
-				report("chunk id %v not below the counter %v", c.ID, s.ctr.NextChunk)
-			}
-			if len(c.Nodes) == 0 {
-				report("chunk %v has no replicas", c.ID)
-			}
-			return true, nil
-		})
-		if err != nil {
-			return err
-		}
-		var indexed int64
-		err = scan(v.r, []byte{pChunkID}, []byte{pChunkID + 1}, func(k, _ []byte) (bool, error) {
-			indexed++
-			if len(k) != 9 || !chunkIDs[ids.ChunkID(beUint64(k[1:]))] {
-				report("chunk id index entry %x names no chunk record", k)
-			}
-			return true, nil
-		})
-		if err != nil {
-			return err
-		}
-		if indexed != chunks {
-			report("%d chunk id index entries for %d chunk records", indexed, chunks)
-		}
-		if files != s.ctr.Files || dirs != s.ctr.Dirs || chunks != s.ctr.Chunks {
-			report("counters say %d files, %d dirs, %d chunks; found %d, %d, %d",
-				s.ctr.Files, s.ctr.Dirs, s.ctr.Chunks, files, dirs, chunks)
-		}
-		if maxIno >= s.ctr.NextIno {
-			report("inode %d not below the counter %d", maxIno, s.ctr.NextIno)
-		}
-		checkLocks(v, report)
-		for id := range s.nodes {
-			if id >= s.ctr.NextNode {
-				report("node %d not below the counter %d", id, s.ctr.NextNode)
-			}
-		}
-		return nil
-	})
+	res, err := s.CheckNamespace(false)
 	if err != nil {
 		return err
 	}
-	return errors.Join(problems...)
+	var errs []error
+	for _, p := range res.Problems {
+		for _, e := range p.Examples {
+			errs = append(errs, fmt.Errorf("%s: %s", p.Kind, e))
+		}
+		if more := p.Count - int64(len(p.Examples)); more > 0 {
+			errs = append(errs, fmt.Errorf("%s: %d more", p.Kind, more))
+		}
+	}
+	return errors.Join(errs...)
 }
 
-// checkLocks verifies the lock records agree with their indexes: each
-// session's count is its number of locks, and a session is indexed on
-// exactly the files it holds locks on. (Locks on a removed file stay
-// until their session ends: harmless, its inode number is never reused.)
-func checkLocks(v view, report func(string, ...any)) {
-	perSession := map[uint64]int64{}
-	held := map[[2]uint64]bool{}
-	err := scan(v.r, []byte{pLock}, []byte{pLock + 1}, func(k, val []byte) (bool, error) {
-		if len(k) != 34 || len(val) != 13 || val[8] < 1 || val[8] > 2 || k[25] > kindFlock || beUint64(k[26:]) > beUint64(val) {
-			report("malformed lock record %x: %x", k, val)
-			return true, nil
+// checkNamespace is CheckNamespace; tests pass hook, which runs at
+// "walking" (the inodes read, the entries not yet) and "judged" (before
+// any repair).
+func (s *Service) checkNamespace(repair bool, hook func(stage string)) (NamespaceCheck, error) {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return NamespaceCheck{}, errClosed
+	}
+	snap := s.db.NewSnapshot()
+	ctr := s.ctr
+	nodes := make([]ids.NodeID, 0, len(s.nodes))
+	for id := range s.nodes {
+		nodes = append(nodes, id)
+	}
+	seen := s.dur.committed()
+	// Close waits for it (the snapshot must be closed before the
+	// database) and stops it early through s.stop.
+	s.wg.Add(1)
+	s.mu.RUnlock()
+	defer s.wg.Done()
+	defer snap.Close()
+	// Judge (and repair from) only what is durable, as every read does.
+	if err := s.dur.wait(seen); err != nil {
+		return NamespaceCheck{}, err
+	}
+	if hook == nil {
+		hook = func(string) {}
+	}
+	c := newChecker(snap, ctr, nodes, s.stop, repair)
+	c.hook = hook
+	if err := c.run(); err != nil {
+		return NamespaceCheck{}, fmt.Errorf("checking the namespace: %w", err)
+	}
+	res := c.result()
+	hook("judged")
+	if repair {
+		if err := s.repairNamespace(c, &res); err != nil {
+			return res, fmt.Errorf("repairing the namespace: %w", err)
 		}
-		perSession[beUint64(k[9:])]++
-		held[[2]uint64{beUint64(k[9:]), beUint64(k[1:])}] = true
-		return true, nil
-	})
-	if err == nil {
-		err = scan(v.r, []byte{pLockIndex}, []byte{pLockIndex + 1}, func(k, _ []byte) (bool, error) {
-			if len(k) != 17 {
-				report("malformed lock index %x", k)
-				return true, nil
-			}
-			key := [2]uint64{beUint64(k[1:]), beUint64(k[9:])}
-			if !held[key] {
-				report("lock index %x names no lock", k)
-			}
-			delete(held, key)
-			return true, nil
-		})
 	}
-	for key := range held {
-		report("session %x holds locks on inode %d but is not indexed there", key[0], key[1])
+	return res, nil
+}
+
+// result counts and renders what the checker found.
+func (c *checker) result() NamespaceCheck {
+	res := NamespaceCheck{Files: c.files, Dirs: c.dirs, Chunks: c.chunks}
+	for k, t := range c.tallies {
+		if t.count == 0 {
+			continue
+		}
+		p := metaapi.CheckProblem{Kind: kindNames[k], Count: t.count}
+		for _, ex := range t.examples {
+			p.Examples = append(p.Examples, ex())
+		}
+		res.Problems = append(res.Problems, p)
 	}
-	if err == nil {
-		err = scan(v.r, []byte{pLockSess}, []byte{pLockSess + 1}, func(k, _ []byte) (bool, error) {
-			rec, _, err := loadLockSess(v.r, beUint64(k[1:]))
-			if err != nil {
-				report("lock session %x: %v", k, err)
-			} else if n := perSession[beUint64(k[1:])]; rec.locks != n {
-				report("lock session %x counts %d locks, holds %d", k[1:], rec.locks, n)
-			}
-			delete(perSession, beUint64(k[1:]))
-			return true, nil
-		})
+	return res
+}
+
+// problem returns the entry for kind k in res, adding it if needed.
+func (res *NamespaceCheck) problem(k kind) *metaapi.CheckProblem {
+	for i := range res.Problems {
+		if res.Problems[i].Kind == kindNames[k] {
+			return &res.Problems[i]
+		}
 	}
-	for sess, n := range perSession {
-		report("%d locks of session %x, which has no record", n, sess)
-	}
-	if err != nil {
-		report("reading locks: %v", err)
-	}
+	res.Problems = append(res.Problems, metaapi.CheckProblem{Kind: kindNames[k]})
+	return &res.Problems[len(res.Problems)-1]
+}
+
+// kind indexes the kinds of problem the namespace check reports.
+type kind int
+
+const (
+	kDangling kind = iota
+	kOrphan
+	kLinks
+	kMeta
+	nKinds
+)
+
+var kindNames = [nKinds]metaapi.CheckKind{
+	metaapi.CheckDanglingEntry, metaapi.CheckOrphanInode, metaapi.CheckLinkCount, metaapi.CheckMetadata,
+}
+
+// tally is one kind's count and its first examples, rendered once the
+// walk is done (paths need every directory's name).
+type tally struct {
+	count    int64
+	examples []func() string
 }
