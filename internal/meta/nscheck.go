@@ -26,7 +26,7 @@ type nsInode struct {
 	parent  ids.Ino // directories: the recorded parent
 	at      ids.Ino // the directory holding its first name
 	size    int64
-	orphan  bool // an orphan record keeps it (a file removed while open)
+	orphan  bool // it has an orphan record (which keeps a file removed while open)
 }
 
 // checker walks one snapshot. Records that do not decode are problems
@@ -187,6 +187,8 @@ func (c *checker) scanOrphans() error {
 		n, ok := c.inodes[ino]
 		if !ok || n.typ != metaapi.TypeFile {
 			c.metadataf("orphan record for missing or non-file inode %d", ino)
+		}
+		if !ok {
 			return true, nil
 		}
 		n.orphan = true
@@ -289,7 +291,7 @@ func (c *checker) judgeInodes() {
 			}
 			c.judgeDir(ino, n)
 		case n.names == 0:
-			if n.orphan && n.nlink == 0 {
+			if n.orphan && n.nlink == 0 && n.typ == metaapi.TypeFile {
 				continue // removed while open: kept until released
 			}
 			c.problem(kOrphan, func() string {

@@ -312,10 +312,14 @@ func (e *lostFoundError) Error() string { return e.msg }
 // lostFound returns /lost+found, made if missing: a directory only root
 // may enter, as ext4's.
 func lostFound(tx *txn) (*inode, error) {
+	// Records that do not decode are the check's metadata problems.
+	if typ, _, err := txProbe(tx, ids.RootIno); err != nil {
+		return nil, err
+	} else if typ != metaapi.TypeDir {
+		return nil, &lostFoundError{"the root directory is missing or unreadable"}
+	}
 	root, err := tx.inode(ids.RootIno)
-	if metaapi.IsCode(err, metaapi.ENOENT) || err == nil && !root.isDir() {
-		return nil, &lostFoundError{"there is no root directory"}
-	} else if err != nil {
+	if err != nil {
 		return nil, err
 	}
 	d, found, err := tx.entry(root.Ino, lostFoundName)
@@ -323,14 +327,14 @@ func lostFound(tx *txn) (*inode, error) {
 		return nil, err
 	}
 	if found {
-		in, err := tx.inode(d.Ino)
-		if err == nil && in.isDir() && d.Type == metaapi.TypeDir {
-			return in, nil
-		}
-		if err != nil && !metaapi.IsCode(err, metaapi.ENOENT) {
+		typ, _, err := txProbe(tx, d.Ino)
+		if err != nil {
 			return nil, err
 		}
-		return nil, &lostFoundError{"/" + lostFoundName + " is not a directory: move it aside and check again"}
+		if typ != metaapi.TypeDir || d.Type != metaapi.TypeDir {
+			return nil, &lostFoundError{"/" + lostFoundName + " is not a directory: move it aside and check again"}
+		}
+		return tx.inode(d.Ino)
 	}
 	// A new inode must not overwrite one a corrupt counter is behind.
 	if _, taken, err := getRaw(tx.b, inodeKey(tx.ctr.NextIno)); err != nil {
