@@ -113,16 +113,16 @@ func (f *fixture) do(line string) {
 	switch w[0] {
 	case "ln":
 		dir, name := path.Split(w[2])
-		_, err = f.s.Link(metaapi.LinkReq{Ino: f.inoOf(w[1]), NewParent: f.ino(dir), NewName: name, Who: root})
+		_, err = f.s.Link(metaapi.LinkReq{Ino: f.inoOf(w[1]), NewParent: f.ino(dir), NewName: metaapi.ByteString(name), Who: root})
 	case "rm", "rm-open":
 		dir, name := path.Split(w[1])
-		err = f.s.Remove(metaapi.RemoveReq{Parent: f.ino(dir), Name: name, Keep: w[0] == "rm-open", Who: root})
+		err = f.s.Remove(metaapi.RemoveReq{Parent: f.ino(dir), Name: metaapi.ByteString(name), Keep: w[0] == "rm-open", Who: root})
 	case "tmpfile":
 		_, err = f.s.Create(metaapi.CreateReq{Parent: f.ino(w[1]), Type: metaapi.TypeFile, Tmpfile: true, Mode: 0o600, Who: root})
 	case "mv":
 		od, on := path.Split(w[1])
 		nd, nn := path.Split(w[2])
-		err = f.s.Rename(metaapi.RenameReq{OldParent: f.ino(od), OldName: on, NewParent: f.ino(nd), NewName: nn, Who: root})
+		err = f.s.Rename(metaapi.RenameReq{OldParent: f.ino(od), OldName: metaapi.ByteString(on), NewParent: f.ino(nd), NewName: metaapi.ByteString(nn), Who: root})
 	case "write":
 		n, _ := strconv.ParseInt(w[2], 10, 64)
 		f.layout(w[1], 0, n, true)

@@ -16,8 +16,8 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
-// problems indexes a check's problems by kind.
-func problems(res NamespaceCheck) map[metaapi.CheckKind]metaapi.CheckProblem {
+// byKind indexes a check's problems by kind.
+func byKind(res NamespaceCheck) map[metaapi.CheckKind]metaapi.CheckProblem {
 	out := map[metaapi.CheckKind]metaapi.CheckProblem{}
 	for _, p := range res.Problems {
 		out[p.Kind] = p
@@ -101,7 +101,7 @@ func TestCheckBigNamespace(t *testing.T) {
 	if res.Files != dirs*perDir-dropped || res.Dirs != dirs+1 {
 		t.Errorf("walked %d files, %d dirs; want %d, %d", res.Files, res.Dirs, dirs*perDir-dropped, dirs+1)
 	}
-	got := problems(res)
+	got := byKind(res)
 	if len(got) != len(want) {
 		t.Errorf("kinds found %v, want %v", got, want)
 	}
@@ -124,7 +124,7 @@ func TestCheckBigNamespace(t *testing.T) {
 	}
 
 	res = f.checkNS(true)
-	for k, p := range problems(res) {
+	for k, p := range byKind(res) {
 		if p.Repaired != want[k] || p.Count != want[k] {
 			t.Errorf("%s: %d found, %d repaired (%s), want %d", k, p.Count, p.Repaired, p.Action, want[k])
 		}
@@ -209,7 +209,7 @@ func TestCheckHoldsNoLock(t *testing.T) {
 	if res.Files != 4 {
 		t.Errorf("the check saw %d files, want the 4 it started from", res.Files)
 	}
-	got := problems(res)
+	got := byKind(res)
 	for k, w := range map[metaapi.CheckKind][2]int64{
 		metaapi.CheckDanglingEntry: {1, 0}, metaapi.CheckOrphanInode: {1, 0}, metaapi.CheckLinkCount: {2, 1},
 	} {
@@ -232,7 +232,7 @@ func TestCheckHoldsNoLock(t *testing.T) {
 	// The next check judges what is there now: /f has two names, /a/o
 	// is /o's only one, the new file is also /x.
 	res = f.checkNS(true)
-	if p := problems(res)[metaapi.CheckLinkCount]; len(res.Problems) != 1 || p.Count != 3 || p.Repaired != 3 {
+	if p := byKind(res)[metaapi.CheckLinkCount]; len(res.Problems) != 1 || p.Count != 3 || p.Repaired != 3 {
 		t.Errorf("second repair: %+v", res.Problems)
 	}
 	if a := f.attr("/f"); a.Nlink != 2 {
@@ -292,7 +292,7 @@ func TestCheckExamplesOneLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := f.checkNS(false)
-	p := problems(res)[metaapi.CheckLinkCount]
+	p := byKind(res)[metaapi.CheckLinkCount]
 	if want := `"two\nlines"/"bad\xffbyte": file with link count 3 but 1 name`; len(p.Examples) != 1 || p.Examples[0] != "/"+want {
 		t.Fatalf("examples %q, want %q", p.Examples, "/"+want)
 	}
@@ -352,7 +352,7 @@ func FuzzCheckRepair(f *testing.F) {
 				t.Fatalf("repair freed inode %d", ino)
 			}
 		}
-		left := strings.Contains(problems(res)[metaapi.CheckOrphanInode].Action, "left")
+		left := strings.Contains(byKind(res)[metaapi.CheckOrphanInode].Action, "left")
 		again, err := fx.s.CheckNamespace(false)
 		if err != nil {
 			t.Fatal(err)
