@@ -125,8 +125,8 @@ func (s *Service) startCheck(verify, repair bool) (*checkRun, error) {
 	err := s.read(func(v view) error {
 		return scan(v.r, []byte{pChunk}, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
 			var rec chunkRec
-			if err := json.Unmarshal(val, &rec); err != nil {
-				return false, fmt.Errorf("decoding chunk record %x: %w", k, err)
+			if json.Unmarshal(val, &rec) != nil {
+				return true, nil // the namespace check reports it
 			}
 			c.before[rec.ID] = stateOf(&rec)
 			return true, nil
@@ -252,6 +252,23 @@ func (p *problems) add(kind metaapi.CheckKind, format string, args ...any) {
 	}
 }
 
+// merge adds a problem found elsewhere (the namespace check's).
+func (p *problems) merge(o metaapi.CheckProblem) {
+	if p.byKind == nil {
+		p.byKind = map[metaapi.CheckKind]*metaapi.CheckProblem{}
+	}
+	pr := p.byKind[o.Kind]
+	if pr == nil {
+		p.byKind[o.Kind] = &o
+		p.order = append(p.order, o.Kind)
+		return
+	}
+	pr.Count += o.Count
+	pr.Repaired += o.Repaired
+	pr.Action = cmp.Or(pr.Action, o.Action)
+	pr.Examples = append(pr.Examples, o.Examples[:min(len(o.Examples), metaapi.MaxCheckExamples-len(pr.Examples))]...)
+}
+
 func (p *problems) list() []metaapi.CheckProblem {
 	out := make([]metaapi.CheckProblem, 0, len(p.order))
 	for _, k := range p.order {
@@ -270,6 +287,9 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 	}
 	res.Files, res.Dirs = ns.Files, ns.Dirs
 	var p problems
+	for _, pr := range ns.Problems { // the namespace's first
+		p.merge(pr)
+	}
 	var due []metaapi.CorruptCopy // copies to restore, with --repair
 	c.mu.Lock()                   // the rounds are over: nothing feeds it any more
 	defer c.mu.Unlock()
@@ -283,8 +303,8 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 				return true, nil // the namespace check reports it
 			}
 			var rec chunkRec
-			if err := json.Unmarshal(val, &rec); err != nil {
-				return false, fmt.Errorf("decoding chunk record %x: %w", k, err)
+			if json.Unmarshal(val, &rec) != nil {
+				return true, nil // the namespace check reports it
 			}
 			res.Chunks++
 			ref := chunkRef{ids.Ino(beUint64(k[1:])), int64(beUint64(k[9:]))}
@@ -343,7 +363,7 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 	if err := s.judgeHeld(c, &p); err != nil {
 		return res, err
 	}
-	res.Problems = append(ns.Problems, p.list()...)
+	res.Problems = p.list()
 	if c.repair {
 		s.repairChecked(res.Problems, due)
 	}
