@@ -235,7 +235,8 @@ func printEntries(w io.Writer, long, raw bool, ents []entry) {
 }
 
 func modeString(a metaapi.Attr) string {
-	t := map[metaapi.FileType]byte{metaapi.TypeDir: 'd', metaapi.TypeSymlink: 'l', metaapi.TypeFIFO: 'p'}[a.Type]
+	t := map[metaapi.FileType]byte{metaapi.TypeDir: 'd', metaapi.TypeSymlink: 'l', metaapi.TypeFIFO: 'p',
+		metaapi.TypeSocket: 's', metaapi.TypeBlock: 'b', metaapi.TypeChar: 'c'}[a.Type]
 	if t == 0 {
 		t = '-'
 	}
@@ -279,6 +280,9 @@ func (a *app) statCmd() *cobra.Command {
 				}
 				if at.Type == metaapi.TypeSymlink {
 					fmt.Fprintf(a.stdout, "Target: %s\n", displayName(string(at.Target)))
+				}
+				if at.Type.IsDevice() {
+					fmt.Fprintf(a.stdout, "Device: %d,%d\n", metaapi.DevMajor(at.Rdev), metaapi.DevMinor(at.Rdev))
 				}
 				return nil
 			})

@@ -239,6 +239,7 @@ type progEntry struct {
 	target   string
 	ino      uint64
 	nlink    uint64
+	rdev     uint64 // devices
 }
 
 func (p progEntry) typ() uint32 { return p.mode & syscall.S_IFMT }
@@ -262,7 +263,7 @@ func progScan(root string) (map[string]progEntry, error) {
 		if err := syscall.Lstat(p, &st); err != nil {
 			return err
 		}
-		e := progEntry{mode: st.Mode, uid: st.Uid, gid: st.Gid, size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino, nlink: uint64(st.Nlink)}
+		e := progEntry{mode: st.Mode, uid: st.Uid, gid: st.Gid, size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino, nlink: uint64(st.Nlink), rdev: st.Rdev}
 		if e.typ() == syscall.S_IFLNK {
 			if e.target, err = os.Readlink(p); err != nil {
 				return err
@@ -493,6 +494,10 @@ func progCompareTrees(t *testing.T, orig *progTree, got string) {
 		case syscall.S_IFLNK:
 			if g.target != o.target {
 				errs.add("%s: symbolic link to %q, want %q", p, g.target, o.target)
+			}
+		case syscall.S_IFBLK, syscall.S_IFCHR:
+			if g.rdev != o.rdev {
+				errs.add("%s: device %d:%d, want %d:%d", p, unix.Major(g.rdev), unix.Minor(g.rdev), unix.Major(o.rdev), unix.Minor(o.rdev))
 			}
 		}
 	}

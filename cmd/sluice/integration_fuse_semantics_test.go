@@ -194,6 +194,15 @@ func asUser(t *testing.T, uid, gid uint32, fn func()) {
 	<-done
 }
 
+// letOthersReach makes the directories above a mount point searchable
+// by every user: a test's own are private (0700).
+func letOthersReach(t *testing.T, dir string) {
+	t.Helper()
+	for d := dir; d != "/" && d != "/dev/shm" && d != os.TempDir(); d = filepath.Dir(d) {
+		mustOK(t, "chmod", os.Chmod(d, 0o755))
+	}
+}
+
 // asUserCmd runs a command as uid:gid (a real process of that user).
 func asUserCmd(uid, gid uint32, name string, args ...string) (stdout, stderr string, err error) {
 	cmd := exec.Command(name, args...)
@@ -775,13 +784,7 @@ func TestFUSEPosixCorners(t *testing.T) {
 		unix.Close(w)
 		unix.Close(r)
 
-		err = unix.Mknod(filepath.Join(d, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3)))
-		wantErrno(t, "mknod of a char device", err, syscall.EPERM)
-		err = unix.Mknod(filepath.Join(d, "blk"), unix.S_IFBLK|0o666, int(unix.Mkdev(7, 0)))
-		wantErrno(t, "mknod of a block device", err, syscall.EPERM)
-		if _, err := os.Lstat(filepath.Join(d, "null")); !errors.Is(err, syscall.ENOENT) {
-			t.Errorf("refused device node exists: %v", err)
-		}
+		// Device nodes and sockets: integration_fuse_posix_test.go.
 
 		var sfs unix.Statfs_t
 		mustOK(t, "statfs", unix.Statfs(root, &sfs))
@@ -833,13 +836,7 @@ func first(s []string, n int) []string { return s[:min(n, len(s))] }
 
 func TestFUSEPermissions(t *testing.T) {
 	c, m := fuseCluster(t)
-	// The test's directories are private (0700): let others reach the
-	// mount point.
-	for d := m.dir; d != "/" && d != "/dev/shm" && d != os.TempDir(); d = filepath.Dir(d) {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	letOthersReach(t, m.dir)
 	const nobody = 65534
 	dir := mkdirs(t, m.dir, "rootdir")
 	mustOK(t, "chmod", os.Chmod(dir, 0o755))
@@ -1430,9 +1427,7 @@ func eaccess(path string, mode uint32) error {
 func TestFUSEXattrs(t *testing.T) {
 	c, a := fuseCluster(t)
 	b := mountAt(t, c.conf, "mnt-b")
-	for d := a.dir; d != "/" && d != "/dev/shm" && d != os.TempDir(); d = filepath.Dir(d) {
-		mustOK(t, "chmod", os.Chmod(d, 0o755)) // let another user reach the mount
-	}
+	letOthersReach(t, a.dir)
 	dir := mkdirs(t, a.dir, "x")
 	mustOK(t, "chmod", os.Chmod(dir, 0o755))
 	f := filepath.Join(dir, "f")

@@ -120,11 +120,15 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*S
 	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{}),
 		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}, spareBufs: make(chan []byte, 4), locks: newLocks()}
 	at, et, nt := opts.AttrTimeout, opts.EntryTimeout, opts.NegativeTimeout
+	// nodev and nosuid are said, not left to the mount's defaults: device
+	// nodes on the mount are inert (kept as inodes, for backups and image
+	// layers, never opened as devices here), and set-user-ID bits grant
+	// nothing.
 	mo := fuse.MountOptions{
 		FsName:        "sluice",
 		Name:          "sluice",
 		AllowOther:    opts.AllowOther || os.Geteuid() == 0,
-		Options:       []string{"default_permissions"},
+		Options:       []string{"default_permissions", "nodev", "nosuid"},
 		MaxWrite:      1 << 20,
 		MaxReadAhead:  1 << 20,
 		MaxBackground: 64,
@@ -141,6 +145,10 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*S
 		EntryTimeout:    &et,
 		NegativeTimeout: &nt,
 		RootStableAttr:  &fs.StableAttr{Ino: uint64(root.Ino), Mode: syscall.S_IFDIR},
+		// Mode 0 is a mode (open(2) makes such files; an overlay's
+		// whiteout is a char device 0:0 of mode 0): go-fuse would show
+		// it as 0644.
+		NullPermissions: true,
 	})
 	server, err := fuse.NewServer(&lockRaw{RawFileSystem: raw, l: f.locks}, dir, &mo)
 	if err != nil {
@@ -312,8 +320,32 @@ func typeMode(t metaapi.FileType) uint32 {
 		return syscall.S_IFLNK
 	case metaapi.TypeFIFO:
 		return syscall.S_IFIFO
+	case metaapi.TypeSocket:
+		return syscall.S_IFSOCK
+	case metaapi.TypeBlock:
+		return syscall.S_IFBLK
+	case metaapi.TypeChar:
+		return syscall.S_IFCHR
 	}
 	return syscall.S_IFREG
+}
+
+// fileType is the inode type a mknod(2) mode asks for (S_IFREG or none:
+// a regular file).
+func fileType(mode uint32) (metaapi.FileType, bool) {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFREG, 0:
+		return metaapi.TypeFile, true
+	case syscall.S_IFIFO:
+		return metaapi.TypeFIFO, true
+	case syscall.S_IFSOCK:
+		return metaapi.TypeSocket, true
+	case syscall.S_IFBLK:
+		return metaapi.TypeBlock, true
+	case syscall.S_IFCHR:
+		return metaapi.TypeChar, true
+	}
+	return "", false
 }
 
 // blockSize is the I/O size st_blksize advertises: programs that size
@@ -329,6 +361,9 @@ func fillAttr(a *metaapi.Attr, out *fuse.Attr) {
 	}
 	out.Blocks = (out.Size + 511) / 512
 	out.Nlink = a.Nlink
+	// The kernel's 32-bit encoding, which is glibc's for the numbers meta
+	// accepts (major < 4096, minor < 2^20).
+	out.Rdev = uint32(a.Rdev)
 	out.Owner = fuse.Owner{Uid: a.UID, Gid: a.GID}
 	out.Blksize = blockSize
 	setTime := func(ns int64, sec *uint64, nsec *uint32) {

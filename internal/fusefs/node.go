@@ -173,10 +173,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	return h, 0, 0
 }
 
-func (n *node) mknode(ctx context.Context, name string, typ metaapi.FileType, mode uint32, target string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+func (n *node) mknode(ctx context.Context, name string, typ metaapi.FileType, mode, rdev uint32, target string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, cancel := n.fsys.call(ctx)
 	defer cancel()
-	r, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{Parent: n.ino(), Name: metaapi.ByteString(name), Type: typ, Mode: mode & 07777, Target: metaapi.ByteString(target), Exclusive: true})
+	r, err := n.fsys.cl.CreateIn(ctx, metaapi.CreateReq{Parent: n.ino(), Name: metaapi.ByteString(name), Type: typ, Mode: mode & 07777, Rdev: uint64(rdev), Target: metaapi.ByteString(target), Exclusive: true})
 	if err != nil {
 		return nil, n.fsys.errno("create", err)
 	}
@@ -185,23 +185,26 @@ func (n *node) mknode(ctx context.Context, name string, typ metaapi.FileType, mo
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	return n.mknode(ctx, name, metaapi.TypeDir, mode, "", out)
+	return n.mknode(ctx, name, metaapi.TypeDir, mode, 0, "", out)
 }
 
-// Mknod makes regular files and FIFOs. Device nodes and sockets are not
-// stored by Sluice: EPERM, as for an unprivileged caller.
+// Mknod makes regular files, FIFOs, sockets (bind(2) of a Unix socket)
+// and device nodes (the number in the kernel's 32-bit encoding, which is
+// glibc's for Linux's numbers). The kernel has checked the privilege a
+// device needs; meta checks it again.
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	switch mode & syscall.S_IFMT {
-	case syscall.S_IFREG, 0:
-		return n.mknode(ctx, name, metaapi.TypeFile, mode, "", out)
-	case syscall.S_IFIFO:
-		return n.mknode(ctx, name, metaapi.TypeFIFO, mode, "", out)
+	typ, ok := fileType(mode)
+	if !ok {
+		return nil, syscall.EINVAL
 	}
-	return nil, syscall.EPERM
+	if !typ.IsDevice() {
+		dev = 0 // mknod(2) ignores it
+	}
+	return n.mknode(ctx, name, typ, mode, dev, "", out)
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	return n.mknode(ctx, name, metaapi.TypeSymlink, 0o777, target, out)
+	return n.mknode(ctx, name, metaapi.TypeSymlink, 0o777, 0, target, out)
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {

@@ -105,7 +105,7 @@ func (f *fixture) inoOf(p string) ids.Ino {
 
 // do runs one operation as root: "ln OLD NEW", "rm PATH", "rm-open
 // PATH" (removed while open), "tmpfile DIR", "mv OLD NEW", "write PATH
-// BYTES".
+// BYTES", "mknod PATH TYPE [MAJOR MINOR]" (a socket or device).
 func (f *fixture) do(line string) {
 	f.t.Helper()
 	w := strings.Fields(line)
@@ -126,6 +126,15 @@ func (f *fixture) do(line string) {
 	case "write":
 		n, _ := strconv.ParseInt(w[2], 10, 64)
 		f.layout(w[1], 0, n, true)
+	case "mknod":
+		dir, name := path.Split(w[1])
+		var rdev uint64
+		if len(w) == 5 {
+			major, _ := strconv.ParseUint(w[3], 10, 32)
+			minor, _ := strconv.ParseUint(w[4], 10, 32)
+			rdev = metaapi.Mkdev(uint32(major), uint32(minor))
+		}
+		_, err = f.s.Create(metaapi.CreateReq{Parent: f.ino(dir), Name: metaapi.ByteString(name), Type: metaapi.FileType(w[2]), Mode: 0o644, Rdev: rdev, Who: root})
 	default:
 		f.t.Fatalf("unknown operation %q", line)
 	}
@@ -146,6 +155,7 @@ func (f *fixture) do(line string) {
 //	add-entry DIR NAME INO [TYPE]  an entry is added (type: the inode's)
 //	mv-entry PATH DIR NAME   the entry moves, nothing else changes
 //	orphan-record PATH       an orphan record is added
+//	rdev PATH N              the inode's device number is set
 //	counters FIELD=DELTA...  files, dirs, chunks, next-ino
 func (f *fixture) corrupt(line string) {
 	f.t.Helper()
@@ -211,6 +221,10 @@ func (f *fixture) corrupt(line string) {
 		b.Set(direntKey(f.inoOf(w[2]), w[3]), raw, nil)
 	case "orphan-record":
 		b.Set(orphanKey(f.inoOf(w[1])), make([]byte, 8), nil)
+	case "rdev":
+		in := load(f.inoOf(w[1]))
+		in.Rdev, _ = strconv.ParseUint(w[2], 10, 64)
+		b.Set(inodeKey(in.Ino), mustJSON(in), nil)
 	case "counters":
 		f.adjustCounters(func(c *counters) {
 			for _, kv := range w[1:] {

@@ -4,8 +4,9 @@ import "github.com/sluicefs/sluice/internal/metaapi"
 
 // Creating inodes (the checks in namespace.go's order).
 
-// Create makes a file, directory, symbolic link or FIFO. A file that
-// already exists is returned as is unless Exclusive is set.
+// Create makes an inode of any type: a file, directory, symbolic link,
+// FIFO, socket or device node. A file that already exists is returned as
+// is unless Exclusive is set.
 func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
 	r, err := s.create(req)
 	return r.Attr, err
@@ -20,14 +21,8 @@ func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 	if err := validName(string(req.Name)); err != nil {
 		return out, err
 	}
-	switch req.Type {
-	case metaapi.TypeFile, metaapi.TypeDir, metaapi.TypeFIFO:
-	case metaapi.TypeSymlink:
-		if err := validTarget(string(req.Target)); err != nil {
-			return out, err
-		}
-	default:
-		return out, metaapi.Errorf(metaapi.EINVAL, "cannot create inode of type %q", req.Type)
+	if err := validCreate(req); err != nil {
+		return out, err
 	}
 	who := req.Who
 	dirs, err := s.updateDirs(func(tx *txn) error {
@@ -57,6 +52,9 @@ func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 			return metaapi.Errorf(metaapi.EEXIST, "%q already exists in directory %d (a %s)", req.Name, parent.Ino, d.Type)
 		}
 		if err := access(parent, who, mayWrite|mayExec); err != nil {
+			return err
+		}
+		if err := mayMknod(req, who); err != nil {
 			return err
 		}
 		in, err := s.newChild(tx, parent, req, who)
@@ -115,6 +113,44 @@ func (s *Service) newChild(tx *txn, parent *inode, req metaapi.CreateReq, who me
 		in.Target = req.Target
 		in.Size = int64(len(req.Target))
 		in.Mode = 0o777
+	case metaapi.TypeBlock, metaapi.TypeChar:
+		in.Rdev = req.Rdev
 	}
 	return in, nil
+}
+
+// validCreate checks what a create asks for on its own: a known type, a
+// symlink's target, a device's number.
+func validCreate(req metaapi.CreateReq) error {
+	switch req.Type {
+	case metaapi.TypeFile, metaapi.TypeDir, metaapi.TypeFIFO, metaapi.TypeSocket, metaapi.TypeSymlink, metaapi.TypeBlock, metaapi.TypeChar:
+	default:
+		return metaapi.Errorf(metaapi.EINVAL, "cannot create inode of type %q", req.Type)
+	}
+	if req.Type == metaapi.TypeSymlink {
+		if err := validTarget(string(req.Target)); err != nil {
+			return err
+		}
+	}
+	if !req.Type.IsDevice() {
+		if req.Rdev != 0 {
+			return metaapi.Errorf(metaapi.EINVAL, "a device number (%#x) for a %s", req.Rdev, req.Type)
+		}
+		return nil
+	}
+	if major, minor := metaapi.DevMajor(req.Rdev), metaapi.DevMinor(req.Rdev); major > metaapi.MaxDevMajor || minor > metaapi.MaxDevMinor || metaapi.Mkdev(major, minor) != req.Rdev {
+		return metaapi.Errorf(metaapi.EINVAL, "device number %#x: at most %d:%d", req.Rdev, metaapi.MaxDevMajor, metaapi.MaxDevMinor)
+	}
+	return nil
+}
+
+// mayMknod checks the privilege a create needs beyond write access to the
+// directory: device nodes are root's to make, as mknod(2) needs
+// CAP_MKNOD — except the whiteout (a char device 0:0, which overlay file
+// systems make for users too).
+func mayMknod(req metaapi.CreateReq, who metaapi.Who) error {
+	if whiteout := req.Type == metaapi.TypeChar && req.Rdev == 0; req.Type.IsDevice() && who.UID != 0 && !whiteout {
+		return eperm("making a %s device as uid %d", req.Type, who.UID)
+	}
+	return nil
 }

@@ -187,10 +187,12 @@ type dirent struct {
 
 var typeCodes = map[metaapi.FileType]byte{
 	metaapi.TypeFile: 1, metaapi.TypeDir: 2, metaapi.TypeSymlink: 3, metaapi.TypeFIFO: 4,
+	metaapi.TypeSocket: 5, metaapi.TypeBlock: 6, metaapi.TypeChar: 7,
 }
 
 var codeTypes = map[byte]metaapi.FileType{
 	1: metaapi.TypeFile, 2: metaapi.TypeDir, 3: metaapi.TypeSymlink, 4: metaapi.TypeFIFO,
+	5: metaapi.TypeSocket, 6: metaapi.TypeBlock, 7: metaapi.TypeChar,
 }
 
 func encodeDirent(d dirent) []byte {

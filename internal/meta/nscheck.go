@@ -163,10 +163,13 @@ func (c *checker) scanInodes() error {
 		switch in.Type {
 		case metaapi.TypeDir:
 			c.dirs++
-		case metaapi.TypeFile, metaapi.TypeSymlink, metaapi.TypeFIFO:
+		case metaapi.TypeFile, metaapi.TypeSymlink, metaapi.TypeFIFO, metaapi.TypeSocket, metaapi.TypeBlock, metaapi.TypeChar:
 			c.files++
 			if in.Type == metaapi.TypeFile && (in.Policy == nil || in.ChunkSize <= 0) {
 				c.problem(kMeta, func() string { return c.path(ino) + ": file with no policy or chunk size" })
+			}
+			if in.Rdev != 0 && !in.Type.IsDevice() {
+				c.problem(kMeta, func() string { return c.path(ino) + ": a device number on a " + string(in.Type) })
 			}
 		default:
 			c.metadataf("inode %d has unknown type %q", ino, in.Type)

@@ -87,6 +87,13 @@ const (
 	TypeDir     FileType = "dir"
 	TypeSymlink FileType = "symlink"
 	TypeFIFO    FileType = "fifo"
+	// Device nodes and sockets are inodes with no data, as FIFOs: a
+	// device's number is kept (Attr.Rdev) and means something only to
+	// the kernel of a machine that opens it (mounts are nodev); a
+	// socket's endpoint lives in the kernel that bound it.
+	TypeBlock  FileType = "block"
+	TypeChar   FileType = "char"
+	TypeSocket FileType = "socket"
 )
 
 // Attr is an inode's attributes. Times are unix nanoseconds.
@@ -104,6 +111,7 @@ type Attr struct {
 	ChunkSize int64      `json:"chunk_size,omitempty"` // files
 	Policy    *Policy    `json:"policy,omitempty"`     // files: the policy fixed at creation
 	Target    ByteString `json:"target,omitempty"`     // symlinks
+	Rdev      uint64     `json:"rdev,omitempty"`       // devices: the device number (Mkdev)
 }
 
 // Strategy names a replication strategy.
@@ -266,9 +274,10 @@ type GetAttrReq struct {
 type CreateReq struct {
 	Parent    ids.Ino    `json:"parent"`
 	Name      ByteString `json:"name"`
-	Type      FileType   `json:"type"` // file, dir, symlink or fifo
+	Type      FileType   `json:"type"` // any FileType
 	Mode      uint32     `json:"mode"`
 	Target    ByteString `json:"target,omitempty"`    // symlink target
+	Rdev      uint64     `json:"rdev,omitempty"`      // device number of a block or char device (Mkdev)
 	Exclusive bool       `json:"exclusive,omitempty"` // files: EEXIST if present; otherwise an existing file is returned
 	// Tmpfile creates a file with no name (open(2) with O_TMPFILE; Name
 	// empty), kept like a removed open file until Release, and linkable

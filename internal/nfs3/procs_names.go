@@ -169,17 +169,37 @@ func (g *Gateway) symlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) boo
 	return true
 }
 
-// mknod makes FIFOs; device and socket nodes are not supported
-// (NFS3ERR_BADTYPE, the status RFC 1813 names for an unsupported type).
+// nodeType is the inode type MKNOD makes of an ftype3.
+func nodeType(typ uint32) (metaapi.FileType, bool) {
+	switch typ {
+	case typeChr:
+		return metaapi.TypeChar, true
+	case typeBlk:
+		return metaapi.TypeBlock, true
+	case typeSock:
+		return metaapi.TypeSocket, true
+	case typeFifo:
+		return metaapi.TypeFIFO, true
+	}
+	return "", false
+}
+
+// mknod makes device nodes, sockets and FIFOs, as the mount's mknod(2)
+// does (meta lets only root make devices); other types are
+// NFS3ERR_BADTYPE, the status RFC 1813 names for them.
 func (g *Gateway) mknod(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 	dir, name, herr := diropArgs(r)
 	typ := r.Uint32()
 	var s sattr
+	var rdev uint64
 	switch typ {
 	case typeChr, typeBlk:
 		s = readSattr(r)
-		r.Uint32() // specdata3
-		r.Uint32()
+		major, minor := r.Uint32(), r.Uint32() // specdata3
+		rdev = metaapi.Mkdev(major, minor)
+		if major > metaapi.MaxDevMajor || minor > metaapi.MaxDevMinor {
+			rdev = ^uint64(0) // not a Linux device number: meta refuses it
+		}
 	case typeSock, typeFifo:
 		s = readSattr(r)
 	}
@@ -189,7 +209,8 @@ func (g *Gateway) mknod(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 	if !g.createPrecheck(ctx, w, dir, name, herr) {
 		return true
 	}
-	if typ != typeFifo {
+	ft, ok := nodeType(typ)
+	if !ok {
 		st := ErrBadtype
 		if typ < typeReg || typ > typeFifo {
 			st = ErrInval
@@ -198,7 +219,10 @@ func (g *Gateway) mknod(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 		putWcc(w, g.attrOf(ctx, dir))
 		return true
 	}
-	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: metaapi.ByteString(name), Type: metaapi.TypeFIFO, Mode: modeOr(s.mode, 0o644), Exclusive: true})
+	resp, err := g.cl.CreateIn(ctx, metaapi.CreateReq{Parent: dir, Name: metaapi.ByteString(name), Type: ft, Mode: modeOr(s.mode, 0o644), Rdev: rdev, Exclusive: true})
+	if err == nil {
+		resp.Attr, err = g.applySattr(ctx, resp.Attr.Ino, sattr{uid: s.uid, gid: s.gid, atime: s.atime, mtime: s.mtime, atimeNow: s.atimeNow, mtimeNow: s.mtimeNow})
+	}
 	g.created(ctx, w, dir, resp, err)
 	return true
 }

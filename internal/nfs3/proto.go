@@ -175,6 +175,12 @@ func putFattr(w *xdr.Writer, a *metaapi.Attr) {
 		typ, size = typeLnk, uint64(len(a.Target))
 	case metaapi.TypeFIFO:
 		typ = typeFifo
+	case metaapi.TypeSocket:
+		typ = typeSock
+	case metaapi.TypeBlock:
+		typ = typeBlk
+	case metaapi.TypeChar:
+		typ = typeChr
 	}
 	w.Uint32(typ)
 	w.Uint32(a.Mode & 07777)
@@ -182,9 +188,9 @@ func putFattr(w *xdr.Writer, a *metaapi.Attr) {
 	w.Uint32(a.UID)
 	w.Uint32(a.GID)
 	w.Uint64(size)
-	w.Uint64((size + 4095) &^ 4095) // used
-	w.Uint32(0)                     // rdev
-	w.Uint32(0)
+	w.Uint64((size + 4095) &^ 4095)    // used
+	w.Uint32(metaapi.DevMajor(a.Rdev)) // rdev (specdata3)
+	w.Uint32(metaapi.DevMinor(a.Rdev))
 	w.Uint64(fsid)
 	w.Uint64(uint64(a.Ino))
 	putTime(w, a.Atime)

@@ -1,0 +1,128 @@
+package meta
+
+import (
+	"testing"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
+
+// Device nodes, sockets and FIFOs are inodes with no data: a type, a
+// mode, owners, times and (devices) a device number.
+
+func mknod(f *fixture, parent, name string, typ metaapi.FileType, rdev uint64, who metaapi.Who) (metaapi.Attr, error) {
+	return f.s.Create(metaapi.CreateReq{Parent: f.ino(parent), Name: metaapi.ByteString(name), Type: typ, Mode: 0o640, Rdev: rdev, Exclusive: true, Who: who})
+}
+
+func TestSpecialInodes(t *testing.T) {
+	f := newFixture(t, onDisk, func(o *Options) { o.DefaultReplicas = 1 })
+	f.addNodes(1)
+	f.tree("/d/")
+	want := map[string]struct {
+		typ  metaapi.FileType
+		rdev uint64
+	}{
+		"blk":  {metaapi.TypeBlock, metaapi.Mkdev(7, 1)},
+		"chr":  {metaapi.TypeChar, metaapi.Mkdev(4095, 1<<20-1)}, // the largest Linux number
+		"sock": {metaapi.TypeSocket, 0},
+		"fifo": {metaapi.TypeFIFO, 0},
+	}
+	for name, w := range want {
+		a, err := mknod(f, "/d", name, w.typ, w.rdev, root)
+		wantCode(t, err, "")
+		if a.Type != w.typ || a.Rdev != w.rdev || a.Mode != 0o640 || a.Nlink != 1 || a.Size != 0 || a.Policy != nil || a.ChunkSize != 0 {
+			t.Fatalf("%s: %+v", name, a)
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		// Explicitly: the fixture checks at its end only the service it
+		// opened, not one reopened.
+		if err := f.s.Check(); err != nil {
+			t.Fatalf("%s: the namespace check: %v", when, err)
+		}
+		r, err := f.s.Readdir(metaapi.ReaddirReq{Ino: f.ino("/d"), Who: root})
+		wantCode(t, err, "")
+		if len(r.Entries) != len(want) {
+			t.Fatalf("%s: %d entries, want %d", when, len(r.Entries), len(want))
+		}
+		for _, e := range r.Entries {
+			a := f.attr("/d/" + string(e.Name))
+			if w := want[string(e.Name)]; e.Type != w.typ || a.Type != w.typ || a.Rdev != w.rdev {
+				t.Fatalf("%s: %s listed as %s, attr %+v; want %s %#x", when, e.Name, e.Type, a, w.typ, w.rdev)
+			}
+		}
+	}
+	check("created")
+	f.reopen()
+	check("after a restart")
+
+	// They have no data: no layout, no truncation.
+	for name := range want {
+		_, err := f.s.Layout(1, metaapi.LayoutReq{Ino: f.ino("/d/" + name), Len: 1, Write: true, Who: root})
+		wantCode(t, err, metaapi.EINVAL)
+		_, err = f.s.SetAttr(metaapi.SetAttrReq{Ino: f.ino("/d/" + name), Size: ptr(int64(0)), Who: root})
+		wantCode(t, err, metaapi.EINVAL)
+	}
+	// They link, rename over one another and unlink like files.
+	_, err := f.s.Link(metaapi.LinkReq{Ino: f.ino("/d/blk"), NewParent: ids.RootIno, NewName: "blk2", Who: root})
+	wantCode(t, err, "")
+	wantCode(t, f.s.Rename(metaapi.RenameReq{OldParent: f.ino("/d"), OldName: "chr", NewParent: f.ino("/d"), NewName: "blk", Who: root}), "")
+	if a := f.attr("/blk2"); a.Nlink != 1 || a.Type != metaapi.TypeBlock {
+		t.Fatalf("device replaced by a rename: %+v", a)
+	}
+	if a := f.attr("/d/blk"); a.Type != metaapi.TypeChar || a.Rdev != want["chr"].rdev {
+		t.Fatalf("renamed device: %+v", a)
+	}
+	for _, name := range []string{"blk", "sock", "fifo"} {
+		wantCode(t, f.s.Remove(metaapi.RemoveReq{Parent: f.ino("/d"), Name: metaapi.ByteString(name), Who: root}), "")
+	}
+	if err := f.s.Check(); err != nil {
+		t.Fatalf("the namespace check at the end: %v", err)
+	}
+}
+
+func TestMknodRules(t *testing.T) {
+	f := newFixture(t)
+	permTree(f)
+	for _, tc := range []struct {
+		name   string
+		parent string
+		typ    metaapi.FileType
+		rdev   uint64
+		who    metaapi.Who
+		want   metaapi.Code
+	}{
+		{"device by root", "/pub", metaapi.TypeBlock, metaapi.Mkdev(8, 0), root, ""},
+		{"block device by a user", "/pub", metaapi.TypeBlock, metaapi.Mkdev(8, 0), alice, metaapi.EPERM},
+		{"char device by a user", "/pub", metaapi.TypeChar, metaapi.Mkdev(1, 3), alice, metaapi.EPERM},
+		{"whiteout by a user", "/pub", metaapi.TypeChar, 0, alice, ""},
+		{"block 0:0 by a user is no whiteout", "/pub", metaapi.TypeBlock, 0, alice, metaapi.EPERM},
+		{"socket by a user", "/pub", metaapi.TypeSocket, 0, alice, ""},
+		{"fifo by a user", "/pub", metaapi.TypeFIFO, 0, alice, ""},
+		// As mknod(2): the directory's permission, then the privilege.
+		{"device in an unwritable directory", "/rootdir", metaapi.TypeChar, metaapi.Mkdev(1, 3), alice, metaapi.EACCES},
+		{"device over an existing name", "/pub", metaapi.TypeChar, metaapi.Mkdev(1, 3), bob, metaapi.EEXIST},
+		{"device number on a fifo", "/pub", metaapi.TypeFIFO, 1, root, metaapi.EINVAL},
+		{"device number on a socket", "/pub", metaapi.TypeSocket, metaapi.Mkdev(1, 3), root, metaapi.EINVAL},
+		{"major too large", "/pub", metaapi.TypeChar, metaapi.Mkdev(4096, 0), root, metaapi.EINVAL},
+		{"minor too large", "/pub", metaapi.TypeChar, metaapi.Mkdev(1, 1<<20), root, metaapi.EINVAL},
+		{"not an encoded number", "/pub", metaapi.TypeChar, 1 << 63, root, metaapi.EINVAL},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "n"
+			if tc.want == metaapi.EEXIST {
+				name = "af"
+			}
+			a, err := mknod(f, tc.parent, name, tc.typ, tc.rdev, tc.who)
+			wantCode(t, err, tc.want)
+			if err != nil {
+				return
+			}
+			if a.Type != tc.typ || a.Rdev != tc.rdev || a.UID != tc.who.UID {
+				t.Fatalf("%+v", a)
+			}
+			wantCode(t, f.s.Remove(metaapi.RemoveReq{Parent: f.ino(tc.parent), Name: metaapi.ByteString(name), Who: root}), "")
+		})
+	}
+}

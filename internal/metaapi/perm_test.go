@@ -1,0 +1,24 @@
+package metaapi
+
+import (
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Device numbers are encoded as glibc encodes dev_t, so st_rdev, FUSE's
+// 32-bit rdev and NFS's specdata3 all agree with what is stored.
+func TestMkdevMatchesGlibc(t *testing.T) {
+	for _, d := range [][2]uint32{{0, 0}, {1, 3}, {8, 17}, {255, 255}, {256, 256}, {MaxDevMajor, MaxDevMinor}, {1 << 20, 1 << 31}, {^uint32(0), ^uint32(0)}} {
+		dev := Mkdev(d[0], d[1])
+		if want := unix.Mkdev(d[0], d[1]); dev != want {
+			t.Errorf("Mkdev(%d, %d) = %#x, want %#x", d[0], d[1], dev, want)
+		}
+		if DevMajor(dev) != d[0] || DevMinor(dev) != d[1] {
+			t.Errorf("%#x decodes to %d:%d, want %d:%d", dev, DevMajor(dev), DevMinor(dev), d[0], d[1])
+		}
+		if d[0] <= MaxDevMajor && d[1] <= MaxDevMinor && dev>>32 != 0 {
+			t.Errorf("Linux device %d:%d does not fit FUSE's 32 bits: %#x", d[0], d[1], dev)
+		}
+	}
+}
