@@ -357,3 +357,70 @@ func stamp(t *testing.T, dir string) {
 		mustOK(t, "utimensat", unix.UtimesNanoAt(unix.AT_FDCWD, paths[i], []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW))
 	}
 }
+
+// TestFUSECreateModes: open(O_CREAT) makes a file of mode 0 (open/26.t),
+// and a file created read-only is written and truncated through the
+// descriptor that created it (ftruncate/00.t), as tar and cp do; the
+// data used to be lost at close (EACCES).
+func TestFUSECreateModes(t *testing.T) {
+	_, m := fuseCluster(t)
+	letOthersReach(t, m.dir)
+	d := mkdirs(t, m.dir, "modes")
+	mustOK(t, "chmod", os.Chmod(d, 0o777))
+
+	for _, flags := range []int{unix.O_WRONLY, unix.O_RDWR, unix.O_RDONLY} {
+		p := filepath.Join(d, "zero")
+		fd := openFD(t, p, unix.O_CREAT|unix.O_EXCL|flags, 0)
+		if st := fstat(t, fd); st.Mode != unix.S_IFREG {
+			t.Errorf("fstat of a file created with mode 0: %#o", st.Mode)
+		}
+		unix.Close(fd)
+		wantNode(t, p, unix.S_IFREG, 0, 0)
+		mustOK(t, "unlink", os.Remove(p))
+	}
+
+	ro, zero := filepath.Join(d, "ro"), filepath.Join(d, "zero-rw")
+	asUser(t, nobody, nobody, func() {
+		fd, err := unix.Open(ro, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o444)
+		if err != nil {
+			t.Errorf("create read-only as nobody: %v", err)
+			return
+		}
+		if _, err := unix.Write(fd, []byte("read-only data")); err != nil {
+			t.Errorf("write: %v", err)
+		}
+		if err := unix.Ftruncate(fd, 9); err != nil {
+			t.Errorf("ftruncate: %v", err)
+		}
+		if _, err := unix.Pwrite(fd, []byte("!"), 9); err != nil {
+			t.Errorf("pwrite: %v", err)
+		}
+		if err := unix.Close(fd); err != nil {
+			t.Errorf("close: %v (the writes did not reach the cluster)", err)
+		}
+		fd, err = unix.Open(zero, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Errorf("create mode 0 as nobody: %v", err)
+			return
+		}
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			t.Errorf("ftruncate of a mode 0 file: %v", err)
+		}
+		if err := unix.Close(fd); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		// The mode holds for a new open, the owner's included.
+		_, err = unix.Open(ro, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		wantErrno(t, "reopening one's read-only file for writing", err, syscall.EACCES)
+		err = unix.Truncate(ro, 0)
+		wantErrno(t, "truncate(2) of one's read-only file", err, syscall.EACCES)
+	})
+	wantContent(t, ro, []byte("read-only!"))
+	wantNode(t, ro, unix.S_IFREG|0o444, nobody, 0)
+	wantNode(t, zero, unix.S_IFREG, nobody, 0)
+	// Another user is held to the mode.
+	asUser(t, nobody-1, nobody-1, func() {
+		_, err := unix.Open(ro, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		wantErrno(t, "another user opening it for writing", err, syscall.EACCES)
+	})
+}

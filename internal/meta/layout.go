@@ -35,7 +35,7 @@ func fileForData(r ns, ino ids.Ino, who metaapi.Who, want uint32) (*inode, error
 	if in.ChunkSize <= 0 {
 		return nil, metaapi.Errorf(metaapi.EIO, "file %d has chunk size %d", ino, in.ChunkSize)
 	}
-	return in, access(in, who, want)
+	return in, dataAccess(in, who, want)
 }
 
 // chunksIn returns the chunk records of ino with index in [first, last],

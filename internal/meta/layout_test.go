@@ -217,6 +217,7 @@ func TestLayoutErrors(t *testing.T) {
 	if st := f.s.Status2(); st.Chunks != 0 {
 		t.Fatalf("failed allocation left %d chunks", st.Chunks)
 	}
+	f.addNodes(1)
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -230,10 +231,16 @@ func TestLayoutErrors(t *testing.T) {
 		{"dir", lay("/d", 0, 1, false, root), metaapi.EISDIR},
 		{"fifo", lay("/p", 0, 1, false, root), metaapi.EINVAL},
 		{"symlink", lay("/l", 0, 1, false, root), metaapi.EINVAL},
-		{"write read-only", lay("/ro", 0, 1, true, alice), metaapi.EACCES},
-		{"read write-only", lay("/wo", 0, 1, false, alice), metaapi.EACCES},
-		{"read by other", lay("/wo", 0, 1, false, bob), metaapi.EACCES},
+		// The mode binds everyone but the owner, who may read and write
+		// its file's data whatever the mode (as through the descriptor
+		// that created it read-only; the kernel checks opens).
+		{"write read-only by other", lay("/ro", 0, 1, true, bob), metaapi.EACCES},
+		{"write read-only by group", lay("/ro", 0, 1, true, carol), metaapi.EACCES},
+		{"read write-only by group", lay("/wo", 0, 1, false, carol), metaapi.EACCES},
+		{"read write-only by other", lay("/wo", 0, 1, false, bob), metaapi.EACCES},
 		{"read read-only", lay("/ro", 0, 1, false, bob), ""},
+		{"write read-only by owner", lay("/ro", 0, 1, true, alice), ""},
+		{"read write-only by owner", lay("/wo", 0, 1, false, alice), ""},
 		{"up to max size", lay("/f", metaapi.MaxFileSize-10, 10, false, root), ""},
 	} {
 		if tc.want == "" && tc.err != nil || tc.want != "" && !metaapi.IsCode(tc.err, tc.want) {

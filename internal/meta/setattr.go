@@ -53,7 +53,7 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 			case *req.Size > metaapi.MaxFileSize:
 				return metaapi.Errorf(metaapi.EFBIG, "size %d beyond the maximum %d", *req.Size, int64(metaapi.MaxFileSize))
 			}
-			if err := access(in, who, mayWrite); err != nil {
+			if err := dataAccess(in, who, mayWrite); err != nil {
 				return err
 			}
 		}

@@ -126,3 +126,40 @@ func TestMknodRules(t *testing.T) {
 		})
 	}
 }
+
+// The owner of a file writes and truncates its data whatever its mode
+// (through the descriptor that created it read-only); others are held
+// to the mode.
+func TestOwnerWritesReadOnlyFile(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.DefaultReplicas = 1 })
+	f.addNodes(1)
+	f.tree("/pub/")
+	f.s.SetAttr(metaapi.SetAttrReq{Ino: f.ino("/pub"), Mode: ptr(uint32(0o777)), Who: root})
+	ino := f.mk("/pub", "ro", metaapi.TypeFile, 0o444, alice).Ino
+	for _, tc := range []struct {
+		name string
+		who  metaapi.Who
+		want metaapi.Code
+	}{
+		{"owner", alice, ""},
+		{"group member", carol, metaapi.EACCES},
+		{"other", bob, metaapi.EACCES},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := f.s.Layout(1, metaapi.LayoutReq{Ino: ino, Len: 10, Write: true, Who: tc.who})
+			wantCode(t, err, tc.want)
+			if err == nil {
+				_, err = f.s.Commit(metaapi.CommitReq{Ino: ino, Size: 10,
+					Chunks: []metaapi.ChunkVersion{{Index: 0, Chunk: l.Chunks[0].Chunk, Version: l.Chunks[0].Version + 1, End: 10}}, Who: tc.who})
+				wantCode(t, err, "")
+			}
+			_, err = f.s.Commit(metaapi.CommitReq{Ino: ino, Size: 10, Who: tc.who})
+			wantCode(t, err, tc.want)
+			_, err = f.s.SetAttr(metaapi.SetAttrReq{Ino: ino, Size: ptr(int64(3)), Who: tc.who})
+			wantCode(t, err, tc.want)
+		})
+	}
+	if a := f.attr("/pub/ro"); a.Size != 3 || a.Mode != 0o444 {
+		t.Fatalf("%+v, want size 3, mode 444", a)
+	}
+}

@@ -22,3 +22,23 @@ func TestMkdevMatchesGlibc(t *testing.T) {
 		}
 	}
 }
+
+func TestAllowsData(t *testing.T) {
+	a := Attr{Type: TypeFile, Mode: 0o404, UID: 10, GID: 20}
+	for _, tc := range []struct {
+		who  Who
+		want uint32
+		ok   bool
+	}{
+		{Who{UID: 10, GID: 99}, MayWrite, true}, // the owner, whatever the mode
+		{Who{UID: 10, GID: 99}, MayRead | MayWrite, true},
+		{Who{UID: 11, GID: 20}, MayRead, false}, // the group has nothing
+		{Who{UID: 11, GID: 99}, MayRead, true},  // others may read
+		{Who{UID: 11, GID: 99}, MayWrite, false},
+		{Who{UID: 0}, MayWrite, true},
+	} {
+		if got := a.AllowsData(tc.who, tc.want); got != tc.ok {
+			t.Errorf("%+v wants %d: %v, want %v", tc.who, tc.want, got, tc.ok)
+		}
+	}
+}

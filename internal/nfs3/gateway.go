@@ -215,12 +215,18 @@ func (g *Gateway) status(ctx context.Context) (metaapi.StatusResp, error) {
 
 // may reports whether the caller may do want (metaapi.MayRead, MayWrite,
 // MayExec) to an object with attributes a: meta's own check on its mode
-// bits, applied by the gateway to each READ, WRITE and READDIR, as knfsd
-// does, because NFS has no open and the SDK's cached capabilities are
-// the gateway's, not the caller's. (No owner override as in knfsd: meta
-// checks a write again when it is recorded, and the two must agree.)
+// bits, applied by the gateway to each READDIR (and READ and WRITE, see
+// mayData), as knfsd does, because NFS has no open and the SDK's cached
+// capabilities are the gateway's, not the caller's.
 func may(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
 	return a.Allows(callerOf(c), want)
+}
+
+// mayData is may for READ and WRITE of a file's data, which its owner
+// may whatever the mode, as knfsd lets it (metaapi.Attr.AllowsData):
+// meta checks a write again when it is recorded, by the same rule.
+func mayData(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
+	return a.AllowsData(callerOf(c), want)
 }
 
 // ---- directory listings ----

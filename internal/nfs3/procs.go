@@ -323,7 +323,7 @@ func (g *Gateway) read(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xd
 		return fail(handleStatus(err), g.attrOf(ctx, ino))
 	}
 	a := f.Attr()
-	if !may(c, &a, metaapi.MayRead) {
+	if !mayData(c, &a, metaapi.MayRead) {
 		return fail(ErrAcces, &a)
 	}
 	count = min(count, MaxData)
@@ -436,7 +436,7 @@ func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *x
 	if err != nil {
 		return fail(handleStatus(err), nil)
 	}
-	if a := f.Attr(); !may(c, &a, metaapi.MayWrite) {
+	if a := f.Attr(); !mayData(c, &a, metaapi.MayWrite) {
 		return fail(ErrAcces, &a)
 	}
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size

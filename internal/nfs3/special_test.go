@@ -1,6 +1,7 @@
 package nfs3_test
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/sluicefs/sluice/internal/nfs3"
@@ -163,5 +164,32 @@ func TestGatewaySpecialFiles(t *testing.T) {
 	}
 	if st, _, a := e.mknod(t, pub, "sock", 6, 0, 0); st != nfs3.OK || a.uid != 1000 {
 		t.Errorf("MKNOD of a socket as uid 1000: %d %+v", st, a)
+	}
+}
+
+// TestGatewayOwnerWritesReadOnly: a file's owner writes it whatever its
+// mode (a client writes a file it created read-only through the
+// descriptor that created it), as knfsd lets it; others are held to the
+// mode.
+func TestGatewayOwnerWritesReadOnly(t *testing.T) {
+	e := newEnv(t)
+	root := e.rootFH(t)
+	e.setattrMode(t, root, 0o777)
+
+	e.as(1000, 1000)
+	st, ro := e.create(t, root, "ro", 1)
+	if st != nfs3.OK {
+		t.Fatalf("CREATE: %d", st)
+	}
+	e.setattrMode(t, ro, 0o444)
+	if st := e.write(t, ro, 0, []byte("mine")); st != nfs3.OK {
+		t.Fatalf("owner's WRITE of its read-only file: %d", st)
+	}
+	if got, _ := e.readAt(t, ro, 0, 10); !bytes.Equal(got, []byte("mine")) {
+		t.Fatalf("read back %q", got)
+	}
+	e.as(1001, 1001)
+	if st := e.write(t, ro, 0, []byte("other")); st != nfs3.ErrAcces {
+		t.Fatalf("another user's WRITE of a read-only file: %d", st)
 	}
 }
