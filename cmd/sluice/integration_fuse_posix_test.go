@@ -358,6 +358,98 @@ func stamp(t *testing.T, dir string) {
 	}
 }
 
+// TestFUSESetuidDropped: a write, truncation or chown by an unprivileged
+// process drops a file's set-user-ID bit, and its set-group-ID bit when
+// group-executable, as on Linux's own file systems (chmod/12.t); root
+// (CAP_FSETID) writes keep them. The write itself succeeds: the mount
+// used to refuse it with EPERM (the kernel asked, in the writer's name,
+// for a chmod only the owner may make).
+func TestFUSESetuidDropped(t *testing.T) {
+	_, m := fuseCluster(t)
+	letOthersReach(t, m.dir)
+	d := mkdirs(t, m.dir, "suid")
+	mk := func(name string, mode uint32) string {
+		t.Helper()
+		p := filepath.Join(d, name)
+		writeFile(t, p, nil)
+		mustOK(t, "chmod", unix.Chmod(p, mode))
+		if st := lstat(t, p); st.Mode&0o7777 != mode {
+			t.Fatalf("%s: mode %#o after chmod %#o", name, st.Mode&0o7777, mode)
+		}
+		return p
+	}
+	wantMode := func(p string, want uint32) {
+		t.Helper()
+		if st := lstat(t, p); st.Mode&0o7777 != want {
+			t.Errorf("%s: mode %#o, want %#o", filepath.Base(p), st.Mode&0o7777, want)
+		}
+	}
+
+	// By a thread acting as nobody: the descriptor's fstat right after
+	// the write already shows it.
+	for _, tc := range []struct {
+		name       string
+		mode, want uint32
+	}{
+		{"suid", 0o4777, 0o777},
+		{"sgid", 0o2777, 0o777},
+		{"suid-sgid", 0o6777, 0o777},
+		{"sgid-no-group-exec", 0o2767, 0o2767}, // not "run as the group": kept
+	} {
+		p := mk(tc.name, tc.mode)
+		asUser(t, nobody, nobody, func() {
+			fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Errorf("%s: open as nobody: %v", tc.name, err)
+				return
+			}
+			defer unix.Close(fd)
+			if n, err := unix.Write(fd, []byte("x")); n != 1 || err != nil {
+				t.Errorf("%s: write as nobody: %d, %v", tc.name, n, err)
+			}
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil || st.Mode&0o7777 != tc.want {
+				t.Errorf("%s: fstat after the write: mode %#o (%v), want %#o", tc.name, st.Mode&0o7777, err, tc.want)
+			}
+		})
+		wantMode(p, tc.want)
+		wantContent(t, p, []byte("x"))
+	}
+
+	// By another user's process (a shell appending).
+	p := mk("sh", 0o6777)
+	if _, stderr, err := asUserCmd(nobody, nobody, "/bin/sh", "-c", "printf hello >> "+p); err != nil {
+		t.Fatalf("appending as nobody: %v: %s", err, stderr)
+	}
+	wantMode(p, 0o777)
+	wantContent(t, p, []byte("hello"))
+
+	// Root writes (CAP_FSETID): kept.
+	p = mk("root", 0o6777)
+	fd := openFD(t, p, unix.O_WRONLY|unix.O_APPEND, 0)
+	pwrite(t, fd, []byte("root"), 0)
+	mustOK(t, "close", unix.Close(fd))
+	wantMode(p, 0o6777)
+
+	// A truncation by nobody drops them.
+	p = mk("trunc", 0o6777)
+	asUser(t, nobody, nobody, func() {
+		if err := unix.Truncate(p, 3); err != nil {
+			t.Errorf("truncate as nobody: %v", err)
+		}
+	})
+	wantMode(p, 0o777)
+
+	// A chown by root drops them from a file, not from a directory.
+	p = mk("chown", 0o6555)
+	mustOK(t, "chown", os.Chown(p, nobody, nobody))
+	wantMode(p, 0o555)
+	sub := mkdirs(t, d, "dir")
+	mustOK(t, "chmod", unix.Chmod(sub, 0o6755))
+	mustOK(t, "chown", os.Chown(sub, nobody, nobody))
+	wantMode(sub, 0o6755)
+}
+
 // TestFUSECreateModes: open(O_CREAT) makes a file of mode 0 (open/26.t),
 // and a file created read-only is written and truncated through the
 // descriptor that created it (ftruncate/00.t), as tar and cp do; the

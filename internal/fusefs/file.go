@@ -253,6 +253,7 @@ func (of *openFile) sendLocked() {
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	of := h.of
 	fsys := of.fsys
+	kill := fsys.killsPrivs(ctx)
 	ctx, cancel := fsys.call(ctx)
 	defer cancel()
 	of.mu.Lock()
@@ -264,6 +265,11 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 		err := of.err
 		of.err = nil
 		return 0, fsys.errno("write", err)
+	}
+	if kill {
+		if errno := of.killPrivsLocked(ctx); errno != 0 {
+			return 0, errno
+		}
 	}
 	max := fsys.opts.WriteBuffer
 	continues := len(of.buf) > 0 && off == of.bufOff+int64(len(of.buf))

@@ -90,6 +90,10 @@ type FS struct {
 
 	spareBufs chan []byte // full-size write buffers of closed files
 
+	// killWrites holds the cancel channels of WRITEs that drop the
+	// file's privileges (see privRaw).
+	killWrites sync.Map
+
 	statMu   sync.Mutex
 	statAt   time.Time
 	statResp metaapi.StatusResp
@@ -137,7 +141,9 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*S
 		// fails (1 MiB replies exceed the pipe) and logs each time.
 		DisableSplice: true,
 		EnableLocks:   true, // held at meta: see lock.go
-		Debug:         opts.Debug,
+		// Meta drops set-user-ID bits on unprivileged writes: killpriv.go.
+		ExtraCapabilities: killCaps,
+		Debug:             opts.Debug,
 	}
 	raw := fs.NewNodeFS(&node{fsys: f}, &fs.Options{
 		MountOptions:    mo,
@@ -150,7 +156,7 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*S
 		// it as 0644.
 		NullPermissions: true,
 	})
-	server, err := fuse.NewServer(&lockRaw{RawFileSystem: raw, l: f.locks}, dir, &mo)
+	server, err := fuse.NewServer(&privRaw{RawFileSystem: &lockRaw{RawFileSystem: raw, l: f.locks}, f: f}, dir, &mo)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}

@@ -115,6 +115,8 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		s := int64(sz)
 		req.Size = &s
 	}
+	// A truncation by an unprivileged process, or a chown (killpriv.go).
+	req.KillSuidgid = in.Valid&fuse.FATTR_KILL_SUIDGID != 0
 	of, unlock, err := n.fsys.lockFlushed(ctx, n.ino())
 	defer unlock()
 	if err != nil {

@@ -13,7 +13,9 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 			return err
 		}
 		explicit := req.Atime != nil || req.Mtime != nil
-		if req.Mode == nil && req.UID == nil && req.GID == nil && req.Size == nil && !explicit && !req.AtimeNow && !req.MtimeNow {
+		changes := req.Mode != nil || req.UID != nil || req.GID != nil || req.Size != nil || explicit || req.AtimeNow || req.MtimeNow
+		kill := req.KillSuidgid && metaapi.KillSuidgid(in.Type, in.Mode) != in.Mode
+		if !changes && !kill {
 			out = in.Attr
 			return nil
 		}
@@ -57,6 +59,13 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 				return err
 			}
 		}
+		if kill {
+			// What the write it comes with needs: it may be a
+			// non-owner's.
+			if err := dataAccess(in, who, mayWrite); err != nil {
+				return err
+			}
+		}
 		switch {
 		case isOwner(in, who):
 		case explicit:
@@ -74,11 +83,10 @@ func (s *Service) SetAttr(req metaapi.SetAttrReq) (metaapi.Attr, error) {
 		if req.GID != nil {
 			in.GID = *req.GID
 		}
-		if (owner || group) && in.Type == metaapi.TypeFile {
-			in.Mode &^= modeSetuid
-			if in.Mode&0o010 != 0 {
-				in.Mode &^= modeSetgid
-			}
+		// A change of owner or group drops the privileges the bits gave
+		// (unless the same call sets the mode, as NFS SETATTR may).
+		if req.KillSuidgid || (req.UID != nil || req.GID != nil) && req.Mode == nil {
+			in.Mode = metaapi.KillSuidgid(in.Type, in.Mode)
 		}
 		if req.Size != nil {
 			if err := tx.resize(in, *req.Size); err != nil {

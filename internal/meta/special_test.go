@@ -2,6 +2,7 @@ package meta
 
 import (
 	"testing"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
@@ -123,6 +124,87 @@ func TestMknodRules(t *testing.T) {
 				t.Fatalf("%+v", a)
 			}
 			wantCode(t, f.s.Remove(metaapi.RemoveReq{Parent: f.ino(tc.parent), Name: metaapi.ByteString(name), Who: root}), "")
+		})
+	}
+}
+
+// SetAttrReq.KillSuidgid: what an unprivileged write or truncation drops.
+func TestKillSuidgid(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		typ      metaapi.FileType
+		mode     uint32
+		who      metaapi.Who
+		want     uint32
+		wantCode metaapi.Code
+	}{
+		{"setuid and setgid of a group-executable file", metaapi.TypeFile, 0o6777, bob, 0o777, ""},
+		{"setgid without group execute stays", metaapi.TypeFile, 0o6767, bob, 0o2767, ""},
+		{"setgid alone, group-executable", metaapi.TypeFile, 0o2777, bob, 0o777, ""},
+		{"by the owner", metaapi.TypeFile, 0o4755, alice, 0o755, ""},
+		{"by a member of the group with write access", metaapi.TypeFile, 0o6775, carol, 0o775, ""},
+		{"without write access", metaapi.TypeFile, 0o4755, bob, 0o4755, metaapi.EACCES},
+		{"nothing to drop needs nothing", metaapi.TypeFile, 0o755, bob, 0o755, ""},
+		{"a directory keeps its bits", metaapi.TypeDir, 0o3777, bob, 0o3777, ""},
+		{"a fifo drops them", metaapi.TypeFIFO, 0o6777, bob, 0o777, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.tree("/pub/")
+			f.s.SetAttr(metaapi.SetAttrReq{Ino: f.ino("/pub"), Mode: ptr(uint32(0o777)), Who: root})
+			f.mk("/pub", "x", tc.typ, 0o644, alice)
+			_, err := f.s.SetAttr(metaapi.SetAttrReq{Ino: f.ino("/pub/x"), Mode: &tc.mode, Who: alice})
+			wantCode(t, err, "")
+			before := f.attr("/pub/x")
+			f.clk.Advance(time.Second)
+			a, err := f.s.SetAttr(metaapi.SetAttrReq{Ino: before.Ino, KillSuidgid: true, Who: tc.who})
+			wantCode(t, err, tc.wantCode)
+			after := f.attr("/pub/x")
+			if after.Mode != tc.want {
+				t.Fatalf("mode %o, want %o", after.Mode, tc.want)
+			}
+			if err == nil && a.Mode != tc.want {
+				t.Fatalf("returned mode %o, want %o", a.Mode, tc.want)
+			}
+			if changed := after.Ctime != before.Ctime; changed != (tc.want != tc.mode) {
+				t.Fatalf("ctime changed: %v, mode changed: %v", changed, tc.want != tc.mode)
+			}
+		})
+	}
+}
+
+// A change of owner or group drops the bits of any non-directory, as
+// chown(2) does, even to the same owner; a mode set in the same call
+// wins (NFS SETATTR).
+func TestChownDropsSuidgid(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		typ  metaapi.FileType
+		req  metaapi.SetAttrReq
+		want uint32
+	}{
+		{"file, new owner", metaapi.TypeFile, metaapi.SetAttrReq{UID: ptr(uint32(5))}, 0o555},
+		{"file, same owner", metaapi.TypeFile, metaapi.SetAttrReq{UID: ptr(root.UID)}, 0o555},
+		{"file, group", metaapi.TypeFile, metaapi.SetAttrReq{GID: ptr(uint32(7))}, 0o555},
+		{"fifo", metaapi.TypeFIFO, metaapi.SetAttrReq{UID: ptr(uint32(5))}, 0o555},
+		{"char device", metaapi.TypeChar, metaapi.SetAttrReq{UID: ptr(uint32(5))}, 0o555},
+		{"socket", metaapi.TypeSocket, metaapi.SetAttrReq{GID: ptr(uint32(7))}, 0o555},
+		{"directory keeps them", metaapi.TypeDir, metaapi.SetAttrReq{UID: ptr(uint32(5))}, 0o6555},
+		{"mode in the same call", metaapi.TypeFile, metaapi.SetAttrReq{UID: ptr(uint32(5)), Mode: ptr(uint32(0o6555))}, 0o6555},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.mk("/", "x", tc.typ, 0o644, root)
+			ino := f.ino("/x")
+			_, err := f.s.SetAttr(metaapi.SetAttrReq{Ino: ino, Mode: ptr(uint32(0o6555)), Who: root})
+			wantCode(t, err, "")
+			req := tc.req
+			req.Ino, req.Who = ino, root
+			_, err = f.s.SetAttr(req)
+			wantCode(t, err, "")
+			if m := f.attr("/x").Mode; m != tc.want {
+				t.Fatalf("mode %o, want %o", m, tc.want)
+			}
 		})
 	}
 }

@@ -55,3 +55,19 @@ func (a *Attr) Allows(who Who, want uint32) bool {
 func (a *Attr) AllowsData(who Who, want uint32) bool {
 	return who.UID == a.UID || a.Allows(who, want)
 }
+
+// KillSuidgid is mode with the privileges a write, a truncation or a
+// change of owner by an unprivileged process drops, as Linux drops them:
+// set-user-ID, and set-group-ID where it means "run as the group"
+// (group-executable; without it, it marks mandatory locking). A
+// directory keeps both: its bits mean something else.
+func KillSuidgid(t FileType, mode uint32) uint32 {
+	if t == TypeDir {
+		return mode
+	}
+	mode &^= 0o4000
+	if mode&0o010 != 0 {
+		mode &^= 0o2000
+	}
+	return mode
+}

@@ -23,6 +23,25 @@ func TestMkdevMatchesGlibc(t *testing.T) {
 	}
 }
 
+func TestKillSuidgid(t *testing.T) {
+	for _, tc := range []struct {
+		typ        FileType
+		mode, want uint32
+	}{
+		{TypeFile, 0o6777, 0o777},
+		{TypeFile, 0o6767, 0o2767}, // setgid without group execute: mandatory locking, kept
+		{TypeFile, 0o4700, 0o700},
+		{TypeFile, 0o1777, 0o1777},
+		{TypeFIFO, 0o6750, 0o750},
+		{TypeChar, 0o4644, 0o644},
+		{TypeDir, 0o6777, 0o6777},
+	} {
+		if got := KillSuidgid(tc.typ, tc.mode); got != tc.want {
+			t.Errorf("%s %o: %o, want %o", tc.typ, tc.mode, got, tc.want)
+		}
+	}
+}
+
 func TestAllowsData(t *testing.T) {
 	a := Attr{Type: TypeFile, Mode: 0o404, UID: 10, GID: 20}
 	for _, tc := range []struct {

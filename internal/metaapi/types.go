@@ -473,7 +473,13 @@ type SetAttrReq struct {
 	// need ownership; "now" also write permission (as utimes(NULL)).
 	AtimeNow bool `json:"atime_now,omitempty"`
 	MtimeNow bool `json:"mtime_now,omitempty"`
-	Who      Who  `json:"who"`
+	// KillSuidgid clears the set-user-ID bit of a non-directory, and its
+	// set-group-ID bit if it is group-executable, as a write, truncation
+	// or change of owner by an unprivileged process does (Linux's rule;
+	// the front end says when: the mount's kernel tells it). Alone it
+	// needs what writing the file's data needs.
+	KillSuidgid bool `json:"kill_suidgid,omitempty"`
+	Who         Who  `json:"who"`
 }
 
 type SetPolicyReq struct {

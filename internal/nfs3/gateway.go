@@ -229,6 +229,21 @@ func mayData(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
 	return a.AllowsData(callerOf(c), want)
 }
 
+// killPrivs drops the set-user-ID and set-group-ID bits of a file an
+// unprivileged caller is about to write, as a write(2) does (knfsd
+// writes as the caller, and the kernel drops them); the write's record
+// at meta then brings back the file's new mode.
+func (g *Gateway) killPrivs(ctx context.Context, c *oncrpc.Call, f *client.File) Status {
+	a := f.Attr()
+	if callerOf(c).UID == 0 || metaapi.KillSuidgid(a.Type, a.Mode) == a.Mode {
+		return OK
+	}
+	if _, err := g.cl.SetAttr(ctx, metaapi.SetAttrReq{Ino: a.Ino, KillSuidgid: true}); err != nil {
+		return statusOf(err)
+	}
+	return OK
+}
+
 // ---- directory listings ----
 
 // Meta lists a directory in name order from a name; NFS resumes from a

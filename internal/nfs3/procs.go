@@ -440,6 +440,9 @@ func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *x
 		return fail(ErrAcces, &a)
 	}
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
+		if st := g.killPrivs(ctx, c, f); st != OK {
+			return fail(st, g.attrOf(ctx, ino))
+		}
 		_, err := f.WriteAtContext(ctx, data, int64(off))
 		if err != nil {
 			g.forget(ino)

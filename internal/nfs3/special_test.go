@@ -193,3 +193,34 @@ func TestGatewayOwnerWritesReadOnly(t *testing.T) {
 		t.Fatalf("another user's WRITE of a read-only file: %d", st)
 	}
 }
+
+// TestGatewayWriteDropsSuidgid: a WRITE by anyone but root drops
+// set-user-ID and group-executable set-group-ID bits, as write(2) does.
+func TestGatewayWriteDropsSuidgid(t *testing.T) {
+	e := newEnv(t)
+	root := e.rootFH(t)
+	for _, tc := range []struct {
+		name       string
+		uid        uint32
+		mode, want uint32
+	}{
+		{"suid", 1000, 0o4777, 0o777},
+		{"suid sgid", 1000, 0o6777, 0o777},
+		{"sgid without group execute", 1000, 0o2767, 0o2767},
+		{"root keeps them", 0, 0o6777, 0o6777},
+	} {
+		e.as(0, 0)
+		st, fh := e.create(t, root, tc.name, 1)
+		if st != nfs3.OK {
+			t.Fatalf("CREATE: %d", st)
+		}
+		e.setattrMode(t, fh, tc.mode)
+		e.as(tc.uid, tc.uid)
+		if st := e.write(t, fh, 0, []byte("x")); st != nfs3.OK {
+			t.Fatalf("%s: WRITE as uid %d: %d", tc.name, tc.uid, st)
+		}
+		if a := e.getattr(t, fh); a.mode != tc.want || a.size != 1 {
+			t.Errorf("%s: after a WRITE as uid %d: mode %o size %d, want %o size 1", tc.name, tc.uid, a.mode, a.size, tc.want)
+		}
+	}
+}
