@@ -129,6 +129,12 @@ func TestFUSELocksAcrossMounts(t *testing.T) {
 		return err == nil, fmt.Sprintf("OFD lock on o2 after o1's close: %v", err)
 	})
 	mustOK(t, "close o2", syscall.Close(o2))
+	// Its OFD lock goes with the kernel's RELEASE, after close returns.
+	eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
+		err := setlk(fb, unix.F_SETLK, unix.F_WRLCK, 5, 1)
+		return err == nil, fmt.Sprintf("POSIX lock on B after o2's close: %v", err)
+	})
+	mustOK(t, "B unlocks after o2's close", setlk(fb, unix.F_SETLK, unix.F_UNLCK, 5, 1))
 
 	// BSD locks, likewise across mounts.
 	mustOK(t, "flock on A", unix.Flock(fa, unix.LOCK_EX|unix.LOCK_NB))
