@@ -31,7 +31,7 @@ exit status is 1 if any problem was found. Only root may run it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.withClient(func(c *client.Client) error {
-				last := time.Time{}
+				last := time.Now() // quiet for a check that takes a moment
 				res, err := c.Check(cmd.Context(), verify, repair, func(st metaapi.CheckResp) {
 					if asJSON || time.Since(last) < 2*time.Second {
 						return

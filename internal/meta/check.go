@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
@@ -33,6 +34,10 @@ type NamespaceCheck struct {
 	Dirs     int64
 	Chunks   int64 // chunk records
 	Problems []metaapi.CheckProblem
+	// Path names an inode for an example (see checker.path), with the
+	// directories as the check read them and names looked up in r (the
+	// check's own snapshot is closed by then). Not safe for concurrent use.
+	Path func(r pebble.Reader, ino ids.Ino) string
 }
 
 // CheckNamespace checks meta's namespace and records (see above) and,
@@ -112,7 +117,10 @@ func (s *Service) checkNamespace(repair bool, hook func(stage string)) (Namespac
 
 // result counts and renders what the checker found.
 func (c *checker) result() NamespaceCheck {
-	res := NamespaceCheck{Files: c.files, Dirs: c.dirs, Chunks: c.chunks}
+	res := NamespaceCheck{Files: c.files, Dirs: c.dirs, Chunks: c.chunks, Path: func(r pebble.Reader, ino ids.Ino) string {
+		c.r = r
+		return c.path(ino)
+	}}
 	for k, t := range c.tallies {
 		if t.count == 0 {
 			continue

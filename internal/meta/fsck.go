@@ -317,7 +317,8 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 				a = in.Attr
 				sizes[ref.ino] = a
 			}
-			what := fmt.Sprintf("file %d chunk %d (%v)", ref.ino, ref.index, rec.ID)
+			// Named (a path lookup) only if it makes an example.
+			what := lazyString(func() string { return fmt.Sprintf("%s chunk %d (%v)", ns.Path(v.r, ref.ino), ref.index, rec.ID) })
 			if a.ChunkSize > 0 && ref.index*a.ChunkSize >= max(a.Size, 1) {
 				p.add(metaapi.CheckPastEOF, "%s: starts at %d, the file has %d bytes", what, ref.index*a.ChunkSize, a.Size)
 			}
@@ -460,6 +461,11 @@ func damaged(id ids.ChunkID, nodes []ids.NodeID, seen []copySeen, version uint64
 	}
 	return out
 }
+
+// lazyString is a %s argument computed only when formatted.
+type lazyString func() string
+
+func (f lazyString) String() string { return f() }
 
 // recordState is what of a chunk record a check compares before and
 // after: its version and its members.

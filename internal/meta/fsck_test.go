@@ -102,7 +102,7 @@ func TestCheckSession(t *testing.T) {
 	held[second] = []metaapi.HeldChunk{bad, whole(lb)}
 	st := runCheckOn(t, f, false, true, held)
 	below := problemOf(st, metaapi.CheckBelowPolicy)
-	if below.Count != 1 || !strings.Contains(below.Examples[0], "1 of 3 copies intact at bytes [0, 16)") ||
+	if below.Count != 1 || !strings.HasPrefix(below.Examples[0], "/a chunk 0 ") || !strings.Contains(below.Examples[0], "1 of 3 copies intact at bytes [0, 16)") ||
 		!strings.Contains(below.Examples[0], first.String()+" holds no copy") || below.Repaired != 0 {
 		// (no repair worker in this fixture: nothing is queued)
 		t.Fatalf("below policy: %+v", st.Problems)
