@@ -108,6 +108,7 @@ func TestECSurvivesNodeKills(t *testing.T) {
 	if out := string(mustRun(t, c.conf, nil, "repair", "/ec/f", "--mode", "gather").stdout); !strings.Contains(out, "0 units rebuilt") {
 		t.Fatalf("second repair: %q", out)
 	}
+	checkClean(t, c.conf, 30*time.Second)
 	// The rebuilt units hold the right bytes: with two more of the
 	// original nodes gone, only they and two original units are left.
 	for _, u := range []int{0, 1} {

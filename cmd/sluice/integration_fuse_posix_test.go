@@ -276,6 +276,7 @@ func TestFUSESpecialFiles(t *testing.T) {
 	t.Run("ArchiveRoundTrip", func(t *testing.T) {
 		specialArchiveRoundTrip(t, root)
 	})
+	checkClean(t, c.conf, 30*time.Second)
 }
 
 // specialArchiveRoundTrip extracts an archive of a tree with devices,
@@ -365,7 +366,7 @@ func stamp(t *testing.T, dir string) {
 // used to refuse it with EPERM (the kernel asked, in the writer's name,
 // for a chmod only the owner may make).
 func TestFUSESetuidDropped(t *testing.T) {
-	_, m := fuseCluster(t)
+	c, m := fuseCluster(t)
 	letOthersReach(t, m.dir)
 	d := mkdirs(t, m.dir, "suid")
 	mk := func(name string, mode uint32) string {
@@ -448,6 +449,7 @@ func TestFUSESetuidDropped(t *testing.T) {
 	mustOK(t, "chmod", unix.Chmod(sub, 0o6755))
 	mustOK(t, "chown", os.Chown(sub, nobody, nobody))
 	wantMode(sub, 0o6755)
+	checkClean(t, c.conf, 30*time.Second)
 }
 
 // TestFUSECreateModes: open(O_CREAT) makes a file of mode 0 (open/26.t),
@@ -455,7 +457,7 @@ func TestFUSESetuidDropped(t *testing.T) {
 // descriptor that created it (ftruncate/00.t), as tar and cp do; the
 // data used to be lost at close (EACCES).
 func TestFUSECreateModes(t *testing.T) {
-	_, m := fuseCluster(t)
+	c, m := fuseCluster(t)
 	letOthersReach(t, m.dir)
 	d := mkdirs(t, m.dir, "modes")
 	mustOK(t, "chmod", os.Chmod(d, 0o777))
@@ -515,4 +517,5 @@ func TestFUSECreateModes(t *testing.T) {
 		_, err := unix.Open(ro, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 		wantErrno(t, "another user opening it for writing", err, syscall.EACCES)
 	})
+	checkClean(t, c.conf, 30*time.Second)
 }

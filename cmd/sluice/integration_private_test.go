@@ -39,6 +39,7 @@ func TestDataIsPrivate(t *testing.T) {
 	})
 	metaDir := filepath.Join(dir, "meta")
 	checkPrivate(t, metaDir, n.dir)
+	checkClean(t, c.conf, 30*time.Second)
 
 	// `sluice up`, its client.conf and its nodes.
 	upDir := filepath.Join(dir, "up")
