@@ -240,3 +240,33 @@ func TestRefusedRequestsDoNotPinTheTable(t *testing.T) {
 			r.Status, r.Msg, n[0].Engine().Stats())
 	}
 }
+
+// TestScaledReadSpanningPastItsBuffer: a scaled read's reply covers whole
+// blocks, so one of 1 MiB starting mid-block spans 1 MiB and a block. It
+// sliced the node's 1 MiB buffer past its end and crashed the process;
+// any client with read access could do it. It is refused.
+func TestScaledReadSpanningPastItsBuffer(t *testing.T) {
+	e := newEnv(t, engine.Options{})
+	one := []*node.Node{e.c.Nodes[0]}
+	cp := e.mint(31, capability.Write|capability.Read, time.Now().Add(time.Minute), one...)
+	data := bytes.Repeat([]byte("s"), 2<<20)
+	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 31, Len: uint64(len(data)), Cap: cp}, one, data); r.Status != wire.StatusOK {
+		t.Fatalf("write: %v %s", r.Status, r.Msg)
+	}
+	pc, err := e.pool.Get(context.Background(), one[0].Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr, err := wire.AppendRead(nil, &wire.ReadHeader{Chunk: 31, Off: 1, Len: 1 << 20, Scaled: true, Coef: 3, RegionKey: 1, Cap: cp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := pc.NewID()
+	ch := pc.Replies.Expect(id)
+	if err := pc.Send(id, hdr); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.reply(t, pc, ch); r.Status != wire.StatusBadRequest {
+		t.Fatalf("a scaled read spanning 1 MiB and a block: %v %s, want bad-request", r.Status, r.Msg)
+	}
+}

@@ -187,8 +187,11 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // rebuild), times the coefficient, with the product's own checksums so
 // the rebuilder checks what arrived.
 func (x *reader) readScaled(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
-	if h.Len > readPiece || h.RegionKey == 0 {
-		return nil, wire.Errorf(wire.StatusBadRequest, "scaled reads place at most %d bytes in a region, not %d", readPiece, h.Len)
+	bs := int64(x.d.Store.BlockSize())
+	// The reply covers whole blocks: the span, not just Len, must fit the
+	// buffers.
+	if span := (int64(h.Off+h.Len)+bs-1)/bs*bs - int64(h.Off)/bs*bs; h.Len > readPiece || span > readPiece || h.RegionKey == 0 {
+		return nil, wire.Errorf(wire.StatusBadRequest, "scaled reads place at most %d bytes (whole blocks) in a region, not [%d, +%d)", readPiece, h.Off, h.Len)
 	}
 	rd, err := x.d.Store.OpenRead(h.Chunk)
 	if err != nil {
@@ -196,7 +199,6 @@ func (x *reader) readScaled(r *engine.Request, h *wire.ReadHeader) ([]byte, erro
 	}
 	defer rd.Close()
 	info := rd.Info()
-	bs := int64(x.d.Store.BlockSize())
 	start := int64(h.Off) / bs * bs
 	end := max(min((int64(h.Off+h.Len)+bs-1)/bs*bs, info.Length), start)
 	nb := int((end - start + bs - 1) / bs)
