@@ -43,6 +43,28 @@ func (l List) Add(off, n int64) List {
 	return slices.Replace(l, i, j, Extent{off, end - off})
 }
 
+// Remove returns l without the bytes [off, off+n).
+func (l List) Remove(off, n int64) List {
+	if n <= 0 {
+		return l
+	}
+	end := off + n
+	var out List
+	for _, e := range l {
+		if e.End() <= off || e.Off >= end {
+			out = append(out, e)
+			continue
+		}
+		if e.Off < off {
+			out = append(out, Extent{e.Off, off - e.Off})
+		}
+		if e.End() > end {
+			out = append(out, Extent{end, e.End() - end})
+		}
+	}
+	return out
+}
+
 // Union returns l with every extent of o added.
 func (l List) Union(o List) List {
 	for _, e := range o {

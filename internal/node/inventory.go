@@ -26,6 +26,9 @@ import (
 // unless told otherwise.
 const DefaultInventoryInterval = time.Hour
 
+// inventoryRetry is how soon a failed inventory round is tried again.
+const inventoryRetry = 10 * time.Second
+
 // tombstoneSweep is how often expired tombstones are dropped.
 const tombstoneSweep = time.Minute
 
@@ -108,9 +111,15 @@ func (n *Node) askInventory(verify bool) {
 func (n *Node) inventoryLoop(ctx context.Context) {
 	defer n.wg.Done()
 	every := n.opts.InventoryInterval
+	failed := false
 	for {
 		var tick <-chan time.Time
-		if every > 0 {
+		switch {
+		case failed:
+			// A round that failed (meta restarting, a page lost) is tried
+			// again soon: a check may be waiting for it.
+			tick = time.After(inventoryRetry)
+		case every > 0:
 			tick = time.After(every)
 		}
 		select {
@@ -123,12 +132,16 @@ func (n *Node) inventoryLoop(ctx context.Context) {
 			continue
 		}
 		start := time.Now()
-		held, collected, err := n.inventory(ctx, n.verifyNext.Swap(false))
+		verify := n.verifyNext.Swap(false)
+		held, collected, err := n.inventory(ctx, verify)
+		if failed = err != nil && ctx.Err() == nil; failed && verify {
+			n.verifyNext.Store(true) // the retry reads every block too
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			n.log.Warn("inventory round failed", "err", err)
+			n.log.Warn("inventory round failed; trying again soon", "err", err, "retry_in", inventoryRetry)
 		default:
 			n.log.Info("inventory round done", "chunks", held, "collected", collected, "took", time.Since(start).Round(time.Millisecond))
 		}

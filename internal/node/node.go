@@ -95,6 +95,7 @@ type Node struct {
 	closeOnce   sync.Once
 	closeErr    error
 	mu          sync.Mutex
+	hbMu        sync.Mutex            // one heartbeat at a time
 	deleted     []ids.ChunkID         // deletions to report with the next heartbeat
 	corrupt     []metaapi.CorruptCopy // copies found with bad blocks, not yet reported (Node 0: this node's)
 
@@ -451,6 +452,10 @@ func (n *Node) controlLoop(ctx context.Context) {
 }
 
 func (n *Node) heartbeat(ctx context.Context) error {
+	// One at a time (the control loop's, a refresh of the map): each
+	// acknowledges what it sent by trimming the queues it read.
+	n.hbMu.Lock()
+	defer n.hbMu.Unlock()
 	capacity, free, used, chunks := n.usage()
 	n.mu.Lock()
 	deleted := n.deleted

@@ -81,6 +81,11 @@ func (n *Node) reportCorrupt(chunk ids.ChunkID, node ids.NodeID, version uint64,
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for _, q := range n.corrupt {
+		if q.Chunk == chunk && q.Node == node && q.Version == version && (q.Bad == nil || bad != nil && q.Bad.Union(bad).Bytes() == q.Bad.Bytes()) {
+			return // already waiting to be reported
+		}
+	}
 	if len(n.corrupt) >= metaapi.MaxCorruptCopies {
 		n.log.Warn("too many corrupt copies waiting to be reported; dropping one", "chunk", chunk, "node", node)
 		return

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -159,21 +160,15 @@ func (x *repairer) completion(r *engine.Request) {
 // complete write to the chunk: only under the reconciliation's fence,
 // and only if the member still holds what fencing found.
 func (x *repairer) drop(st *repairState) error {
-	h, c := &st.h, &st.cap
-	fs, err := x.d.Store.Fence(h.Chunk, c.Epoch)
-	switch {
-	case err != nil:
-		return storeError(err)
-	case c.Epoch < fs.Fence:
-		return wire.Errorf(wire.StatusFenced, "chunk %v is fenced at epoch %d, this drop was planned on %d", h.Chunk, fs.Fence, c.Epoch)
-	case fs.Info.Version != h.Version:
-		return wire.Errorf(wire.StatusStale, "chunk %v is at version %d, the drop was planned at %d", h.Chunk, fs.Info.Version, h.Version)
-	}
-	if err := x.d.Store.Delete(h.Chunk); err != nil {
+	if err := x.d.Store.DropAt(st.h.Chunk, st.cap.Epoch, st.h.Version); err != nil {
 		return storeError(err)
 	}
 	return nil
 }
+
+// errReplaceWhole: a member asked to heal holds a copy that cannot be
+// healed block by block; it is rebuilt whole instead.
+var errReplaceWhole = errors.New("copy must be replaced whole")
 
 func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 	h, c := &st.h, &st.cap
@@ -202,7 +197,11 @@ func (x *repairer) rebuild(st *repairState) (store.Info, error) {
 		return store.Info{}, wire.Errorf(wire.StatusFenced, "chunk %v is fenced at epoch %d, this repair was planned on %d", h.Chunk, fs.Fence, c.Epoch)
 	}
 	if h.Flags&wire.RepairHeal != 0 {
-		return x.heal(st, code)
+		info, err := x.heal(st, code)
+		if !errors.Is(err, errReplaceWhole) {
+			return info, err
+		}
+		x.d.Logger.Warn("repair: the copy to heal is unreadable as a whole; replacing it", "chunk", h.Chunk, "unit", h.Unit)
 	}
 	var coef []byte
 	if h.Mode == wire.RepairDistributed {

@@ -221,7 +221,10 @@ func (x *repairer) heal(st *repairState, code *erasure.Code) (store.Info, error)
 		return store.Info{}, wire.Errorf(wire.StatusStale, "healing chunk %v at version %d, this copy is at %d", h.Chunk, h.Version, info.Version)
 	}
 	bad, err := x.d.Store.BadBlocks(h.Chunk)
-	if err != nil && !errors.Is(err, store.ErrCorrupt) {
+	switch {
+	case errors.Is(err, store.ErrUnreadable):
+		return store.Info{}, errReplaceWhole // nothing to heal block by block
+	case err != nil && !errors.Is(err, store.ErrCorrupt):
 		return store.Info{}, storeError(err)
 	}
 	if len(bad) == 0 {

@@ -126,23 +126,14 @@ func (w *Write) growBlock(entries []uint32, k, page int64) bool {
 // finishEdge completes block i's CRC with the bytes of the block the write
 // does not cover: committed bytes before the write's start, or after its
 // end up to the block's end. They are read from the chunk file, which the
-// write does not modify there (overwrites are staged).
-//
-// The block's committed bytes must first pass their own checksum: a CRC
-// combined over corrupt bytes would vouch for them, hiding the corruption
-// for good. A bad edge block fails the write with ErrCorrupt (and is
-// reported); once the copy is healed the write goes through.
+// write does not modify there (overwrites are staged). They were checked
+// against their own checksum when the write began (checkEdges).
 func (w *Write) finishEdge(i int64, buf []byte) error {
 	bsize := int64(w.s.blockSize)
 	s0 := i * bsize
 	e0 := min(s0+bsize, w.newLen)
 	segS, segE := max(s0, w.off), min(e0, w.end)
 	crc := w.crcs[i-w.fb]
-	if kept := min(s0+bsize, w.old.Length); s0 < kept && (segS > s0 || segE < e0) {
-		if err := w.checkOldBlock(i, s0, kept, buf); err != nil {
-			return err
-		}
-	}
 	if segS > s0 {
 		pre, err := crcOfFile(w, s0, segS, buf)
 		if err != nil {
@@ -158,6 +149,38 @@ func (w *Write) finishEdge(i int64, buf []byte) error {
 		crc = crcCombine(crc, suf, e0-segE)
 	}
 	w.crcs[i-w.fb] = crc
+	return nil
+}
+
+// checkEdges verifies, as the write begins, the committed bytes of the
+// (at most two) blocks it covers in part: their checksum will be combined
+// over those bytes, and a CRC combined over corrupt bytes would vouch for
+// them, hiding the corruption for good. A bad edge block fails the write
+// with ErrCorrupt (and is reported) before anything is placed or
+// forwarded; once the copy is healed the write goes through. The write
+// owns the chunk from here to its commit, so the bytes cannot change in
+// between.
+func (w *Write) checkEdges() error {
+	if w.end == w.off {
+		return nil
+	}
+	bsize := int64(w.s.blockSize)
+	fb, lb := w.off>>w.s.blockShift, (w.end-1)>>w.s.blockShift
+	var bp *[]byte
+	for i := fb; i <= lb; i += max(1, lb-fb) {
+		s0 := i * bsize
+		e0 := min(s0+bsize, w.newLen)
+		segS, segE := max(s0, w.off), min(e0, w.end)
+		if kept := min(s0+bsize, w.old.Length); s0 < kept && (segS > s0 || segE < e0) {
+			if bp == nil {
+				bp = w.s.getCopyBuf()
+				defer w.s.putCopyBuf(bp)
+			}
+			if err := w.checkOldBlock(i, s0, kept, *bp); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 

@@ -58,6 +58,8 @@ func (w *Write) Commit() (Info, error) {
 		return Info{}, fmt.Errorf("store: commit %v v%d: %w", w.id, w.version, err)
 	}
 	w.state = writeCommitted
+	bs := int64(s.blockSize)
+	s.suspects.carry(w.id, w.old.Version, w.version, w.off/bs*bs, (w.end+bs-1)/bs*bs)
 	s.usedBytes.Add(info.Length - w.old.Length)
 	if w.old.Version == 0 {
 		s.numChunks.Add(1)

@@ -27,6 +27,10 @@ var (
 	// ErrCorrupt: stored data or metadata does not match its checksum or
 	// its expected shape.
 	ErrCorrupt = errors.New("corrupt")
+	// ErrUnreadable: a copy cannot be read as a whole (its file is gone,
+	// its checksums do not decode): it can only be replaced, not healed
+	// block by block.
+	ErrUnreadable = errors.New("copy unreadable")
 	// ErrClosed: the store, or the write, is closed.
 	ErrClosed = errors.New("closed")
 )

@@ -148,6 +148,54 @@ func (s *Store) Fence(id ids.ChunkID, epoch uint64) (FenceState, error) {
 // Tombstone instead.)
 func (s *Store) Drop(id ids.ChunkID) error { return s.Delete(id) }
 
+// DropAt discards id's copy for a reconciliation planned at epoch that
+// found it at version (it saw no complete write to keep): it raises the
+// fence to epoch, and deletes only if no later reconciliation fenced the
+// chunk and it is still at version — all under the chunk's write
+// ownership, so a later repair's copy cannot land in between and go.
+// ErrFenced, ErrStale, ErrBusy (a write is open) otherwise.
+func (s *Store) DropAt(id ids.ChunkID, epoch, version uint64) error {
+	if !s.gate.enter() {
+		return fmt.Errorf("store: drop %v: %w", id, ErrClosed)
+	}
+	defer s.gate.exit()
+	c, ok := s.chunks.acquireWriter(id)
+	if !ok {
+		return fmt.Errorf("store: drop %v: a write is open: %w", id, ErrBusy)
+	}
+	defer s.chunks.release(id, c, true)
+	if err := s.settle(id, c); err != nil {
+		return fmt.Errorf("store: drop %v: %w", id, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur := s.fences.get(id)
+	switch {
+	case cur.tombstone():
+		return fmt.Errorf("store: drop %v: %w", id, errDeleted(id))
+	case cur.epoch > epoch:
+		return fmt.Errorf("store: drop %v: fenced at epoch %d, the drop was planned on %d: %w", id, cur.epoch, epoch, ErrFenced)
+	case epoch > cur.epoch:
+		f := fenceRec{epoch: epoch}
+		if err := s.db.Set(fenceKey(id), f.encode(), pebble.Sync); err != nil {
+			return fmt.Errorf("store: drop %v: %w", id, err)
+		}
+		s.fences.set(id, f)
+	}
+	info, err := s.loadInfo(id)
+	if err != nil {
+		return fmt.Errorf("store: drop %v: %w", id, err)
+	}
+	if info.Version != version {
+		return fmt.Errorf("store: drop %v: at version %d, the drop was planned at %d: %w", id, info.Version, version, ErrStale)
+	}
+	if err := s.delete(id); err != nil {
+		return fmt.Errorf("store: drop %v: %w", id, err)
+	}
+	c.redoPending.Store(false)
+	return nil
+}
+
 // loadFences reads every fence record into memory at open.
 func (s *Store) loadFences() error {
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kindFence}, UpperBound: []byte{kindFence + 1}})

@@ -140,3 +140,31 @@ func TestResolveDoubt(t *testing.T) {
 		t.Fatalf("a head write after the doubt was resolved: %v", err)
 	}
 }
+
+// TestDropAt: a drop planned at an epoch deletes the copy only if no
+// later reconciliation fenced it and it is still at the version planned;
+// a later repair's copy survives a late drop.
+func TestDropAt(t *testing.T) {
+	s := openStore(t, Options{})
+	if _, err := headWrite(t, s, 0, 10, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DropAt(7, 5, 2); !errors.Is(err, ErrStale) {
+		t.Fatalf("drop at the wrong version: %v", err)
+	}
+	if _, err := s.Fence(7, 7); err != nil { // a later repair
+		t.Fatal(err)
+	}
+	if err := s.DropAt(7, 5, 1); !errors.Is(err, ErrFenced) {
+		t.Fatalf("a drop planned before a later fence: %v", err)
+	}
+	if in, _ := s.Stat(7); in.Version != 1 {
+		t.Fatalf("the copy went: %+v", in)
+	}
+	if err := s.DropAt(7, 7, 1); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := s.Stat(7); in.Version != 0 {
+		t.Fatalf("the copy stayed: %+v", in)
+	}
+}

@@ -41,9 +41,33 @@ func (t *suspects) add(id ids.ChunkID, version uint64, bad extent.List) {
 	old, ok := t.m[id]
 	switch {
 	case ok && old.version == version:
-		t.m[id] = suspect{version, old.bad.Union(bad)}
+		t.m[id] = suspect{version, bounded(old.bad.Union(bad))}
 	case ok || len(t.m) < maxSuspects:
-		t.m[id] = suspect{version, append(extent.List(nil), bad...)}
+		t.m[id] = suspect{version, bounded(append(extent.List(nil), bad...))}
+	}
+}
+
+// bounded cuts a list to maxSuspectExtents (still more than a report can
+// list, so it reads as "more than can be said").
+func bounded(l extent.List) extent.List {
+	return l[:min(len(l), maxSuspectExtents)]
+}
+
+// carry moves id's findings from version old to new, a write committed in
+// between, less the bytes [off, end) it rewrote. (A write never covers a
+// bad block in part: it is refused as it begins. So the blocks it touched
+// are whole again.)
+func (t *suspects) carry(id ids.ChunkID, old, new uint64, off, end int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sp, ok := t.m[id]
+	if !ok || sp.version != old {
+		return
+	}
+	if bad := sp.bad.Remove(off, end-off); len(bad) > 0 {
+		t.m[id] = suspect{new, bad}
+	} else {
+		delete(t.m, id)
 	}
 }
 
@@ -149,11 +173,8 @@ func (s *Store) heal(id ids.ChunkID, c *chunkState, version uint64, off int64, d
 		if got := crc32.Checksum(b, castagnoli); got != want {
 			return healed, fmt.Errorf("the block at %d given has crc %#08x, this copy's checksum is %#08x: %w", at, got, want, ErrCorrupt)
 		}
-		p := cur[:len(b)]
-		if err := readFull(f, p, at); err != nil {
-			return healed, fmt.Errorf("read block at %d: %w", at, err)
-		}
-		if crc32.Checksum(p, castagnoli) == want {
+		// A block that cannot be read (an I/O error) is rewritten too.
+		if p := cur[:len(b)]; readFull(f, p, at) == nil && crc32.Checksum(p, castagnoli) == want {
 			continue
 		}
 		if err := s.writeAt(f, b, at); err != nil {

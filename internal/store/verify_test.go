@@ -124,7 +124,7 @@ func TestHealRestoresOnlyBadBlocks(t *testing.T) {
 		t.Fatalf("Heal past the end: %v, want ErrRange", err)
 	}
 	// A write open on the chunk: busy.
-	w, err := s.BeginWrite(3, n, 10, 2)
+	w, err := s.BeginWrite(3, 0, 4096, 2) // a whole intact block
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,12 +171,17 @@ func TestPartialWriteRefusesCorruptEdgeBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	flip(t, s, 5, 4096+10)
+	// Refused as the write begins, before anything is placed (or, on a
+	// replica, forwarded).
+	if _, err := s.BeginWrite(5, 4096+100, 100, 2); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("begin of a partial write over a corrupt block: %v, want ErrCorrupt", err)
+	}
 	// Overwrite bytes [4096+100, 4096+200): the block's other bytes
 	// include the flipped one.
 	if _, err := write(s, rng, 5, 4096+100, randBytes(rng, 100), 2); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("partial write over a corrupt block: %v, want ErrCorrupt", err)
 	}
-	if reports != 1 || s.Suspect(5, 1) == nil {
+	if reports != 2 || s.Suspect(5, 1) == nil {
 		t.Fatalf("the corrupt edge block was not reported (%d reports)", reports)
 	}
 	if bad, _ := s.Verify(5); len(bad) != 1 {
@@ -199,5 +204,53 @@ func TestPartialWriteRefusesCorruptEdgeBlock(t *testing.T) {
 	flip(t, s, 6, 4096+3)
 	if _, err := write(s, rng, 6, 4096+50, randBytes(rng, 20), 2); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("append into a corrupt last block: %v, want ErrCorrupt", err)
+	}
+}
+
+// TestSuspectsOutliveOtherWrites: bad blocks a store knows of stay known
+// when a write elsewhere in the chunk commits a new version (the fence's
+// answer and the inventory say so until the copy is healed); the blocks
+// a write rewrote whole are forgotten.
+func TestSuspectsOutliveOtherWrites(t *testing.T) {
+	s := openStore(t, Options{BlockSize: 4096})
+	rng := rand.New(rand.NewPCG(8, 9))
+	if _, err := write(s, rng, 4, 0, randBytes(rng, 8*4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	flip(t, s, 4, 10)
+	flip(t, s, 4, 5*4096+10)
+	if bad, _ := s.Verify(4); len(bad) != 2 {
+		t.Fatalf("bad %v", bad)
+	}
+	if _, err := write(s, rng, 4, 3*4096, randBytes(rng, 4096), 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Suspect(4, 2); !equalLists(got, extent.List{{Off: 0, Len: 4096}, {Off: 5 * 4096, Len: 4096}}) {
+		t.Fatalf("after a write elsewhere: suspect %v", got)
+	}
+	if _, err := write(s, rng, 4, 5*4096, randBytes(rng, 4096), 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Suspect(4, 3); !equalLists(got, extent.List{{Off: 0, Len: 4096}}) {
+		t.Fatalf("after rewriting one bad block whole: suspect %v", got)
+	}
+}
+
+// TestVerifyUnreadableCopy: a copy whose file is gone is bad throughout
+// (reported so), and ErrUnreadable says it cannot be healed block by block.
+func TestVerifyUnreadableCopy(t *testing.T) {
+	var reported extent.List
+	s := openStore(t, Options{BlockSize: 4096, OnCorrupt: func(_ ids.ChunkID, _ uint64, bad extent.List) { reported = bad }})
+	rng := rand.New(rand.NewPCG(8, 10))
+	if _, err := write(s, rng, 6, 0, randBytes(rng, 10000), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(s.chunkPath(6)); err != nil {
+		t.Fatal(err)
+	}
+	bad, err := s.Verify(6)
+	want := extent.List{{Off: 0, Len: 10000}}
+	if !errors.Is(err, ErrUnreadable) || !errors.Is(err, ErrCorrupt) || !equalLists(bad, want) || !equalLists(reported, want) {
+		t.Fatalf("Verify of a copy without its file: %v %v (reported %v)", bad, err, reported)
 	}
 }

@@ -163,6 +163,9 @@ func (w *Write) begin(version uint64) error {
 			return err
 		}
 	}
+	if err := w.checkEdges(); err != nil {
+		return err
+	}
 	if w.ovEnd > w.off {
 		w.stagePath = s.stagingPath(w.id, version)
 		f, err := s.create(w.stagePath, os.O_TRUNC)
