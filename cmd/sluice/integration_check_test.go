@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/capability"
-	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -128,5 +127,4 @@ func TestCheck(t *testing.T) {
 		!strings.Contains(p.Examples[0], string(metaapi.StrayUnknown)) || !strings.Contains(p.Action, "orphan-grace") {
 		t.Fatalf("a stray copy: %+v", res.Problems)
 	}
-	_ = ids.ChunkID(0)
 }

@@ -179,6 +179,9 @@ func (t *Tracker) Page(node ids.NodeID, after ids.ChunkID, held []metaapi.HeldCh
 			s = &stray{since: now}
 			ns.strays[h.Chunk] = s
 		}
+		if v.collectable() && !s.verdict.collectable() {
+			s.since = now // the grace runs from when it became collectable
+		}
 		s.verdict, s.version, s.length = v, h.Version, h.Length
 		if v.collectable() && now-s.since >= int64(t.Grace) {
 			collect = append(collect, h.Chunk)

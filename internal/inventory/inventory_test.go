@@ -73,6 +73,23 @@ func TestTrackerGrace(t *testing.T) {
 	}
 }
 
+// TestTrackerGraceFromCollectable: a copy found queued for deletion
+// (never collected) that becomes collectable has its whole grace from
+// then, not from when it was first seen queued.
+func TestTrackerGraceFromCollectable(t *testing.T) {
+	tr := Tracker{Grace: 10 * time.Second}
+	copies := held(5)
+	if got := tr.Page(1, 0, copies, []Verdict{Queued}, true, 100*sec); len(got) != 0 {
+		t.Fatalf("a queued copy collected: %v", got)
+	}
+	if got := tr.Page(1, 0, copies, []Verdict{Unknown}, true, 200*sec); len(got) != 0 {
+		t.Fatalf("collected as soon as it became unknown: %v", got)
+	}
+	if got := tr.Page(1, 0, copies, []Verdict{Unknown}, true, 210*sec); !slices.Equal(got, []ids.ChunkID{5}) {
+		t.Fatalf("after its grace as unknown: %v", got)
+	}
+}
+
 // TestTrackerForgets: a stray the node no longer lists, or that meta
 // judges needed again, starts its grace over when found stray again.
 func TestTrackerForgets(t *testing.T) {

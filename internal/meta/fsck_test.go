@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -33,10 +34,11 @@ func TestJudgeCopies(t *testing.T) {
 		{"the same block bad twice", []copySeen{at(3, extent.Extent{Off: 0, Len: 10}), at(3, extent.Extent{Off: 5, Len: 10}), at(3)}, false, 1, 0, " at bytes [5, 10)", false},
 		{"a node not reached", []copySeen{at(3), unreached, at(3)}, false, 2, 1, "", false},
 		{"units agree", []copySeen{at(7), at(7), at(7), at(7), at(7)}, true, 5, 0, "", false},
-		{"units disagree", []copySeen{at(7), at(7), at(6), at(7), at(8)}, true, 4, 0, "", true},
+		{"a unit behind", []copySeen{at(7), at(7), at(6), at(7), at(8)}, true, 4, 0, "", true},
+		{"a unit ahead (a write under way)", []copySeen{at(7), at(7), at(7), at(7), at(8)}, true, 5, 0, "", false},
 	} {
 		j := judgeCopies(c.seen, 3+map[bool]uint64{true: 4}[c.ec], c.ec)
-		if j.intact != c.intact || j.unreached != c.unreached || j.where != c.where || j.versionsDiffer != c.differ {
+		if j.intact != c.intact || j.unreached != c.unreached || j.where != c.where || j.behind != c.differ {
 			t.Errorf("%s: %+v, want intact %d unreached %d where %q differ %v", c.name, j, c.intact, c.unreached, c.where, c.differ)
 		}
 	}
@@ -86,7 +88,17 @@ func TestCheckSession(t *testing.T) {
 	f.tree("/a", "/b")
 	la := f.layout("/a", 0, 1, true).Chunks[0]
 	lb := f.layout("/b", 0, 1, true).Chunks[0]
-	whole := func(l metaapi.ChunkLayout) metaapi.HeldChunk { return metaapi.HeldChunk{Chunk: l.Chunk, Length: 100} }
+	for _, c := range []struct {
+		path string
+		l    metaapi.ChunkLayout
+	}{{"/a", la}, {"/b", lb}} {
+		if _, err := f.s.Commit(metaapi.CommitReq{Ino: f.ino(c.path), Size: 100, Chunks: []metaapi.ChunkVersion{{Index: 0, Chunk: c.l.Chunk, Version: 1}}, Who: root}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whole := func(l metaapi.ChunkLayout) metaapi.HeldChunk {
+		return metaapi.HeldChunk{Chunk: l.Chunk, Version: 1, Length: 100}
+	}
 	held := map[ids.NodeID][]metaapi.HeldChunk{}
 	for _, n := range nodes {
 		held[n] = []metaapi.HeldChunk{whole(la), whole(lb)}
@@ -142,4 +154,89 @@ func problemOf(st metaapi.CheckResp, kind metaapi.CheckKind) metaapi.CheckProble
 		}
 	}
 	return metaapi.CheckProblem{}
+}
+
+// commitAll places and commits every chunk of a file of n chunks at
+// version 1, returning their layouts.
+func commitAll(t *testing.T, f *fixture, path string, n int64) []metaapi.ChunkLayout {
+	t.Helper()
+	var ls []metaapi.ChunkLayout
+	for off := int64(0); off < n; off += metaapi.MaxLayoutChunks {
+		r := f.layout(path, off*testChunkSize, min(metaapi.MaxLayoutChunks, n-off)*testChunkSize, true)
+		ls = append(ls, r.Chunks...)
+	}
+	for i := 0; i < len(ls); i += 256 {
+		var cv []metaapi.ChunkVersion
+		for _, l := range ls[i:min(i+256, len(ls))] {
+			cv = append(cv, metaapi.ChunkVersion{Index: l.Index, Chunk: l.Chunk, Version: 1})
+		}
+		if _, err := f.s.Commit(metaapi.CommitReq{Ino: f.ino(path), Size: n * testChunkSize, Chunks: cv, Who: root}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ls
+}
+
+// TestCheckQuietAboutTraffic: a chunk never written (a write under way)
+// and a file removed during the check raise nothing; a node that lost
+// every copy of a big file has them all reported and, with --repair, all
+// recorded for restoring (more than the scan's report buffer holds).
+func TestCheckQuietAboutTraffic(t *testing.T) {
+	f := newFixture(t)
+	nodes := f.addNodes(3)
+	f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing})
+	f.tree("/big", "/unwritten", "/gone")
+	big := commitAll(t, f, "/big", 1100)
+	f.layout("/unwritten", 0, 1, true) // allocated, never committed
+	gone := commitAll(t, f, "/gone", 1)[0]
+	held := map[ids.NodeID][]metaapi.HeldChunk{}
+	for _, n := range nodes[1:] {
+		for _, l := range big {
+			held[n] = append(held[n], metaapi.HeldChunk{Chunk: l.Chunk, Version: 1, Length: testChunkSize})
+		}
+	}
+	for _, n := range nodes { // the removed file's copies, listed before its removal reached the nodes
+		held[n] = append(held[n], metaapi.HeldChunk{Chunk: gone.Chunk, Version: 1, Length: testChunkSize})
+	}
+	f.s.repairs.started.Store(true) // record what --repair restores (no worker runs here)
+	st, err := f.s.CheckState(metaapi.CheckReq{Start: true, Repair: true, Who: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rm("/", "gone", false); err != nil {
+		t.Fatal(err)
+	}
+	for n, hs := range held {
+		f.heartbeat(n, gone.Chunk) // deleted and acknowledged: no longer queued
+		if _, err := f.s.Inventory(metaapi.InventoryReq{Node: n, Chunks: hs, Done: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for st.Done == 0 {
+		time.Sleep(20 * time.Millisecond)
+		if st, err = f.s.CheckState(metaapi.CheckReq{Who: root}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(st.Problems) != 1 || st.Problems[0].Kind != metaapi.CheckBelowPolicy || st.Problems[0].Count != 1100 || st.Problems[0].Repaired != 1100 {
+		t.Fatalf("problems: %+v", st.Problems)
+	}
+	recorded := 0
+	if err := f.s.read(func(v view) error {
+		return scan(v.r, []byte{pChunk}, []byte{pChunk + 1}, func(k, val []byte) (bool, error) {
+			var rec chunkRec
+			if err := json.Unmarshal(val, &rec); err != nil {
+				return false, err
+			}
+			if len(rec.Corrupt) == 1 && rec.Corrupt[0] == nodes[0] {
+				recorded++
+			}
+			return true, nil
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if recorded != 1100 {
+		t.Fatalf("%d of 1100 chunks recorded with the lost copy for restoring", recorded)
+	}
 }
