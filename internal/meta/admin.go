@@ -1,0 +1,13 @@
+package meta
+
+import "github.com/sluicefs/sluice/internal/metaapi"
+
+// requireAdmin refuses a caller that may not administer the cluster
+// (drain or remove nodes, set policies outside its path, manage
+// principals, issue join tokens, run checks).
+func (s *Service) requireAdmin(c caller) error {
+	if c.kind != callerClient {
+		return metaapi.Errorf(metaapi.EPERM, "operation not permitted: needs an admin principal")
+	}
+	return nil
+}
