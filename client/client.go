@@ -25,6 +25,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/pki"
 )
 
 // Options configure a client.
@@ -98,13 +99,17 @@ func New(opts Options) (*Client, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	tc, err := pki.ClientConfig([]byte(opts.Conf.CA))
+	if err != nil {
+		return nil, fmt.Errorf("client: client config: %w", err)
+	}
 	ep, err := fabric.NewEndpoint(fabric.Options{MTU: opts.MTU, Link: opts.Link, Logger: opts.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	c := &Client{
 		opts:    opts,
-		meta:    metaapi.NewClient(opts.Conf.Meta, metaapi.ClientAuth(opts.Conf.ClientID, opts.Conf.Credential)),
+		meta:    metaapi.NewClient(opts.Conf.Meta, metaapi.ClientAuth(opts.Conf.ClientID, opts.Conf.Credential), tc),
 		ep:      ep,
 		pool:    fabric.NewPool(ep, 16),
 		log:     opts.Logger,

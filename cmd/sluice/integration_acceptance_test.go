@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/node"
 )
 
 // splitCluster is meta and storage nodes as separate processes.
@@ -47,6 +48,18 @@ func startMeta(t *testing.T, dir string, extra ...string) *splitCluster {
 	return c
 }
 
+// joinArgs are the flags a node with data directory dir needs to join
+// the cluster: a join token from `sluice join-token` (the operator's
+// way) unless it has joined before.
+func (c *splitCluster) joinArgs(t *testing.T, dir string) []string {
+	t.Helper()
+	if node.Joined(dir) {
+		return nil
+	}
+	r := mustRun(t, c.conf, nil, "join-token", "--ttl", "5m")
+	return []string{"--join", strings.TrimSpace(string(r.stdout))}
+}
+
 // startNode runs `sluice node` with data dir dir/name.
 func (c *splitCluster) startNode(t *testing.T, name string, extra ...string) *nodeProc {
 	t.Helper()
@@ -57,7 +70,8 @@ func (c *splitCluster) startNode(t *testing.T, name string, extra ...string) *no
 // cluster's directory).
 func (c *splitCluster) startNodeIn(t *testing.T, name, dir string, extra ...string) *nodeProc {
 	t.Helper()
-	args := append([]string{"node", "--data", dir, "--meta", c.meta, "--secret-file", c.secretFile, "--listen", "127.0.0.1:0"}, extra...)
+	args := append([]string{"node", "--data", dir, "--meta", c.meta, "--listen", "127.0.0.1:0"}, c.joinArgs(t, dir)...)
+	args = append(args, extra...)
 	p := startProc(t, c.dir, name, args...)
 	m := p.waitLine(t, reNodeListen, 20*time.Second)
 	n := &nodeProc{id: nodeID(t, m[1]), addr: m[2], dir: dir, proc: p}

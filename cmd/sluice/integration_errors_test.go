@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/config"
-	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
 // TestCLIErrors checks that failures exit non-zero with one clear line on
@@ -126,7 +124,7 @@ func TestCLIErrors(t *testing.T) {
 			{[]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--link-rate", "1bit"}, []string{`link rate`, `1 Mbit/s`}},
 			{[]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--link-rate", "10furlongs"}, []string{`furlongs`}},
 			{[]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--link-delay", "3s"}, []string{`link delay`, `3s`}},
-			{[]string{"node", "--data", dir, "--meta", "127.0.0.1:1", "--secret-file", "/nonexistent", "--link-rate", "2Tbit"}, []string{`link rate`}},
+			{[]string{"node", "--data", dir, "--meta", "127.0.0.1:1", "--join", "x", "--link-rate", "2Tbit"}, []string{`link rate`}},
 		} {
 			mustFail(t, conf, tc.want, tc.args...)
 		}
@@ -224,80 +222,5 @@ func TestCLIDeadMeta(t *testing.T) {
 	// for a loaded machine; the client gives up after about 2 s).
 	if deadMeta.elapsed > 10*time.Second {
 		t.Errorf("dead meta: took %s to give up", deadMeta.elapsed)
-	}
-}
-
-// TestNodeWrongSecret starts storage nodes with a secret file that is not
-// the cluster's: meta must refuse to register them.
-func TestNodeWrongSecret(t *testing.T) {
-	dir := baseDir(t)
-	c := startMeta(t, dir)
-	good := c.startNode(t, "good")
-	waitNodesUp(t, c.conf, 1, 10*time.Second)
-
-	wrong := filepath.Join(dir, "wrong.secret")
-	if err := os.WriteFile(wrong, []byte(hex.EncodeToString(randomBytes(t, 32))+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	// A new node with the wrong secret exits non-zero and says why.
-	p := startProc(t, dir, "intruder", "node", "--data", filepath.Join(dir, "intruder"), "--meta", c.meta, "--secret-file", wrong)
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		t.Fatalf("a node with the wrong secret is still running after 15 s")
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code == 0 {
-		t.Errorf("node with the wrong secret exited 0")
-	}
-	msg := p.stderrText()
-	if !strings.Contains(msg, "EAUTH") || !strings.Contains(msg, "wrong cluster secret") {
-		t.Errorf("node with the wrong secret: stderr %q", msg)
-	}
-	if strings.Contains(msg, "is the client config for this cluster") {
-		t.Errorf("a node's registration error carries the client-config hint: %q", strings.TrimSpace(tail(msg, 1)))
-	}
-	if len(p.out.snapshot()) != 0 {
-		t.Errorf("refused node printed %q", p.out.snapshot())
-	}
-	if st := status(t, c.conf); len(st.Nodes) != 1 {
-		t.Errorf("after the refused node, status lists %d nodes", len(st.Nodes))
-	}
-
-	// A secret file that is not a secret at all.
-	junk := filepath.Join(dir, "junk.secret")
-	os.WriteFile(junk, []byte("not hex\n"), 0o600)
-	r := run(t, c.conf, nil, "node", "--data", filepath.Join(dir, "junk"), "--meta", c.meta, "--secret-file", junk)
-	if r.code == 0 || !strings.Contains(r.stderr, "not hex") {
-		t.Errorf("node with a malformed secret file: %s", r)
-	}
-
-	// A node that registered before and is restarted with the wrong
-	// secret: it must not come back up.
-	good.proc.kill()
-	eventually(t, 10*time.Second, 100*time.Millisecond, func() (bool, string) {
-		st := nodeStates(status(t, c.conf))
-		return st[good.id] == metaapi.NodeDown, fmt.Sprintf("states %v", st)
-	})
-	again := startProc(t, dir, "good-wrong-secret", "node", "--data", good.dir, "--meta", c.meta, "--secret-file", wrong, "--listen", "127.0.0.1:0")
-	// Registration is retried every second; give it three tries.
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) && !again.exited() {
-		if st := nodeStates(status(t, c.conf)); st[good.id] != metaapi.NodeDown {
-			t.Fatalf("node %v restarted with the wrong secret is %q", good.id, st[good.id])
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	// It gives up and exits non-zero: retrying cannot fix a wrong secret.
-	select {
-	case <-again.done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("a known node restarted with the wrong secret keeps running: %s", strings.TrimSpace(tail(again.stderrText(), 1)))
-	}
-	if code := again.cmd.ProcessState.ExitCode(); code == 0 || !strings.Contains(again.stderrText(), "wrong cluster secret") {
-		t.Errorf("restarted node with the wrong secret: exit %d, stderr %q", code, tail(again.stderrText(), 1))
-	}
-	if !strings.Contains(again.stderrText(), "wrong cluster secret") {
-		t.Errorf("restarted node with the wrong secret does not say why it is refused: %q", tail(again.stderrText(), 5))
 	}
 }

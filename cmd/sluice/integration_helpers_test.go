@@ -31,6 +31,7 @@ import (
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/pki"
 )
 
 // sluiceBin is the binary built by TestMain.
@@ -600,7 +601,11 @@ func metaClient(t *testing.T, conf string) *metaapi.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mc := metaapi.NewClient(cc.Meta, metaapi.ClientAuth(cc.ClientID, cc.Credential))
+	tc, err := pki.ClientConfig([]byte(cc.CA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc := metaapi.NewClient(cc.Meta, metaapi.ClientAuth(cc.ClientID, cc.Credential), tc)
 	mc.RetryFor = 5 * time.Second
 	t.Cleanup(mc.Close)
 	return mc

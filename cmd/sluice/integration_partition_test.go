@@ -88,8 +88,9 @@ func TestPartitionNeverAcknowledgesLostWrites(t *testing.T) {
 	}
 	// The node that will be cut off runs inside the namespace.
 	cutDir := filepath.Join(dir, "cut")
-	cut := startCmd(t, dir, "cut", nil, "ip", "netns", "exec", np.ns, sluiceBin, "node", "--data", cutDir,
-		"--meta", c.meta, "--secret-file", c.secretFile, "--listen", np.inner+":0")
+	cutArgs := append([]string{"netns", "exec", np.ns, sluiceBin, "node", "--data", cutDir,
+		"--meta", c.meta, "--listen", np.inner + ":0"}, c.joinArgs(t, cutDir)...)
+	cut := startCmd(t, dir, "cut", nil, "ip", cutArgs...)
 	m := cut.waitLine(t, reNodeListen, 20*time.Second)
 	cutID := nodeID(t, m[1])
 	waitNodesUp(t, c.conf, 5, 15*time.Second)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/meta"
 	"github.com/sluicefs/sluice/internal/node"
-	"github.com/sluicefs/sluice/internal/secret"
+	"github.com/sluicefs/sluice/internal/pki"
 )
 
 // engineFlags are the data-plane settings shared by `up` and `node`.
@@ -163,6 +164,7 @@ func (a *app) metaCmd() *cobra.Command {
 		repairRate  int64
 		repairPar   int
 		replicas    int
+		tlsNames    []string
 		sf          spaceFlags
 	)
 	cmd := &cobra.Command{
@@ -188,7 +190,7 @@ func (a *app) metaCmd() *cobra.Command {
 			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
 				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace,
-				MinFreeBytes: minFree, MinFreePercent: minFreePct})
+				MinFreeBytes: minFree, MinFreePercent: minFreePct, TLSNames: tlsNames})
 			if err != nil {
 				return err
 			}
@@ -214,6 +216,8 @@ func (a *app) metaCmd() *cobra.Command {
 			}
 			fmt.Fprintf(a.stdout, "sluice: meta listening on %s\n", addr)
 			fmt.Fprintf(a.stdout, "sluice: cluster secret %s, client config %s\n", filepath.Join(dir, "cluster.secret"), conf)
+			fmt.Fprintf(a.stdout, "sluice: cluster CA %s; add storage nodes with: sluice node --meta %s --join \"$(SLUICE_CONF=%s sluice join-token)\"\n",
+				filepath.Join(dir, pki.CACertFile), addr, conf)
 			errc := make(chan error, 1)
 			go func() { errc <- ms.Serve(ln) }()
 			select {
@@ -234,6 +238,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&orphanGrace, "orphan-grace", time.Hour, "have nodes delete a copy no file needs once their inventories have found it so for this long")
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
+	cmd.Flags().StringSliceVar(&tlsNames, "tls-san", nil, "more host names or addresses meta's TLS certificate names (besides loopback, this host's name and the listen address)")
 	sf.add(cmd)
 	return cmd
 }
@@ -267,7 +272,7 @@ func (f *spaceFlags) options() (bytes int64, percent float64, err error) {
 
 func (a *app) nodeCmd() *cobra.Command {
 	var (
-		dir, metaAddr, secretFile, listen, advertise, domain string
+		dir, metaAddr, joinToken, listen, advertise, domain string
 		ef                                                   engineFlags
 		allowRaw                                             bool
 		scrubEvery                                           time.Duration
@@ -284,8 +289,6 @@ func (a *app) nodeCmd() *cobra.Command {
 				return errors.New("--data is required")
 			case metaAddr == "":
 				return errors.New("--meta is required")
-			case secretFile == "":
-				return errors.New("--secret-file is required (the meta service's DIR/cluster.secret)")
 			case scrubEvery < 0 || scrubRate < 0:
 				return fmt.Errorf("--scrub-interval %s and --scrub-rate %d must not be negative", scrubEvery, scrubRate)
 			case inventoryEvery == 0:
@@ -295,12 +298,11 @@ func (a *app) nodeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sec, err := secret.Load(secretFile)
-			if err != nil {
-				return err
+			if joinToken == "" {
+				joinToken = os.Getenv(envJoin)
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
-				DataDir: dir, MetaAddr: metaAddr, Secret: sec, Listen: listen, Advertise: advertise,
+				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
 				ScrubInterval: scrubEvery, ScrubRate: scrubRate, InventoryInterval: inventoryEvery,
 			})
@@ -319,7 +321,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&dir, "data", "", "data directory")
 	cmd.Flags().StringVar(&metaAddr, "meta", "", "meta service address")
-	cmd.Flags().StringVar(&secretFile, "secret-file", "", "cluster secret file")
+	cmd.Flags().StringVar(&joinToken, "join", "", "join token for a new node, from `sluice join-token` (default $"+envJoin+"; a node that has joined needs none)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "fabric listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address registered with meta (default: the listen address)")
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")

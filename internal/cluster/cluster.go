@@ -142,10 +142,21 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			// Every node has its own emulated NIC.
 			fo.Link, _ = fabric.NewLink(l.Rate(), l.Delay())
 		}
+		dataDir := filepath.Join(opts.Dir, "node"+strconv.Itoa(i))
+		var token string
+		if !node.Joined(dataDir) {
+			// The same join a node on another host makes, token and all.
+			tok, err := ms.NewJoinToken(time.Minute)
+			if err != nil {
+				c.Close()
+				return nil, fmt.Errorf("cluster: join token for node %d: %w", i, err)
+			}
+			token = tok.Token
+		}
 		n, err := node.Start(ctx, node.Options{
-			DataDir:           filepath.Join(opts.Dir, "node"+strconv.Itoa(i)),
+			DataDir:           dataDir,
 			MetaAddr:          c.MetaAddr,
-			Secret:            ms.Secret(),
+			Join:              token,
 			Domain:            domain,
 			Fabric:            fo,
 			Engine:            opts.Engine,

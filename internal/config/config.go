@@ -1,6 +1,7 @@
 // Package config reads and writes client.conf, the file a client needs to
-// reach and authenticate to a cluster: the meta address and a client
-// credential derived from the cluster secret. It is JSON so other tools
+// reach and authenticate to a cluster: the meta address, a client
+// credential derived from the cluster secret, and the cluster CA that
+// meta's TLS certificate must chain to. It is JSON so other tools
 // can read it; it is written with mode 0600 because it grants access.
 package config
 
@@ -16,6 +17,7 @@ type ClientConf struct {
 	Meta       string `json:"meta"`       // meta service address, host:port
 	ClientID   uint64 `json:"client_id"`  // credential id
 	Credential string `json:"credential"` // hex HMAC of the id under the cluster secret
+	CA         string `json:"ca"`         // PEM of the cluster CA: meta's certificate must chain to it
 }
 
 // EnvConf is the environment variable naming client.conf.
@@ -50,6 +52,9 @@ func Load(path string) (ClientConf, error) {
 	}
 	if c.Meta == "" || c.Credential == "" {
 		return c, fmt.Errorf("client config %s: missing meta address or credential", path)
+	}
+	if c.CA == "" {
+		return c, fmt.Errorf("client config %s: no cluster CA (\"ca\"): written by a meta older than TLS? take the client.conf meta writes now", path)
 	}
 	return c, nil
 }

@@ -2,12 +2,16 @@ package meta
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/pki"
 )
 
 // FuzzHTTP throws arbitrary bodies at every operation with a valid client
@@ -54,15 +58,29 @@ func FuzzHTTP(f *testing.F) {
 	s := fx.s
 	h := s.Handler()
 	clientAuth := metaapi.ClientAuth(1, s.sec.ClientCredential(1))
-	nodeAuth := metaapi.NodeAuth(s.sec.NodeToken())
+	// Node calls carry node 1's certificate, as the TLS layer verified it.
+	tok, err := s.NewJoinToken(time.Hour)
+	if err != nil {
+		f.Fatal(err)
+	}
+	_, csrDER, _ := pki.NewNodeKey()
+	joined, err := s.Join(metaapi.JoinReq{Token: tok.Token, CSR: csrDER})
+	if err != nil {
+		f.Fatal(err)
+	}
+	cert, err := pki.ParseCert([]byte(joined.Cert))
+	if err != nil {
+		f.Fatal(err)
+	}
+	nodeTLS := &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert}}}
 	f.Fuzz(func(t *testing.T, opIdx uint8, body []byte) {
 		op := ops[int(opIdx)%len(ops)]
-		auth := clientAuth
-		if op == metaapi.OpRegister || op == metaapi.OpHeartbeat || op == metaapi.OpInventory {
-			auth = nodeAuth
-		}
 		req := httptest.NewRequest(http.MethodPost, "/v1/"+op, bytes.NewReader(body))
-		req.Header.Set("Authorization", auth)
+		if op == metaapi.OpRegister || op == metaapi.OpHeartbeat || op == metaapi.OpInventory {
+			req.TLS = nodeTLS
+		} else {
+			req.Header.Set("Authorization", clientAuth)
+		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		if rec.Code >= 500 {

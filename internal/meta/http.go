@@ -31,6 +31,7 @@ const (
 type caller struct {
 	kind   callerKind
 	client ids.ClientID
+	node   ids.NodeID // callerNode: the node its certificate names (tls.go)
 }
 
 // authenticate checks an Authorization header value in constant time.
@@ -49,15 +50,13 @@ func (s *Service) authenticate(h string) caller {
 		}
 		return caller{}
 	}
-	if tok, ok := strings.CutPrefix(h, "Node "); ok && secret.Equal(tok, s.nodeTk) {
-		return caller{kind: callerNode}
-	}
 	return caller{}
 }
 
 // An op is one /v1/<Op> endpoint.
 type op struct {
 	clients, nodes bool // which callers may use it
+	anyone         bool // callers without a credential too (Join: the token is one)
 	serve          func(s *Service, c caller, body io.Reader) (any, error)
 }
 
@@ -158,18 +157,36 @@ var ops = map[string]op{
 	metaapi.OpStatus: endpoint(true, true, func(s *Service, _ caller, _ empty) (metaapi.StatusResp, error) {
 		return s.Status()
 	}),
-	metaapi.OpRegister: endpoint(false, true, func(s *Service, _ caller, r metaapi.RegisterReq) (metaapi.RegisterResp, error) {
+	metaapi.OpRegister: endpoint(false, true, func(s *Service, c caller, r metaapi.RegisterReq) (metaapi.RegisterResp, error) {
+		if err := actsAs(c, r.ID); err != nil {
+			return metaapi.RegisterResp{}, err
+		}
 		return s.Register(r)
 	}),
 	metaapi.OpReportBad: endpoint(true, false, func(s *Service, c caller, r metaapi.ReportCorruptReq) (empty, error) {
 		return empty{}, s.ReportCorrupt(c.client, r)
 	}),
-	metaapi.OpHeartbeat: endpoint(false, true, func(s *Service, _ caller, r metaapi.HeartbeatReq) (metaapi.HeartbeatResp, error) {
+	metaapi.OpHeartbeat: endpoint(false, true, func(s *Service, c caller, r metaapi.HeartbeatReq) (metaapi.HeartbeatResp, error) {
+		if err := actsAs(c, r.ID); err != nil {
+			return metaapi.HeartbeatResp{}, err
+		}
 		return s.Heartbeat(r)
 	}),
-	metaapi.OpInventory: endpoint(false, true, func(s *Service, _ caller, r metaapi.InventoryReq) (metaapi.InventoryResp, error) {
+	metaapi.OpInventory: endpoint(false, true, func(s *Service, c caller, r metaapi.InventoryReq) (metaapi.InventoryResp, error) {
+		if err := actsAs(c, r.Node); err != nil {
+			return metaapi.InventoryResp{}, err
+		}
 		return s.Inventory(r)
 	}),
+	metaapi.OpJoinToken: endpoint(true, false, func(s *Service, c caller, r metaapi.JoinTokenReq) (metaapi.JoinTokenResp, error) {
+		if err := s.requireAdmin(c); err != nil {
+			return metaapi.JoinTokenResp{}, err
+		}
+		return s.NewJoinToken(time.Duration(r.TTL))
+	}),
+	metaapi.OpJoin: {anyone: true, clients: true, nodes: true, serve: endpoint(false, false, func(s *Service, _ caller, r metaapi.JoinReq) (metaapi.JoinResp, error) {
+		return s.Join(r)
+	}).serve},
 	metaapi.OpCheck: endpoint(true, false, func(s *Service, _ caller, r metaapi.CheckReq) (metaapi.CheckResp, error) {
 		return s.CheckState(r)
 	}),
@@ -195,8 +212,11 @@ func (s *Service) Handler() http.Handler {
 func (s *Service) serveOp(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	name := r.PathValue("op")
-	c := s.authenticate(r.Header.Get("Authorization"))
+	c := s.authenticateNode(r.TLS)
 	if c.kind == callerNone {
+		c = s.authenticate(r.Header.Get("Authorization"))
+	}
+	if c.kind == callerNone && !ops[name].anyone {
 		s.writeError(w, r, name, metaapi.Errorf(metaapi.EAUTH, "missing or invalid credential"), http.StatusUnauthorized)
 		return
 	}

@@ -15,17 +15,15 @@ import (
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/pki"
 )
 
 func newHTTP(t *testing.T) (*fixture, *httptest.Server) {
-	f := newFixture(t)
-	srv := httptest.NewServer(f.s.Handler())
-	t.Cleanup(srv.Close)
-	return f, srv
+	return newTLSFixture(t)
 }
 
 func client(t *testing.T, srv *httptest.Server, auth string) *metaapi.Client {
-	c := metaapi.NewClient(strings.TrimPrefix(srv.URL, "http://"), auth)
+	c := metaapi.NewClient(addrOf(srv), auth, clientTLS(srv))
 	c.RetryFor = 0
 	t.Cleanup(c.Close)
 	return c
@@ -36,7 +34,7 @@ func TestHTTPAuth(t *testing.T) {
 	sec := f.s.Secret()
 	ctx := context.Background()
 	good := client(t, srv, metaapi.ClientAuth(1, sec.ClientCredential(1)))
-	node := client(t, srv, metaapi.NodeAuth(sec.NodeToken()))
+	node, id := joinedClient(t, f, srv)
 	for _, tc := range []struct {
 		name string
 		auth string
@@ -50,13 +48,10 @@ func TestHTTPAuth(t *testing.T) {
 		{"malformed bearer", "Bearer " + sec.ClientCredential(1), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
 		{"non-numeric id", metaapi.ClientAuth(1, sec.ClientCredential(1))[:7] + "x:" + sec.ClientCredential(1), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
 		{"basic auth", "Basic dXNlcjpwYXNz", metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
-		{"wrong node token", metaapi.NodeAuth("00"), metaapi.OpHeartbeat, metaapi.HeartbeatReq{ID: 1}, metaapi.EAUTH},
+		{"node token (no longer a credential)", "Node " + sec.NodeToken(), metaapi.OpHeartbeat, metaapi.HeartbeatReq{ID: 1}, metaapi.EAUTH},
 		{"client credential on Register", metaapi.ClientAuth(1, sec.ClientCredential(1)), metaapi.OpRegister, metaapi.RegisterReq{Addr: "h:1"}, metaapi.EAUTH},
 		{"client credential on Heartbeat", metaapi.ClientAuth(1, sec.ClientCredential(1)), metaapi.OpHeartbeat, metaapi.HeartbeatReq{ID: 1}, metaapi.EAUTH},
-		{"node token on a namespace op", metaapi.NodeAuth(sec.NodeToken()), metaapi.OpGetAttr, metaapi.GetAttrReq{Ino: 1}, metaapi.EAUTH},
-		{"node token on Layout", metaapi.NodeAuth(sec.NodeToken()), metaapi.OpLayout, metaapi.LayoutReq{Ino: 1}, metaapi.EAUTH},
 		{"client id 2", metaapi.ClientAuth(2, sec.ClientCredential(2)), metaapi.OpStatus, struct{}{}, ""},
-		{"node Status", metaapi.NodeAuth(sec.NodeToken()), metaapi.OpStatus, struct{}{}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := client(t, srv, tc.auth).Call(ctx, tc.op, tc.req, nil)
@@ -65,8 +60,11 @@ func TestHTTPAuth(t *testing.T) {
 			}
 		})
 	}
+	if err := node.Call(ctx, metaapi.OpStatus, struct{}{}, nil); err != nil {
+		t.Fatalf("node Status: %v", err)
+	}
 	var reg metaapi.RegisterResp
-	if err := node.Call(ctx, metaapi.OpRegister, metaapi.RegisterReq{Addr: "127.0.0.1:9"}, &reg); err != nil || reg.ID != 1 {
+	if err := node.Call(ctx, metaapi.OpRegister, metaapi.RegisterReq{ID: id, Addr: "127.0.0.1:9"}, &reg); err != nil || reg.ID != 1 {
 		t.Fatalf("node register: %+v %v", reg, err)
 	}
 	var hb metaapi.HeartbeatResp
@@ -109,7 +107,7 @@ func TestHTTPProtocol(t *testing.T) {
 			if tc.auth != "" {
 				req.Header.Set("Authorization", tc.auth)
 			}
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := httpsClient(srv).Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -129,7 +127,7 @@ func TestHTTPProtocol(t *testing.T) {
 			}
 		})
 	}
-	resp, err := http.Get(srv.URL + "/healthz")
+	resp, err := httpsClient(srv).Get(srv.URL + "/healthz")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("healthz: %v %v", resp, err)
 	}
@@ -217,7 +215,11 @@ func TestServeAndClientConf(t *testing.T) {
 	if conf.Meta != addr || conf.ClientID != 1 {
 		t.Fatalf("conf %+v", conf)
 	}
-	c := metaapi.NewClient(conf.Meta, metaapi.ClientAuth(conf.ClientID, conf.Credential))
+	tc, err := pki.ClientConfig([]byte(conf.CA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := metaapi.NewClient(conf.Meta, metaapi.ClientAuth(conf.ClientID, conf.Credential), tc)
 	defer c.Close()
 	var st metaapi.StatusResp
 	if err := c.Call(context.Background(), metaapi.OpStatus, struct{}{}, &st); err != nil {

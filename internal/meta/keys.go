@@ -29,6 +29,7 @@ import (
 //	n <node:4>                        storage node (JSON nodeRec)
 //	o <ino:8>                         orphan: a file with no name kept while open; <lease expiry:8> (unix ns)
 //	a <ino:8> <name>                  extended attribute: its value (xattr.go)
+//	j <token:8>                       join token: JSON joinRec (join.go)
 const (
 	pInode   = 'i'
 	pDirent  = 'd'

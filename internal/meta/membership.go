@@ -101,14 +101,12 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 		case id == 0:
 			id = tx.ctr.NextNode
 			tx.ctr.NextNode++
-		case old == nil:
+		case old == nil && id >= tx.ctr.NextNode:
 			// A node that kept its id while meta's state was lost or
 			// restored from an older copy: take it, and never hand the
-			// id out again.
+			// id out again. (An id Join handed out is below NextNode.)
 			s.log.Warn("registering node with an id meta does not know", "node", id, "addr", req.Addr)
-			if id >= tx.ctr.NextNode {
-				tx.ctr.NextNode = id + 1
-			}
+			tx.ctr.NextNode = id + 1
 		}
 		rec := nodeRec{
 			ID: id, Addr: req.Addr, Domain: req.Domain,

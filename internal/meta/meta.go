@@ -27,6 +27,7 @@ package meta
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +48,7 @@ import (
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/pki"
 	"github.com/sluicefs/sluice/internal/placement"
 	"github.com/sluicefs/sluice/internal/privfs"
 	"github.com/sluicefs/sluice/internal/secret"
@@ -98,6 +100,9 @@ type Options struct {
 	// (DefaultMinFreeBytes, DefaultMinFreePercent); negative, none.
 	MinFreeBytes   int64
 	MinFreePercent float64
+	// TLSNames are extra names and addresses meta's TLS certificate
+	// carries (tls.go lists the ones it always does).
+	TLSNames []string
 
 	fs vfs.FS // tests: an in-memory file system for meta.db
 }
@@ -152,13 +157,13 @@ func (o *Options) setDefaults() {
 // concurrent use; each returns *metaapi.Error for every failure a caller
 // can act on (other errors are internal and map to EIO).
 type Service struct {
-	opts   Options
-	log    *slog.Logger
-	db     *pebble.DB
-	sec    secret.Secret
-	keys   *capability.Keyring
-	nodeTk string
-	dur    durability
+	opts Options
+	log  *slog.Logger
+	db   *pebble.DB
+	sec  secret.Secret
+	keys *capability.Keyring
+	ca   *pki.CA
+	dur  durability
 
 	mu       sync.RWMutex
 	closed   bool
@@ -217,6 +222,10 @@ func Open(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
+	ca, err := pki.LoadOrCreateCA(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("meta: %w", err)
+	}
 	db, err := pebble.Open(filepath.Join(opts.Dir, DBDir), &pebble.Options{Logger: pebbleLogger{opts.Logger}, FS: fs})
 	if err != nil {
 		return nil, fmt.Errorf("meta: opening %s: %w", DBDir, err)
@@ -231,7 +240,7 @@ func Open(opts Options) (*Service, error) {
 		db:       db,
 		sec:      sec,
 		keys:     capability.NewKeyring(sec),
-		nodeTk:   sec.NodeToken(),
+		ca:       ca,
 		nodes:    make(map[ids.NodeID]*member),
 		rng:      rand.New(rand.NewPCG(seed, seed^0x5eed)),
 		minFree:  placement.MinFree{Bytes: opts.MinFreeBytes, Percent: opts.MinFreePercent},
@@ -316,7 +325,7 @@ func (s *Service) Secret() secret.Secret { return s.sec }
 
 // ClientConf returns the client configuration for client id 1 at addr.
 func (s *Service) ClientConf(addr string) config.ClientConf {
-	return config.ClientConf{Meta: addr, ClientID: 1, Credential: s.sec.ClientCredential(1)}
+	return config.ClientConf{Meta: addr, ClientID: 1, Credential: s.sec.ClientCredential(1), CA: string(s.ca.CertPEM)}
 }
 
 // WriteClientConf writes DIR/client.conf for clients reaching meta at
@@ -336,8 +345,8 @@ func (s *Service) SetMetaAddr(addr string) {
 	s.mu.Unlock()
 }
 
-// Serve serves the HTTP API on ln until Shutdown or Close. It also sets
-// the reported meta address from ln if none is set yet.
+// Serve serves the HTTP API over TLS on ln until Shutdown or Close. It
+// also sets the reported meta address from ln if none is set yet.
 func (s *Service) Serve(ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           s.Handler(),
@@ -359,8 +368,14 @@ func (s *Service) Serve(ln net.Listener) error {
 		s.metaAddr = AdvertiseAddr(ln.Addr().String())
 	}
 	s.mu.Unlock()
+	// TLS last, over whatever ln is: the certificate names its address.
+	tc, err := s.TLSConfig(ln.Addr())
+	if err != nil {
+		return fmt.Errorf("meta: %w", err)
+	}
+	ln = tls.NewListener(ln, tc)
 	s.log.Info("meta service listening", "addr", ln.Addr().String())
-	err := srv.Serve(ln)
+	err = srv.Serve(ln)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

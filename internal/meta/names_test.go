@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -43,8 +42,7 @@ func byteNames() []string {
 // follows the fixture across reopen.
 func httpFixture(t *testing.T) (*fixture, func(op string, req, resp any) error) {
 	f := newFixture(t)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.s.Handler().ServeHTTP(w, r) }))
-	t.Cleanup(srv.Close)
+	srv := tlsServer(t, f, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.s.Handler().ServeHTTP(w, r) }))
 	c := client(t, srv, metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1)))
 	return f, func(op string, req, resp any) error { return c.Call(context.Background(), op, req, resp) }
 }
@@ -300,7 +298,7 @@ func TestInexactNamesRefused(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/"+metaapi.OpCreate, strings.NewReader(body))
 		req.Header.Set("Authorization", auth)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := httpsClient(srv).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package metaapi
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +48,8 @@ const (
 	OpInventory = "Inventory"
 	OpStrays    = "Strays"
 	OpCheck     = "Check"
+	OpJoinToken = "JoinToken"
+	OpJoin      = "Join"
 )
 
 // MaxBodyBytes bounds every request and response body.
@@ -57,14 +60,13 @@ func ClientAuth(id uint64, credential string) string {
 	return fmt.Sprintf("Bearer %d:%s", id, credential)
 }
 
-// NodeAuth formats the Authorization header value for a storage node.
-func NodeAuth(token string) string { return "Node " + token }
 
 // Client calls the meta service. It is safe for concurrent use. Calls that
 // fail because meta cannot be reached (restarting, say) are retried with
 // backoff until RetryFor has passed; errors meta returns are not retried
 // except EAGAIN.
 type Client struct {
+	noTLS    bool
 	base     string
 	auth     string
 	hc       *http.Client
@@ -76,16 +78,21 @@ type Client struct {
 	reached           atomic.Bool
 }
 
-// NewClient returns a client for the meta service at addr (host:port).
-func NewClient(addr, auth string) *Client {
+// NewClient returns a client for the meta service at addr (host:port),
+// reached over TLS with tc (pki's ClientConfig, NodeConfig or
+// JoinConfig); with a nil tc every call fails.
+func NewClient(addr, auth string, tc *tls.Config) *Client {
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     tc,
+		TLSHandshakeTimeout: 10 * time.Second,
 		MaxIdleConns:        64,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}
 	return &Client{
-		base:              "http://" + addr + "/v1/",
+		noTLS:             tc == nil,
+		base:              "https://" + addr + "/v1/",
 		auth:              auth,
 		hc:                &http.Client{Transport: tr, Timeout: 30 * time.Second},
 		RetryFor:          15 * time.Second,
@@ -118,6 +125,8 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
 			return nil
 		case errors.As(err, &me):
 			retry = me.Code == EAGAIN
+		case errors.As(err, new(*TLSError)):
+			// A certificate will not become valid by asking again.
 		case ctx.Err() != nil:
 			return err
 		default:
@@ -136,6 +145,9 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
 }
 
 func (c *Client) once(ctx context.Context, op string, body []byte, resp any) error {
+	if c.noTLS {
+		return fmt.Errorf("meta %s: %w", op, &TLSError{Reason: "no TLS configuration (no cluster CA)"})
+	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+op, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("meta %s: %w", op, err)
@@ -144,7 +156,7 @@ func (c *Client) once(ctx context.Context, op string, body []byte, resp any) err
 	hreq.Header.Set("Authorization", c.auth)
 	hresp, err := c.hc.Do(hreq)
 	if err != nil {
-		return fmt.Errorf("meta %s: %w", op, err)
+		return fmt.Errorf("meta %s: %w", op, explainTLS(err))
 	}
 	c.reached.Store(true)
 	defer hresp.Body.Close()

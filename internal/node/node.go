@@ -28,7 +28,6 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/policy"
 	"github.com/sluicefs/sluice/internal/privfs"
-	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/store"
 )
 
@@ -36,7 +35,9 @@ import (
 type Options struct {
 	DataDir  string
 	MetaAddr string
-	Secret   secret.Secret
+	// Join is the join token a new node joins the cluster with
+	// (join.go); a node that has joined ignores it.
+	Join string
 	// Listen is the fabric address. Default 127.0.0.1:0.
 	Listen string
 	// Advertise is the address registered with meta. Default: the bound
@@ -80,6 +81,7 @@ type Node struct {
 	eng    *engine.Engine
 	pol    *policy.Policies
 	meta   *metaapi.Client
+	creds  credentials
 	addr   string
 	id     atomic.Uint32 // ids.NodeID; 0 until registered
 	cancel context.CancelFunc
@@ -140,7 +142,24 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	var joined bool
+	if n.creds, joined, err = loadCredentials(opts.DataDir, id); err != nil {
+		return nil, err
+	}
+	if !joined {
+		if opts.Join == "" {
+			return nil, errors.New("node: not a member of a cluster yet: start it with --join TOKEN (an admin creates one with `sluice join-token`)")
+		}
+		if n.creds, err = join(ctx, opts.DataDir, opts.MetaAddr, opts.Join, n.log); err != nil {
+			return nil, err
+		}
+		id = n.creds.id
+	}
 	n.id.Store(uint32(id))
+	tc, err := n.creds.tlsConfig()
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	n.store, err = store.Open(store.Options{Dir: filepath.Join(opts.DataDir, "store"), BlockSize: opts.BlockSize, Logger: opts.Logger,
 		OnCorrupt: func(id ids.ChunkID, version uint64, bad extent.List) { n.reportCorrupt(id, 0, version, bad) },
 		OnNoSpace: n.reportSoon})
@@ -151,10 +170,10 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
-	n.meta = metaapi.NewClient(opts.MetaAddr, metaapi.NodeAuth(opts.Secret.NodeToken()))
-	if n.ID() == 0 {
-		// A new node waits for its identity: capabilities name replicas
-		// by node id, so until then it can accept nothing anyway.
+	n.meta = metaapi.NewClient(opts.MetaAddr, "", tc)
+	if !joined {
+		// A new node is in the cluster map before it says it serves:
+		// clients given it in a layout must find its address.
 		if err := n.register(ctx); err != nil {
 			n.Close()
 			return nil, err
@@ -188,7 +207,7 @@ func (n *Node) serve() error {
 	eopts.OnEvent = n.onEvent
 	n.pol = policy.New(policy.Deps{
 		Self:           n.ID,
-		Keys:           capability.NewKeyring(n.opts.Secret),
+		Keys:           capability.NewKeyring(n.creds.secret),
 		Store:          n.store,
 		Forward:        n.pool,
 		ForwardQuota:   n.ep.Options().Quota,
@@ -264,7 +283,7 @@ func (n *Node) refreshMap() {
 }
 
 // errRefused: meta does not accept this node's credential.
-var errRefused = errors.New("meta refused this node (wrong cluster secret?)")
+var errRefused = errors.New("meta refused this node's certificate (a node of another cluster?)")
 
 // Fatal yields an error when the node cannot go on by itself (meta
 // refuses its credential); the process should stop.
@@ -384,7 +403,7 @@ func (n *Node) register(ctx context.Context) error {
 		if err == nil {
 			break
 		}
-		if metaapi.IsCode(err, metaapi.EAUTH) {
+		if metaapi.IsCode(err, metaapi.EAUTH) || errors.As(err, new(*metaapi.TLSError)) {
 			return fmt.Errorf("node: %w: %w", errRefused, err)
 		}
 		n.log.Warn("registering with meta", "meta", n.opts.MetaAddr, "err", err)
@@ -432,7 +451,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 					return
 				}
 				if errors.Is(err, errRefused) {
-					// Retrying cannot help: the operator must fix the secret.
+					// Retrying cannot help: the operator must fix the credentials.
 					n.fatal <- err
 					return
 				}

@@ -90,3 +90,29 @@ func Secure(dir string) error {
 		return nil
 	})
 }
+
+// WriteFile writes data to path atomically (a temporary file renamed
+// over it, synced first) with FileMode: a crash leaves the old content
+// or the new, never a part, and nobody else can read it at any point.
+func WriteFile(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename, a no-op
+	if err := tmp.Chmod(FileMode); err != nil {
+		tmp.Close()
+		return err
+	}
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return os.Rename(tmp.Name(), path)
+}

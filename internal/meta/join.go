@@ -1,0 +1,138 @@
+package meta
+
+import (
+	"crypto/subtle"
+	"encoding/binary"
+	"encoding/json"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/jointoken"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/pki"
+)
+
+// Joining: an admin creates a one-time join token (NewJoinToken); a new
+// storage node presents it over TLS with a certificate request (Join),
+// and gets a new node id, a certificate naming it, the CA and the
+// cluster secret. Meta keeps only a hash of each token's secret, under
+// j <token id:8>, until it is used or, expired, swept; using it deletes
+// it in the same batch that hands out the node id, so a token joins
+// exactly one node.
+
+const pJoin = 'j'
+
+// joinRec is a stored join token.
+type joinRec struct {
+	Hash    []byte `json:"hash"`    // SHA-256 of the token's secret
+	Expires int64  `json:"expires"` // unix ns
+}
+
+func joinKey(id uint64) []byte {
+	b := make([]byte, 9)
+	b[0] = pJoin
+	binary.BigEndian.PutUint64(b[1:], id)
+	return b
+}
+
+// NewJoinToken creates a join token valid for ttl (0: an hour).
+func (s *Service) NewJoinToken(ttl time.Duration) (metaapi.JoinTokenResp, error) {
+	var out metaapi.JoinTokenResp
+	if ttl == 0 {
+		ttl = time.Duration(metaapi.DefaultJoinTTL)
+	}
+	if ttl < 0 || ttl > time.Duration(metaapi.MaxJoinTTL) {
+		return out, metaapi.Errorf(metaapi.EINVAL, "join token lifetime %s: must be positive and at most %s", ttl, time.Duration(metaapi.MaxJoinTTL))
+	}
+	tok, err := jointoken.New(pki.Fingerprint(s.ca.Cert))
+	if err != nil {
+		return out, err
+	}
+	err = s.update(func(tx *txn) error {
+		live := 0
+		var expired [][]byte
+		p := []byte{pJoin}
+		err := scan(tx.b, p, prefixEnd(p), func(k, v []byte) (bool, error) {
+			var r joinRec
+			if json.Unmarshal(v, &r) != nil || r.Expires <= tx.now {
+				expired = append(expired, append([]byte(nil), k...))
+			} else {
+				live++
+			}
+			return true, nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range expired { // swept here
+			if err := tx.b.Delete(k, nil); err != nil {
+				return err
+			}
+		}
+		if live >= metaapi.MaxJoinTokens {
+			return metaapi.Errorf(metaapi.ENOSPC, "%d join tokens outstanding: use or let some expire first", live)
+		}
+		h := tok.Hash()
+		out = metaapi.JoinTokenResp{Token: tok.String(), Expires: tx.now + int64(ttl)}
+		return tx.setJSON(joinKey(tok.ID), &joinRec{Hash: h[:], Expires: out.Expires})
+	})
+	if err != nil {
+		return metaapi.JoinTokenResp{}, err
+	}
+	s.log.Info("join token created", "expires", time.Unix(0, out.Expires).UTC().Format(time.RFC3339))
+	return out, nil
+}
+
+// errNoToken is the answer for a token meta does not hold, whether
+// never issued, already used or forged: which one is nobody's business.
+var errNoToken = metaapi.Errorf(metaapi.EAUTH, "join token not valid: already used, or not issued by this cluster")
+
+// Join admits a new storage node holding a valid join token. A refused
+// join changes nothing: the token stays as it was and no id is used.
+func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
+	var out metaapi.JoinResp
+	tok, err := jointoken.Parse(req.Token)
+	if err != nil {
+		return out, metaapi.Errorf(metaapi.EAUTH, "%v", err)
+	}
+	if tok.Pin != pki.Fingerprint(s.ca.Cert) {
+		return out, metaapi.Errorf(metaapi.EAUTH, "join token is for another cluster (it pins another CA)")
+	}
+	if len(req.CSR) > metaapi.MaxCSRBytes {
+		return out, metaapi.Errorf(metaapi.EINVAL, "certificate request of %d bytes, at most %d", len(req.CSR), metaapi.MaxCSRBytes)
+	}
+	csr, err := pki.CheckCSR(req.CSR)
+	if err != nil {
+		return out, metaapi.Errorf(metaapi.EINVAL, "%v", err)
+	}
+	err = s.update(func(tx *txn) error {
+		var r joinRec
+		found, err := getJSON(tx.b, joinKey(tok.ID), &r)
+		if err != nil {
+			return err
+		}
+		h := tok.Hash()
+		if !found || subtle.ConstantTimeCompare(r.Hash, h[:]) != 1 {
+			return errNoToken
+		}
+		if r.Expires <= tx.now {
+			return metaapi.Errorf(metaapi.EAUTH, "join token expired at %s: create a new one with `sluice join-token`",
+				time.Unix(0, r.Expires).UTC().Format(time.RFC3339))
+		}
+		id := tx.ctr.NextNode
+		tx.ctr.NextNode++
+		cert, err := s.ca.SignNode(csr, id)
+		if err != nil {
+			return err
+		}
+		if err := tx.b.Delete(joinKey(tok.ID), nil); err != nil {
+			return err
+		}
+		out = metaapi.JoinResp{ID: id, Cert: string(cert), CA: string(s.ca.CertPEM), Secret: s.sec.String()}
+		return nil
+	})
+	if err != nil {
+		return metaapi.JoinResp{}, err
+	}
+	s.log.Info("storage node joined", "node", out.ID)
+	return out, nil
+}

@@ -1,0 +1,164 @@
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/jointoken"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/pki"
+	"github.com/sluicefs/sluice/internal/privfs"
+	"github.com/sluicefs/sluice/internal/secret"
+)
+
+// A node's credentials, in its data directory (0600): its key and the
+// certificate naming its id, the cluster CA, and the cluster secret.
+// It gets them by joining with a one-time token (meta's join.go) and
+// authenticates to meta with the certificate from then on; node.json,
+// its id, is written last, so a node whose join did not complete is new.
+const (
+	keyFile    = "node.key"
+	certFile   = "node.crt"
+	caFile     = "ca.crt"
+	secretFile = "cluster.secret"
+)
+
+// credentials are what a joined node holds.
+type credentials struct {
+	id                     ids.NodeID
+	keyPEM, certPEM, caPEM []byte
+	secret                 secret.Secret
+}
+
+// tlsConfig is the node's TLS configuration towards meta.
+func (c *credentials) tlsConfig() (*tls.Config, error) {
+	return pki.NodeConfig(c.caPEM, c.certPEM, c.keyPEM)
+}
+
+// loadCredentials reads a joined node's credentials; ok is false for a
+// node that has not joined.
+func loadCredentials(dir string, id ids.NodeID) (c credentials, ok bool, err error) {
+	read := func(name string) []byte {
+		if err != nil {
+			return nil
+		}
+		var b []byte
+		b, err = os.ReadFile(filepath.Join(dir, name))
+		return b
+	}
+	c.keyPEM, c.certPEM, c.caPEM = read(keyFile), read(certFile), read(caFile)
+	sec := read(secretFile)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && id == 0:
+		return c, false, nil
+	case errors.Is(err, fs.ErrNotExist):
+		return c, false, fmt.Errorf("node: %s is node %v but lacks its credentials (%v): join it again as a new node with a fresh data directory and --join", dir, id, err)
+	case err != nil:
+		return c, false, fmt.Errorf("node: reading credentials: %w", err)
+	case id == 0:
+		return c, false, fmt.Errorf("node: %s has credentials but no %s: it did not finish joining; use a fresh data directory", dir, identityFile)
+	}
+	if c.secret, err = secret.Parse(string(sec)); err != nil {
+		return c, false, fmt.Errorf("node: %s: %w", filepath.Join(dir, secretFile), err)
+	}
+	if err := c.check(id); err != nil {
+		return c, false, fmt.Errorf("node: credentials in %s: %w", dir, err)
+	}
+	c.id = id
+	return c, true, nil
+}
+
+// check verifies that the certificate belongs to the key, chains to the
+// CA and names node id.
+func (c *credentials) check(id ids.NodeID) error {
+	if _, err := tls.X509KeyPair(c.certPEM, c.keyPEM); err != nil {
+		return fmt.Errorf("certificate and key: %w", err)
+	}
+	cert, err := pki.ParseCert(c.certPEM)
+	if err != nil {
+		return fmt.Errorf("node certificate: %w", err)
+	}
+	pool, err := pki.PoolFromPEM(c.caPEM)
+	if err != nil {
+		return err
+	}
+	_, err = pki.VerifyNode([]*x509.Certificate{cert}, pool, x509.ExtKeyUsageClientAuth, id)
+	return err
+}
+
+// join has meta admit this new node with a join token: over a TLS
+// connection verified against the CA the token pins, it sends a
+// certificate request and gets its id, certificate, the CA and the
+// cluster secret, which it saves. It retries while meta cannot be
+// reached, until ctx ends; a refusal is final.
+func join(ctx context.Context, dir, metaAddr, token string, log *slog.Logger) (credentials, error) {
+	var c credentials
+	tok, err := jointoken.Parse(token)
+	if err != nil {
+		return c, fmt.Errorf("node: --join: %w", err)
+	}
+	keyPEM, csr, err := pki.NewNodeKey()
+	if err != nil {
+		return c, fmt.Errorf("node: %w", err)
+	}
+	mc := metaapi.NewClient(metaAddr, "", pki.JoinConfig(tok.Pin))
+	defer mc.Close()
+	var resp metaapi.JoinResp
+	backoff := 100 * time.Millisecond
+	for {
+		err = mc.Call(ctx, metaapi.OpJoin, metaapi.JoinReq{Token: token, CSR: csr}, &resp)
+		var me *metaapi.Error
+		if err == nil || errors.As(err, &me) || errors.As(err, new(*metaapi.TLSError)) {
+			break
+		}
+		log.Warn("joining the cluster", "meta", metaAddr, "err", err)
+		select {
+		case <-ctx.Done():
+			return c, fmt.Errorf("node: joining the cluster at %s: %w", metaAddr, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	if err != nil {
+		return c, fmt.Errorf("node: joining the cluster at %s: %w", metaAddr, err)
+	}
+	c = credentials{id: resp.ID, keyPEM: keyPEM, certPEM: []byte(resp.Cert), caPEM: []byte(resp.CA)}
+	if ca, err := pki.ParseCert(c.caPEM); err != nil || pki.Fingerprint(ca) != tok.Pin {
+		return c, fmt.Errorf("node: joining: meta sent a CA the token does not pin")
+	}
+	if c.secret, err = secret.Parse(resp.Secret); err != nil {
+		return c, fmt.Errorf("node: joining: %w", err)
+	}
+	if err := c.check(resp.ID); err != nil {
+		return c, fmt.Errorf("node: joining: meta sent a bad certificate: %w", err)
+	}
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{keyFile, c.keyPEM}, {certFile, c.certPEM}, {caFile, c.caPEM}, {secretFile, []byte(c.secret.String() + "\n")}} {
+		if err := privfs.WriteFile(filepath.Join(dir, f.name), f.data); err != nil {
+			return c, fmt.Errorf("node: saving credentials: %w", err)
+		}
+	}
+	if err := saveIdentity(dir, c.id); err != nil {
+		return c, err
+	}
+	log.Info("joined the cluster", "node", c.id, "meta", metaAddr)
+	return c, nil
+}
+
+// Joined reports whether the node with data directory dir has joined a
+// cluster (so it needs no join token to start).
+func Joined(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, identityFile))
+	return err == nil
+}
