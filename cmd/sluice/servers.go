@@ -273,11 +273,11 @@ func (f *spaceFlags) options() (bytes int64, percent float64, err error) {
 func (a *app) nodeCmd() *cobra.Command {
 	var (
 		dir, metaAddr, joinToken, listen, advertise, domain string
-		ef                                                   engineFlags
-		allowRaw                                             bool
-		scrubEvery                                           time.Duration
-		scrubRate                                            int64
-		inventoryEvery                                       time.Duration
+		ef                                                  engineFlags
+		allowRaw                                            bool
+		scrubEvery                                          time.Duration
+		scrubRate                                           int64
+		inventoryEvery                                      time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "node",

@@ -60,7 +60,6 @@ func ClientAuth(id uint64, credential string) string {
 	return fmt.Sprintf("Bearer %d:%s", id, credential)
 }
 
-
 // Client calls the meta service. It is safe for concurrent use. Calls that
 // fail because meta cannot be reached (restarting, say) are retried with
 // backoff until RetryFor has passed; errors meta returns are not retried
