@@ -94,7 +94,11 @@ func startDeadMetaProbe(tmp string) (kill func(), err error) {
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there any more: connections are refused
 	deadMeta.conf = filepath.Join(tmp, "dead-client.conf")
-	if err := config.Save(deadMeta.conf, config.ClientConf{Meta: addr, ClientID: 1, Credential: strings.Repeat("ab", 32)}); err != nil {
+	ca, err := pki.LoadOrCreateCA(tmp) // any CA: nothing answers to check it
+	if err != nil {
+		return nil, err
+	}
+	if err := config.Save(deadMeta.conf, config.ClientConf{Meta: addr, ClientID: 1, Credential: strings.Repeat("ab", 32), CA: string(ca.CertPEM)}); err != nil {
 		return nil, err
 	}
 	deadMeta.done = make(chan struct{})
