@@ -48,9 +48,12 @@ const maxBatch = 64
 // Conn is one connection (a queue pair). Sends are serialised: a message's
 // packets are written contiguously. It is safe for concurrent use.
 type Conn struct {
-	ep      *Endpoint
-	nc      net.Conn
-	br      *bufio.Reader
+	ep *Endpoint
+	nc net.Conn
+	br *bufio.Reader
+	// tlsw coalesces a batch's small pieces (headers) into full TLS
+	// records; nil for plain TCP, where writev does that.
+	tlsw    *bufio.Writer
 	handler Handler
 	placer  Placer // the handler, if it places directly
 	quota   *quota
@@ -140,6 +143,7 @@ func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, inHos
 		ep:         ep,
 		nc:         nc,
 		br:         bufio.NewReaderSize(nc, 8<<10),
+		tlsw:       tlsWriter(nc),
 		handler:    h,
 		quota:      newQuota(o.Quota, o.MTU),
 		sendMTU:    min(peerMTU, o.MTU),

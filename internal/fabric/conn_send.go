@@ -148,7 +148,14 @@ func (c *Conn) flush() error {
 		c.nc.SetWriteDeadline(c.deadline)
 	}
 	bufs := net.Buffers(c.iov)
-	_, err := bufs.WriteTo(c.nc)
+	var err error
+	if c.tlsw != nil {
+		if _, err = bufs.WriteTo(c.tlsw); err == nil {
+			err = c.tlsw.Flush()
+		}
+	} else {
+		_, err = bufs.WriteTo(c.nc)
+	}
 	clear(c.iov) // drop references to caller memory
 	c.iov = c.iov[:0]
 	if err != nil {

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -34,8 +35,14 @@ type Options struct {
 	StallTimeout time.Duration
 	// Link, if set, emulates a network link (bandwidth and delay) for
 	// everything this endpoint sends; endpoints may share one (a node's).
-	Link   *Link
-	Logger *slog.Logger
+	Link *Link
+	// ServerTLS, if set, has connections Listen accepts speak TLS
+	// (tls.go); DialTLS, if set, gives the TLS configuration for a
+	// connection Dial makes to addr — it decides which peer is
+	// acceptable there. Either side without them speaks plain TCP.
+	ServerTLS *tls.Config
+	DialTLS   func(addr string) (*tls.Config, error)
+	Logger    *slog.Logger
 }
 
 func (o *Options) fill() error {
@@ -237,7 +244,7 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 			continue
 		}
 		go func() {
-			_, err := e.handshake(nc, h, host)
+			_, err := e.handshake(e.serverTLS(nc), h, host)
 			e.mu.Lock()
 			e.handshaking--
 			if err != nil {
@@ -259,9 +266,12 @@ func (e *Endpoint) Dial(ctx context.Context, addr string, h Handler) (*Conn, err
 	if err != nil {
 		return nil, fmt.Errorf("fabric: dialing %s: %w", addr, err)
 	}
+	if nc, err = e.clientTLS(ctx, nc, addr); err != nil {
+		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, err)
+	}
 	c, err := e.handshake(nc, h, "")
 	if err != nil {
-		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, err)
+		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, explainPlain(err, e.opts.DialTLS != nil))
 	}
 	return c, nil
 }

@@ -5,6 +5,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
+
+	"github.com/sluicefs/sluice/internal/ids"
 )
 
 // TLS configurations. Every one is TLS 1.3 only and trusts the cluster
@@ -90,6 +93,39 @@ func JoinConfig(pin string) *tls.Config {
 			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, DNSName: cs.ServerName})
 			if err != nil {
 				return fmt.Errorf("meta's certificate under the pinned CA: %w", err)
+			}
+			return nil
+		},
+	}
+}
+
+// FabricServerConfig is a storage node's on the fabric (--fabric-tls):
+// it presents its node certificate; peers present none (clients are
+// authorised per request by capabilities, forwarding nodes by the seal
+// on what they forward).
+func FabricServerConfig(certPEM, keyPEM []byte) (*tls.Config, error) {
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("node certificate: %w", err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}}, nil
+}
+
+// FabricDialConfig accepts a peer only with a node certificate from the
+// CA in roots naming one of want: the node the dialler meant to reach
+// (a node's certificate names no address, so the usual host name check
+// is replaced by this one).
+func FabricDialConfig(roots *x509.CertPool, want ...ids.NodeID) *tls.Config {
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			id, err := VerifyNode(cs.PeerCertificates, roots, x509.ExtKeyUsageServerAuth, 0)
+			if err != nil {
+				return err
+			}
+			if !slices.Contains(want, id) {
+				return fmt.Errorf("the peer is node %v, not %v", id, want)
 			}
 			return nil
 		},
