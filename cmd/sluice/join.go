@@ -29,9 +29,9 @@ func (a *app) joinTokenCmd() *cobra.Command {
 				return fmt.Errorf("--ttl %s: must be positive and at most %s", ttl, time.Duration(metaapi.MaxJoinTTL))
 			}
 			return a.withClient(func(c *client.Client) error {
-				var resp metaapi.JoinTokenResp
-				if err := c.Meta().Call(cmd.Context(), metaapi.OpJoinToken, metaapi.JoinTokenReq{TTL: int64(ttl)}, &resp); err != nil {
-					return fmt.Errorf("creating a join token: %w", err)
+				resp, err := c.JoinToken(cmd.Context(), ttl)
+				if err != nil {
+					return err
 				}
 				fmt.Fprintln(a.stdout, resp.Token)
 				fmt.Fprintf(a.stderr, "sluice: join token valid once, until %s\n", time.Unix(0, resp.Expires).UTC().Format(time.RFC3339))

@@ -60,16 +60,6 @@ func startClusterWith(ctx context.Context, exe string, n int, metaArgs, nodeArgs
 		c.Close()
 		return nil, err
 	}
-	for i := 1; i <= n; i++ {
-		args := append([]string{"node", "--data", filepath.Join(dir, fmt.Sprintf("n%d", i)), "--meta", metaAddr,
-			"--secret-file", filepath.Join(dir, "meta", "cluster.secret")}, nodeArgs...)
-		addr, err := c.start(ctx, exe, fmt.Sprintf("n%d", i), nodeLine, args...)
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
-		c.nodes[addr] = c.procs[len(c.procs)-1]
-	}
 	if c.conf, err = config.Load(filepath.Join(dir, "meta", config.FileName)); err != nil {
 		c.Close()
 		return nil, err
@@ -80,6 +70,21 @@ func startClusterWith(ctx context.Context, exe string, n int, metaArgs, nodeArgs
 		return nil, err
 	}
 	defer cl.Close()
+	for i := 1; i <= n; i++ {
+		tok, err := cl.JoinToken(ctx, time.Minute)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		args := append([]string{"node", "--data", filepath.Join(dir, fmt.Sprintf("n%d", i)), "--meta", metaAddr,
+			"--join", tok.Token}, nodeArgs...)
+		addr, err := c.start(ctx, exe, fmt.Sprintf("n%d", i), nodeLine, args...)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.nodes[addr] = c.procs[len(c.procs)-1]
+	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		st, err := cl.Status(ctx)
 		up := 0

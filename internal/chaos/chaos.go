@@ -28,6 +28,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/node"
 )
 
 // Options configure a run.
@@ -91,8 +92,16 @@ func (c *cluster) startMeta(ctx context.Context, listen string) error {
 }
 
 func (c *cluster) startNode(ctx context.Context, i int) error {
-	p, err := start(c.o.Binary, c.o.Dir, fmt.Sprintf("n%d", i+1), "node", "--data", filepath.Join(c.o.Dir, fmt.Sprintf("n%d", i+1)),
-		"--meta", c.metaAddr, "--secret-file", c.secret, "--listen", "127.0.0.1:0")
+	dir := filepath.Join(c.o.Dir, fmt.Sprintf("n%d", i+1))
+	args := []string{"node", "--data", dir, "--meta", c.metaAddr, "--listen", "127.0.0.1:0"}
+	if !node.Joined(dir) {
+		tok, err := c.joinToken(ctx)
+		if err != nil {
+			return err
+		}
+		args = append(args, "--join", tok)
+	}
+	p, err := start(c.o.Binary, c.o.Dir, fmt.Sprintf("n%d", i+1), args...)
 	if err != nil {
 		return err
 	}
@@ -104,6 +113,21 @@ func (c *cluster) startNode(ctx context.Context, i int) error {
 	c.nodes[i] = p
 	c.mu.Unlock()
 	return nil
+}
+
+// joinToken gets a token for a new node, as an operator would.
+func (c *cluster) joinToken(ctx context.Context) (string, error) {
+	conf, err := config.Load(c.conf)
+	if err != nil {
+		return "", err
+	}
+	cl, err := client.New(client.Options{Conf: conf})
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	tok, err := cl.JoinToken(ctx, time.Minute)
+	return tok.Token, err
 }
 
 func (c *cluster) down() []int {
