@@ -53,7 +53,10 @@ type Options struct {
 	// ECMode is how erasure-coded writes are encoded (for benchmarks):
 	// ECStream (default), ECPerChunk or ECCentral.
 	ECMode string
-	Logger *slog.Logger
+	// FabricTLS reaches nodes over TLS, checking each is the node meant
+	// (fabrictls.go); the nodes must run with it too.
+	FabricTLS bool
+	Logger    *slog.Logger
 }
 
 // Client is a connection to a cluster. It is safe for concurrent use.
@@ -103,7 +106,12 @@ func New(opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: client config: %w", err)
 	}
-	ep, err := fabric.NewEndpoint(fabric.Options{MTU: opts.MTU, Link: opts.Link, Logger: opts.Logger})
+	nodes := &nodeMap{}
+	fo := fabric.Options{MTU: opts.MTU, Link: opts.Link, Logger: opts.Logger}
+	if opts.FabricTLS {
+		fo.DialTLS = nodes.dialTLS(tc.RootCAs)
+	}
+	ep, err := fabric.NewEndpoint(fo)
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
@@ -115,6 +123,7 @@ func New(opts Options) (*Client, error) {
 		log:     opts.Logger,
 		layouts: newLayoutCache(),
 	}
+	nodes.status = c.statusMap
 	c.bufs = newBufferPool(ep, opts.ReadReq+2*maxBlockSize)
 	if opts.Who != nil {
 		c.who = *opts.Who

@@ -415,7 +415,7 @@ func TestECDegradedWriteIsRecordedAndRepaired(t *testing.T) {
 	// `sluice repair` has meta do the work (fenced, with a repair right
 	// only meta mints): start its repair workers now. The repair grace
 	// period keeps its own scan from getting there first.
-	rc, err := cluster.StartRepair(c.Meta, c.MetaAddr, 2, slog.New(slog.DiscardHandler))
+	rc, err := cluster.StartRepair(c.Meta, c.MetaAddr, 2, false, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

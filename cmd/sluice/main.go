@@ -25,6 +25,7 @@ type app struct {
 	confPath   string
 	logLevel   string
 	cpuProfile string
+	fabricTLS  bool
 	stdout     *os.File
 	stderr     *os.File
 }
@@ -53,6 +54,7 @@ func (a *app) rootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&a.confPath, "conf", "", "client config file (default $"+config.EnvConf+", else ./"+config.DefaultPath+")")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	root.PersistentFlags().BoolVar(&a.fabricTLS, "fabric-tls", false, "run the data path (the fabric between clients and nodes and among nodes) over TLS 1.3; nodes and their clients must agree (docs/tls.md)")
 	root.PersistentFlags().StringVar(&a.cpuProfile, "cpuprofile", "", "write a CPU profile of this command to FILE (for performance work)")
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
 		if a.cpuProfile == "" {
@@ -86,7 +88,7 @@ func (a *app) client(tune ...func(*client.Options)) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := client.Options{Conf: conf, Logger: a.logger()}
+	opts := client.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS}
 	for _, t := range tune {
 		t(&opts)
 	}

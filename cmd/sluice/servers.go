@@ -86,7 +86,7 @@ func (a *app) upCmd() *cobra.Command {
 				return err
 			}
 			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, Fabric: fo, Engine: eo, Accumulators: ef.accumulators,
-				MinFreeBytes: minFree, MinFreePercent: minFreePct, Logger: a.logger()})
+				MinFreeBytes: minFree, MinFreePercent: minFreePct, FabricTLS: a.fabricTLS, Logger: a.logger()})
 			if err != nil {
 				return err
 			}
@@ -130,7 +130,7 @@ func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf 
 		c.Close()
 		return err
 	}
-	opts := client.Options{Conf: conf, Logger: a.logger()}
+	opts := client.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS}
 	mf.tune(&opts)
 	cl, err := client.New(opts)
 	if err != nil {
@@ -207,7 +207,7 @@ func (a *app) metaCmd() *cobra.Command {
 				return err
 			}
 			if repairPar > 0 {
-				rc, err := cluster.StartRepair(ms, addr, repairPar, a.logger().With("svc", "repair"))
+				rc, err := cluster.StartRepair(ms, addr, repairPar, a.fabricTLS, a.logger().With("svc", "repair"))
 				if err != nil {
 					ms.Close()
 					return err
@@ -302,7 +302,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				joinToken = os.Getenv(envJoin)
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
-				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, Listen: listen, Advertise: advertise,
+				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
 				ScrubInterval: scrubEvery, ScrubRate: scrubRate, InventoryInterval: inventoryEvery,
 			})

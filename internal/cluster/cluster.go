@@ -67,6 +67,9 @@ type Options struct {
 	ReserveTimeout time.Duration
 	// AllowRaw lets nodes accept unauthenticated writes (benchmarks only).
 	AllowRaw bool
+	// FabricTLS runs the fabric over TLS (nodes and the repair worker;
+	// clients must set client.Options.FabricTLS too).
+	FabricTLS bool
 	Fabric   fabric.Options
 	Engine   engine.Options
 	Logger   *slog.Logger
@@ -122,7 +125,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	go func() { c.metaErr <- ms.Serve(ln) }()
 
 	if opts.RepairParallel >= 0 {
-		if c.repair, err = StartRepair(ms, c.MetaAddr, cmp.Or(opts.RepairParallel, 4), opts.Logger.With("svc", "repair")); err != nil {
+		if c.repair, err = StartRepair(ms, c.MetaAddr, cmp.Or(opts.RepairParallel, 4), opts.FabricTLS, opts.Logger.With("svc", "repair")); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
@@ -157,6 +160,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			DataDir:           dataDir,
 			MetaAddr:          c.MetaAddr,
 			Join:              token,
+			FabricTLS:         opts.FabricTLS,
 			Domain:            domain,
 			Fabric:            fo,
 			Engine:            opts.Engine,

@@ -11,10 +11,10 @@ import (
 )
 
 // StartRepair has ms repair chunks by itself (parallel at a time), its
-// node requests sent by an SDK client of the cluster ms serves at addr.
-// Close the returned closer after ms.
-func StartRepair(ms *meta.Service, addr string, parallel int, log *slog.Logger) (io.Closer, error) {
-	cl, err := client.New(client.Options{Conf: ms.ClientConf(addr), Logger: log, BusyRetry: 10 * time.Second})
+// node requests sent by an SDK client of the cluster ms serves at addr
+// (over fabric TLS with fabricTLS). Close the returned closer after ms.
+func StartRepair(ms *meta.Service, addr string, parallel int, fabricTLS bool, log *slog.Logger) (io.Closer, error) {
+	cl, err := client.New(client.Options{Conf: ms.ClientConf(addr), Logger: log, BusyRetry: 10 * time.Second, FabricTLS: fabricTLS})
 	if err != nil {
 		return nil, fmt.Errorf("repair worker: %w", err)
 	}

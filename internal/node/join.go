@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/jointoken"
 	"github.com/sluicefs/sluice/internal/metaapi"
@@ -161,4 +162,35 @@ func join(ctx context.Context, dir, metaAddr, token string, log *slog.Logger) (c
 func Joined(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, identityFile))
 	return err == nil
+}
+
+// fabricTLS sets fo up for --fabric-tls: the node serves its fabric
+// with its certificate, and accepts a peer it dials (to forward) only
+// with a certificate naming a node its cluster map places at the
+// address dialled: the node the layout named.
+func (n *Node) fabricTLS(fo *fabric.Options) error {
+	sc, err := pki.FabricServerConfig(n.creds.certPEM, n.creds.keyPEM)
+	if err != nil {
+		return fmt.Errorf("node: fabric TLS: %w", err)
+	}
+	roots, err := pki.PoolFromPEM(n.creds.caPEM)
+	if err != nil {
+		return fmt.Errorf("node: fabric TLS: %w", err)
+	}
+	fo.ServerTLS = sc
+	fo.DialTLS = func(addr string) (*tls.Config, error) {
+		var want []ids.NodeID
+		if m := n.peers.Load(); m != nil {
+			for id, a := range *m {
+				if a == addr {
+					want = append(want, id)
+				}
+			}
+		}
+		if len(want) == 0 {
+			return nil, fmt.Errorf("no node at %s in the cluster map", addr)
+		}
+		return pki.FabricDialConfig(roots, want...), nil
+	}
+	return nil
 }

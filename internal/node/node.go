@@ -46,7 +46,10 @@ type Options struct {
 	// Domain is the node's failure domain (rack, host...).
 	Domain string
 	Fabric fabric.Options
-	Engine engine.Options
+	// FabricTLS runs the fabric over TLS with the node's certificate
+	// (join.go's fabricTLS).
+	FabricTLS bool
+	Engine    engine.Options
 	// Accumulators is the number of parity accumulator slots (see
 	// policy.Deps); 0 for the default.
 	Accumulators int
@@ -194,11 +197,17 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 }
 
 func (n *Node) serve() error {
+	fo := n.opts.Fabric
+	if n.opts.FabricTLS {
+		if err := n.fabricTLS(&fo); err != nil {
+			return err
+		}
+	}
 	var err error
-	if n.ep, err = fabric.NewEndpoint(n.opts.Fabric); err != nil {
+	if n.ep, err = fabric.NewEndpoint(fo); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	if n.fwd, err = fabric.NewEndpoint(n.opts.Fabric); err != nil {
+	if n.fwd, err = fabric.NewEndpoint(fo); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	n.pool = fabric.NewPool(n.fwd, 64)
