@@ -166,3 +166,24 @@ func nodeIDs(st metaapi.StatusResp) string {
 	}
 	return strings.Join(out, ",")
 }
+
+// TestFabricTLSProcesses: nodes started with --fabric-tls serve clients
+// and each other over TLS; a client without it is refused with a hint.
+func TestFabricTLSProcesses(t *testing.T) {
+	c := threeNodes(t, nil, []string{"--fabric-tls"})
+	dir := c.dir
+	mustRun(t, c.conf, nil, "policy", "set", "/", "--replicas", "3")
+	data := randomBytes(t, 5<<20)
+	src := filepath.Join(dir, "src")
+	os.WriteFile(src, data, 0o600)
+	mustRun(t, c.conf, nil, "--fabric-tls", "put", src, "/f")
+	if got := mustRun(t, c.conf, nil, "--fabric-tls", "cat", "/f").stdout; sum(got) != sum(data) {
+		t.Fatalf("read back over TLS differs")
+	}
+	for id, n := range c.nodes {
+		if h := chunkFiles(t, filepath.Join(n.dir, "store", "chunks")); len(h) == 0 {
+			t.Errorf("node %v holds no chunk: the replicas were not forwarded", id)
+		}
+	}
+	mustFail(t, c.conf, []string{`--fabric-tls`}, "cat", "/f")
+}
