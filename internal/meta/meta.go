@@ -37,6 +37,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -159,6 +160,7 @@ type Service struct {
 	keys   *capability.Keyring
 	nodeTk string
 	dur    durability
+	princ  atomic.Pointer[principalSet]
 
 	mu       sync.RWMutex
 	closed   bool
@@ -263,10 +265,19 @@ func (s *Service) load() error {
 		return err
 	}
 	if !found {
-		return s.initDB()
+		if err := s.initDB(); err != nil {
+			return err
+		}
+		return s.loadPrincipals()
 	}
 	if string(raw) == "1" {
 		if err := s.indexChunkIDs(); err != nil {
+			return fmt.Errorf("bringing %s to schema version %s: %w", DBDir, schemaVersion, err)
+		}
+		raw = []byte("2")
+	}
+	if string(raw) == "2" {
+		if err := s.indexLinks(); err != nil {
 			return fmt.Errorf("bringing %s to schema version %s: %w", DBDir, schemaVersion, err)
 		}
 	} else if string(raw) != schemaVersion {
@@ -274,6 +285,9 @@ func (s *Service) load() error {
 	}
 	if ok, err := getJSON(s.db, keyCounters, &s.ctr); err != nil || !ok {
 		return fmt.Errorf("reading counters: found=%v: %v", ok, err)
+	}
+	if err := s.loadPrincipals(); err != nil {
+		return err
 	}
 	return scan(s.db, []byte{pNode}, []byte{pNode + 1}, func(k, v []byte) (bool, error) {
 		m := new(member)
