@@ -89,4 +89,3 @@ func indexFaultErrors(refs []linkRef) []error {
 	}
 	return errs
 }
-
