@@ -33,6 +33,13 @@ const AdminID ids.ClientID = 1
 // AdminName is the operator principal's name.
 const AdminName = "admin"
 
+// SystemID is the principal of meta's own clients (SystemConf): an admin
+// that is never stored, listed or removed, whose credential derives from
+// the cluster secret.
+const SystemID ids.ClientID = 1 << 62
+
+const systemName = "meta-internal"
+
 type principalRec struct {
 	metaapi.Principal
 	Hash string `json:"hash"` // hex SHA-256 of the credential
@@ -178,6 +185,14 @@ func (s *Service) loadPrincipals() error {
 		set.byID[AdminID], set.byName[AdminName] = p, p
 		s.log.Info("created the operator's admin principal", "name", AdminName)
 	}
+	sys, err := newPrincipal(principalRec{
+		Principal: metaapi.Principal{ID: SystemID, Name: systemName, Rights: metaapi.Rights{Path: "/", Admin: true}, Root: ids.RootIno},
+		Hash:      hashCredential(s.sec.ClientCredential(uint64(SystemID))),
+	})
+	if err != nil {
+		return err
+	}
+	set.byID[SystemID] = sys // not by name: it cannot be rotated or removed
 	s.princ.Store(set)
 	return nil
 }
@@ -189,7 +204,12 @@ func (s *Service) publishPrincipal(id ids.ClientID, p *principal) {
 	set := &principalSet{byID: make(map[ids.ClientID]*principal, len(old.byID)+1), byName: make(map[string]*principal, len(old.byName)+1)}
 	for k, v := range old.byID {
 		if k != id {
-			set.byID[k], set.byName[v.rec.Name] = v, v
+			set.byID[k] = v
+		}
+	}
+	for k, v := range old.byName {
+		if v.rec.ID != id {
+			set.byName[k] = v
 		}
 	}
 	if p != nil {
@@ -328,7 +348,7 @@ func (s *Service) RemovePrincipal(name string) error {
 		}
 		if p.rec.Rights.Admin {
 			admins := 0
-			for _, q := range set.byID {
+			for _, q := range set.byName {
 				if q.rec.Rights.Admin {
 					admins++
 				}
@@ -351,7 +371,7 @@ func (s *Service) RemovePrincipal(name string) error {
 func (s *Service) ListPrincipals() (metaapi.AuthListResp, error) {
 	set := s.principalSet()
 	out := metaapi.AuthListResp{Principals: make([]metaapi.Principal, 0, len(set.byID))}
-	for _, p := range set.byID {
+	for _, p := range set.byName {
 		out.Principals = append(out.Principals, p.rec.Principal)
 	}
 	sort.Slice(out.Principals, func(i, j int) bool { return out.Principals[i].Name < out.Principals[j].Name })
