@@ -35,9 +35,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -157,13 +157,14 @@ func (o *Options) setDefaults() {
 // concurrent use; each returns *metaapi.Error for every failure a caller
 // can act on (other errors are internal and map to EIO).
 type Service struct {
-	opts Options
-	log  *slog.Logger
-	db   *pebble.DB
-	sec  secret.Secret
-	keys *capability.Keyring
-	ca   *pki.CA
-	dur  durability
+	opts  Options
+	log   *slog.Logger
+	db    *pebble.DB
+	sec   secret.Secret
+	keys  *capability.Keyring
+	ca    *pki.CA
+	dur   durability
+	princ atomic.Pointer[principalSet]
 
 	mu       sync.RWMutex
 	closed   bool
@@ -272,10 +273,19 @@ func (s *Service) load() error {
 		return err
 	}
 	if !found {
-		return s.initDB()
+		if err := s.initDB(); err != nil {
+			return err
+		}
+		return s.loadPrincipals()
 	}
 	if string(raw) == "1" {
 		if err := s.indexChunkIDs(); err != nil {
+			return fmt.Errorf("bringing %s to schema version %s: %w", DBDir, schemaVersion, err)
+		}
+		raw = []byte("2")
+	}
+	if string(raw) == "2" {
+		if err := s.indexLinks(); err != nil {
 			return fmt.Errorf("bringing %s to schema version %s: %w", DBDir, schemaVersion, err)
 		}
 	} else if string(raw) != schemaVersion {
@@ -283,6 +293,9 @@ func (s *Service) load() error {
 	}
 	if ok, err := getJSON(s.db, keyCounters, &s.ctr); err != nil || !ok {
 		return fmt.Errorf("reading counters: found=%v: %v", ok, err)
+	}
+	if err := s.loadPrincipals(); err != nil {
+		return err
 	}
 	return scan(s.db, []byte{pNode}, []byte{pNode + 1}, func(k, v []byte) (bool, error) {
 		m := new(member)
@@ -323,19 +336,37 @@ func (s *Service) initDB() error {
 // log it).
 func (s *Service) Secret() secret.Secret { return s.sec }
 
-// ClientConf returns the client configuration for client id 1 at addr.
+// ClientConf returns the operator's client configuration at addr: the
+// admin principal with the credential meta derives (see AdminID).
 func (s *Service) ClientConf(addr string) config.ClientConf {
-	return config.ClientConf{Meta: addr, ClientID: 1, Credential: s.sec.ClientCredential(1), CA: string(s.ca.CertPEM)}
+	return config.ClientConf{Meta: addr, ClientID: uint64(AdminID), Credential: s.sec.ClientCredential(uint64(AdminID)), Principal: AdminName, CA: string(s.ca.CertPEM)}
 }
 
-// WriteClientConf writes DIR/client.conf for clients reaching meta at
-// addr and returns its path.
+// SystemConf returns the configuration of meta's own clients (its repair
+// worker): the system principal, which only holders of the cluster
+// secret can present, so rotating or removing operators' principals
+// never stops repair.
+func (s *Service) SystemConf(addr string) config.ClientConf {
+	return config.ClientConf{Meta: addr, ClientID: uint64(SystemID), Credential: s.sec.ClientCredential(uint64(SystemID)), Principal: systemName, CA: string(s.ca.CertPEM)}
+}
+
+// WriteClientConf writes the operator's DIR/client.conf for clients
+// reaching meta at addr and returns its path. Once the operator has
+// rotated the admin principal's credential, meta no longer knows it: the
+// file is left as it is.
 func (s *Service) WriteClientConf(addr string) (string, error) {
 	path := filepath.Join(s.opts.Dir, config.FileName)
-	if err := config.Save(path, s.ClientConf(addr)); err != nil {
-		return "", err
+	return path, s.SaveClientConf(path, addr)
+}
+
+// SaveClientConf writes the operator's client configuration to path (see
+// WriteClientConf).
+func (s *Service) SaveClientConf(path, addr string) error {
+	if !s.AdminCredentialDerived() {
+		s.log.Warn("the admin principal's credential was rotated: not rewriting its client config", "path", path)
+		return nil
 	}
-	return path, nil
+	return config.Save(path, s.ClientConf(addr))
 }
 
 // SetMetaAddr sets the address Status reports.
@@ -520,77 +551,4 @@ func (s *Service) read(fn func(v view) error) error {
 		return werr
 	}
 	return err
-}
-
-// durability tracks which applied batches are known to be on disk.
-// Batches are applied in sequence order under Service.mu, and pebble's WAL
-// is sequential, so when the fsync for batch n completes, every batch up
-// to n is durable.
-type durability struct {
-	mu      sync.Mutex
-	cond    sync.Cond
-	applied uint64 // written under Service.mu as well as dur.mu
-	durable uint64
-	err     error
-}
-
-func (d *durability) init() { d.cond.L = &d.mu }
-
-func (d *durability) commit() uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.applied++
-	return d.applied
-}
-
-func (d *durability) committed() uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.applied
-}
-
-func (d *durability) done(seq uint64) {
-	d.mu.Lock()
-	if seq > d.durable {
-		d.durable = seq
-	}
-	d.mu.Unlock()
-	d.cond.Broadcast()
-}
-
-func (d *durability) fail(err error) {
-	d.mu.Lock()
-	if d.err == nil {
-		d.err = err
-	}
-	d.mu.Unlock()
-	d.cond.Broadcast()
-}
-
-func (d *durability) wait(seq uint64) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for d.durable < seq && d.err == nil {
-		d.cond.Wait()
-	}
-	if d.durable < seq {
-		return metaapi.Errorf(metaapi.EIO, "write-ahead log sync failed: %v", d.err)
-	}
-	return nil
-}
-
-// pebbleLogger routes pebble's messages to slog.
-type pebbleLogger struct{ l *slog.Logger }
-
-func (p pebbleLogger) Infof(format string, args ...any) {
-	p.l.Debug("pebble: " + fmt.Sprintf(format, args...))
-}
-
-func (p pebbleLogger) Errorf(format string, args ...any) {
-	p.l.Error("pebble: " + fmt.Sprintf(format, args...))
-}
-
-func (p pebbleLogger) Fatalf(format string, args ...any) {
-	p.l.Error("pebble fatal: " + fmt.Sprintf(format, args...))
-	os.Exit(1)
 }
