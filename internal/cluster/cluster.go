@@ -70,9 +70,9 @@ type Options struct {
 	// FabricTLS runs the fabric over TLS (nodes and the repair worker;
 	// clients must set client.Options.FabricTLS too).
 	FabricTLS bool
-	Fabric   fabric.Options
-	Engine   engine.Options
-	Logger   *slog.Logger
+	Fabric    fabric.Options
+	Engine    engine.Options
+	Logger    *slog.Logger
 }
 
 // DefaultMetaListen is where `sluice up` and `sluice meta` listen unless told otherwise.

@@ -18,7 +18,7 @@ type ClientConf struct {
 	ClientID   uint64 `json:"client_id"`  // the principal's id
 	Credential string `json:"credential"` // the principal's secret credential (hex)
 	Principal  string `json:"principal,omitempty"`
-	CA         string `json:"ca"`         // PEM of the cluster CA: meta's certificate must chain to it
+	CA         string `json:"ca"` // PEM of the cluster CA: meta's certificate must chain to it
 }
 
 // EnvConf is the environment variable naming client.conf.
