@@ -211,6 +211,13 @@ func TestJoinTokenNeedsAClient(t *testing.T) {
 	anon.RetryFor = 0
 	defer anon.Close()
 	wantCode(t, anon.Call(context.Background(), metaapi.OpJoinToken, metaapi.JoinTokenReq{}, nil), metaapi.EAUTH)
+	// A principal that is not an admin may not admit nodes.
+	bob, err := f.s.AddPrincipal(metaapi.AuthAddReq{Name: "bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = client(t, srv, metaapi.ClientAuth(uint64(bob.Principal.ID), bob.Credential)).Call(context.Background(), metaapi.OpJoinToken, metaapi.JoinTokenReq{}, nil)
+	wantCode(t, err, metaapi.EPERM)
 	var resp metaapi.JoinTokenResp
 	cl := client(t, srv, metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1)))
 	if err := cl.Call(context.Background(), metaapi.OpJoinToken, metaapi.JoinTokenReq{TTL: int64(time.Minute)}, &resp); err != nil {
