@@ -53,10 +53,15 @@ func startMeta(t *testing.T, dir string, extra ...string) *splitCluster {
 // way) unless it has joined before.
 func (c *splitCluster) joinArgs(t *testing.T, dir string) []string {
 	t.Helper()
-	if node.Joined(dir) {
+	joined, id := node.Joined(dir)
+	if joined {
 		return nil
 	}
-	r := mustRun(t, c.conf, nil, "join-token", "--ttl", "5m")
+	args := []string{"join-token", "--ttl", "5m"}
+	if id != 0 {
+		args = append(args, "--node", id.String())
+	}
+	r := mustRun(t, c.conf, nil, args...)
 	return []string{"--join", strings.TrimSpace(string(r.stdout))}
 }
 

@@ -150,6 +150,30 @@ func TestJoinAndTLS(t *testing.T) {
 		t.Errorf("plain HTTP to meta: %d %q", resp.StatusCode, body)
 	}
 
+	// A node that lost its credentials (or predates TLS) keeps its id
+	// and data by joining again with a token for its id.
+	var old *nodeProc
+	for _, n := range c.nodes {
+		if old == nil || n.id < old.id {
+			old = n
+		}
+	}
+	old.proc.stop(t, 10*time.Second)
+	for _, f := range []string{"node.key", "node.crt", "ca.crt", "cluster.secret"} {
+		os.Remove(filepath.Join(old.dir, f))
+	}
+	r := run(t, c.conf, nil, "node", "--data", old.dir, "--meta", c.meta, "--listen", "127.0.0.1:0")
+	if want := "join-token --node " + old.id.String(); r.code == 0 || !strings.Contains(r.stderr, want) {
+		t.Errorf("node without its credentials: %s, want a hint %q", r, want)
+	}
+	if again := c.startNodeIn(t, "again", old.dir); again.id != old.id {
+		t.Fatalf("node %v joined again as %v", old.id, again.id)
+	}
+	waitNodesUp(t, c.conf, 4, 15*time.Second)
+	if got := mustRun(t, c.conf, nil, "cat", "/f").stdout; sum(got) != sum(data) {
+		t.Fatalf("after a node joined again, read back differs")
+	}
+
 	after := status(t, c.conf)
 	if a, b := nodeIDs(after), nodeIDs(before); a != b || len(after.Nodes) != 4 {
 		t.Errorf("refusals changed the cluster's nodes: %s -> %s", b, a)

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
@@ -16,7 +17,10 @@ import (
 const envJoin = "SLUICE_JOIN_TOKEN"
 
 func (a *app) joinTokenCmd() *cobra.Command {
-	var ttl time.Duration
+	var (
+		ttl  time.Duration
+		node string
+	)
 	cmd := &cobra.Command{
 		Use:   "join-token",
 		Short: "Create a one-time token a new storage node joins the cluster with (admin)",
@@ -28,8 +32,15 @@ func (a *app) joinTokenCmd() *cobra.Command {
 			if ttl <= 0 || ttl > time.Duration(metaapi.MaxJoinTTL) {
 				return fmt.Errorf("--ttl %s: must be positive and at most %s", ttl, time.Duration(metaapi.MaxJoinTTL))
 			}
+			var id ids.NodeID
+			if node != "" {
+				var err error
+				if id, err = parseNodeID(node); err != nil {
+					return err
+				}
+			}
 			return a.withClient(func(c *client.Client) error {
-				resp, err := c.JoinToken(cmd.Context(), ttl)
+				resp, err := c.JoinToken(cmd.Context(), ttl, id)
 				if err != nil {
 					return err
 				}
@@ -40,5 +51,6 @@ func (a *app) joinTokenCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the token stays valid")
+	cmd.Flags().StringVar(&node, "node", "", "a token for this existing node (e.g. n3) to join again keeping its id and data: one that lost its credentials, or set up before TLS")
 	return cmd
 }

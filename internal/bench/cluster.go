@@ -71,7 +71,7 @@ func startClusterWith(ctx context.Context, exe string, n int, metaArgs, nodeArgs
 	}
 	defer cl.Close()
 	for i := 1; i <= n; i++ {
-		tok, err := cl.JoinToken(ctx, time.Minute)
+		tok, err := cl.JoinToken(ctx, time.Minute, 0)
 		if err != nil {
 			c.Close()
 			return nil, err

@@ -94,7 +94,7 @@ func (c *cluster) startMeta(ctx context.Context, listen string) error {
 func (c *cluster) startNode(ctx context.Context, i int) error {
 	dir := filepath.Join(c.o.Dir, fmt.Sprintf("n%d", i+1))
 	args := []string{"node", "--data", dir, "--meta", c.metaAddr, "--listen", "127.0.0.1:0"}
-	if !node.Joined(dir) {
+	if joined, _ := node.Joined(dir); !joined {
 		tok, err := c.joinToken(ctx)
 		if err != nil {
 			return err
@@ -126,7 +126,7 @@ func (c *cluster) joinToken(ctx context.Context) (string, error) {
 		return "", err
 	}
 	defer cl.Close()
-	tok, err := cl.JoinToken(ctx, time.Minute)
+	tok, err := cl.JoinToken(ctx, time.Minute, 0)
 	return tok.Token, err
 }
 

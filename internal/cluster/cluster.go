@@ -147,9 +147,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 		dataDir := filepath.Join(opts.Dir, "node"+strconv.Itoa(i))
 		var token string
-		if !node.Joined(dataDir) {
-			// The same join a node on another host makes, token and all.
-			tok, err := ms.NewJoinToken(time.Minute)
+		if joined, id := node.Joined(dataDir); !joined {
+			// The same join a node on another host makes, token and all
+			// (again, keeping its id, for a node from before TLS).
+			tok, err := ms.NewJoinToken(time.Minute, id)
 			if err != nil {
 				c.Close()
 				return nil, fmt.Errorf("cluster: join token for node %d: %w", i, err)

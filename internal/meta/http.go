@@ -187,7 +187,7 @@ var ops = map[string]op{
 		if err := s.requireAdmin(c); err != nil {
 			return metaapi.JoinTokenResp{}, err
 		}
-		return s.NewJoinToken(time.Duration(r.TTL))
+		return s.NewJoinToken(time.Duration(r.TTL), r.Node)
 	}),
 	metaapi.OpJoin: {anyone: true, clients: true, nodes: true, serve: endpoint(false, false, func(s *Service, _ caller, r metaapi.JoinReq) (metaapi.JoinResp, error) {
 		return s.Join(r)

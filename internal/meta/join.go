@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/jointoken"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/pki"
@@ -23,8 +24,9 @@ const pJoin = 'j'
 
 // joinRec is a stored join token.
 type joinRec struct {
-	Hash    []byte `json:"hash"`    // SHA-256 of the token's secret
-	Expires int64  `json:"expires"` // unix ns
+	Hash    []byte     `json:"hash"`           // SHA-256 of the token's secret
+	Expires int64      `json:"expires"`        // unix ns
+	Node    ids.NodeID `json:"node,omitempty"` // the node it admits again; 0: a new node
 }
 
 func joinKey(id uint64) []byte {
@@ -34,8 +36,9 @@ func joinKey(id uint64) []byte {
 	return b
 }
 
-// NewJoinToken creates a join token valid for ttl (0: an hour).
-func (s *Service) NewJoinToken(ttl time.Duration) (metaapi.JoinTokenResp, error) {
+// NewJoinToken creates a join token valid for ttl (0: an hour) for a
+// new node, or with node, for that node to join again keeping its id.
+func (s *Service) NewJoinToken(ttl time.Duration, node ids.NodeID) (metaapi.JoinTokenResp, error) {
 	var out metaapi.JoinTokenResp
 	if ttl == 0 {
 		ttl = time.Duration(metaapi.DefaultJoinTTL)
@@ -68,17 +71,20 @@ func (s *Service) NewJoinToken(ttl time.Duration) (metaapi.JoinTokenResp, error)
 				return err
 			}
 		}
+		if node != 0 && node >= tx.ctr.NextNode {
+			return metaapi.Errorf(metaapi.EINVAL, "node %v was never admitted to this cluster", node)
+		}
 		if live >= metaapi.MaxJoinTokens {
 			return metaapi.Errorf(metaapi.ENOSPC, "%d join tokens outstanding: use or let some expire first", live)
 		}
 		h := tok.Hash()
 		out = metaapi.JoinTokenResp{Token: tok.String(), Expires: tx.now + int64(ttl)}
-		return tx.setJSON(joinKey(tok.ID), &joinRec{Hash: h[:], Expires: out.Expires})
+		return tx.setJSON(joinKey(tok.ID), &joinRec{Hash: h[:], Expires: out.Expires, Node: node})
 	})
 	if err != nil {
 		return metaapi.JoinTokenResp{}, err
 	}
-	s.log.Info("join token created", "expires", time.Unix(0, out.Expires).UTC().Format(time.RFC3339))
+	s.log.Info("join token created", "expires", time.Unix(0, out.Expires).UTC().Format(time.RFC3339), "for_node", node)
 	return out, nil
 }
 
@@ -118,8 +124,17 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 			return metaapi.Errorf(metaapi.EAUTH, "join token expired at %s: create a new one with `sluice join-token`",
 				time.Unix(0, r.Expires).UTC().Format(time.RFC3339))
 		}
-		id := tx.ctr.NextNode
-		tx.ctr.NextNode++
+		switch {
+		case r.Node != req.ID && r.Node == 0:
+			return metaapi.Errorf(metaapi.EAUTH, "join token admits a new node, not node %v: create one with `sluice join-token --node %v`", req.ID, req.ID)
+		case r.Node != req.ID:
+			return metaapi.Errorf(metaapi.EAUTH, "join token admits node %v only", r.Node)
+		}
+		id := r.Node
+		if id == 0 {
+			id = tx.ctr.NextNode
+			tx.ctr.NextNode++
+		}
 		cert, err := s.ca.SignNode(csr, id)
 		if err != nil {
 			return err
@@ -133,6 +148,6 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 	if err != nil {
 		return metaapi.JoinResp{}, err
 	}
-	s.log.Info("storage node joined", "node", out.ID)
+	s.log.Info("storage node joined", "node", out.ID, "again", req.ID != 0)
 	return out, nil
 }

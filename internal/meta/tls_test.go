@@ -63,7 +63,7 @@ func newTLSFixture(t *testing.T) (*fixture, *httptest.Server) {
 // joinToken has the fixture's meta create a join token.
 func joinToken(t *testing.T, f *fixture, ttl time.Duration) string {
 	t.Helper()
-	tok, err := f.s.NewJoinToken(ttl)
+	tok, err := f.s.NewJoinToken(ttl, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +73,12 @@ func joinToken(t *testing.T, f *fixture, ttl time.Duration) string {
 // joinOver joins a node over srv the way a new node does (the TLS
 // connection verified against the token's pin).
 func joinOver(t *testing.T, addr, token string) (metaapi.JoinResp, []byte, error) {
+	t.Helper()
+	return joinOverAs(t, addr, token, 0)
+}
+
+// joinOverAs is joinOver by a node that has id already (0: none).
+func joinOverAs(t *testing.T, addr, token string, id ids.NodeID) (metaapi.JoinResp, []byte, error) {
 	t.Helper()
 	keyPEM, csr, err := pki.NewNodeKey()
 	if err != nil {
@@ -86,7 +92,7 @@ func joinOver(t *testing.T, addr, token string) (metaapi.JoinResp, []byte, error
 	c.RetryFor = 0
 	defer c.Close()
 	var resp metaapi.JoinResp
-	err = c.Call(context.Background(), metaapi.OpJoin, metaapi.JoinReq{Token: token, CSR: csr}, &resp)
+	err = c.Call(context.Background(), metaapi.OpJoin, metaapi.JoinReq{Token: token, CSR: csr, ID: id}, &resp)
 	return resp, keyPEM, err
 }
 
@@ -183,6 +189,54 @@ func TestJoinRefusals(t *testing.T) {
 	}
 }
 
+// TestRejoin: a token made for node 1 lets node 1 (which lost its
+// credentials, or predates TLS) join again keeping its id, and no other:
+// not a new node, not node 2; a token for a new node does not let a
+// node claim an id.
+func TestRejoin(t *testing.T) {
+	f, srv := newTLSFixture(t)
+	addr := addrOf(srv)
+	if _, _, err := joinOver(t, addr, joinToken(t, f, time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := joinOver(t, addr, joinToken(t, f, time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	rejoin := func(node ids.NodeID) string {
+		tok, err := f.s.NewJoinToken(time.Hour, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok.Token
+	}
+	for _, tc := range []struct {
+		name  string
+		token string
+		as    ids.NodeID
+		msg   string
+	}{
+		{"new node's token claiming node 1", joinToken(t, f, time.Hour), 1, "admits a new node"},
+		{"node 1's token used by a new node", rejoin(1), 0, "admits node n1 only"},
+		{"node 2's token claiming node 1", rejoin(2), 1, "admits node n2 only"},
+	} {
+		_, _, err := joinOverAs(t, addr, tc.token, tc.as)
+		wantCode(t, err, metaapi.EAUTH)
+		if !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+	resp, _, err := joinOverAs(t, addr, rejoin(1), 1)
+	if err != nil || resp.ID != 1 {
+		t.Fatalf("node 1 joining again: %v %v", resp.ID, err)
+	}
+	if resp, _, err := joinOver(t, addr, joinToken(t, f, time.Hour)); err != nil || resp.ID != 3 {
+		t.Fatalf("next new node: %v %v (a rejoin or refusal took an id?)", resp.ID, err)
+	}
+	if _, err := f.s.NewJoinToken(time.Hour, 99); !metaapi.IsCode(err, metaapi.EINVAL) {
+		t.Fatalf("token for a node never admitted: %v", err)
+	}
+}
+
 func TestJoinTokenExpires(t *testing.T) {
 	f, srv := newTLSFixture(t)
 	token := joinToken(t, f, time.Minute)
@@ -196,7 +250,7 @@ func TestJoinTokenExpires(t *testing.T) {
 		t.Errorf("expired token admitted %d nodes", len(st.Nodes))
 	}
 	for _, ttl := range []time.Duration{-time.Second, 8 * 24 * time.Hour} {
-		if _, err := f.s.NewJoinToken(ttl); !metaapi.IsCode(err, metaapi.EINVAL) {
+		if _, err := f.s.NewJoinToken(ttl, 0); !metaapi.IsCode(err, metaapi.EINVAL) {
 			t.Errorf("token for %s: %v", ttl, err)
 		}
 	}

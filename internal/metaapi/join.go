@@ -7,8 +7,11 @@ import "github.com/sluicefs/sluice/internal/ids"
 // gets its node id, its certificate and what it needs of the cluster.
 
 // JoinTokenReq asks for a join token valid for TTL (ns; 0: an hour).
+// With Node, the token admits only that node, keeping its id: a node
+// that lost its credentials, or whose data directory predates TLS.
 type JoinTokenReq struct {
-	TTL int64 `json:"ttl,omitempty"`
+	TTL  int64      `json:"ttl,omitempty"`
+	Node ids.NodeID `json:"node,omitempty"`
 }
 
 // JoinTokenResp is a new token (jointoken text) and its expiry (unix ns).
@@ -17,10 +20,12 @@ type JoinTokenResp struct {
 	Expires int64  `json:"expires"`
 }
 
-// JoinReq is a new node's: the token and a certificate request (DER).
+// JoinReq is a new node's: the token and a certificate request (DER);
+// ID is the node's id when it already has one (rejoining).
 type JoinReq struct {
-	Token string `json:"token"`
-	CSR   []byte `json:"csr"`
+	Token string     `json:"token"`
+	CSR   []byte     `json:"csr"`
+	ID    ids.NodeID `json:"id,omitempty"`
 }
 
 // JoinResp gives a joined node its id, its certificate naming that id

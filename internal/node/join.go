@@ -46,7 +46,8 @@ func (c *credentials) tlsConfig() (*tls.Config, error) {
 }
 
 // loadCredentials reads a joined node's credentials; ok is false for a
-// node that has not joined.
+// node that has not joined, or has an id (node.json) but lost its
+// credentials or predates them (it may join again, keeping its id).
 func loadCredentials(dir string, id ids.NodeID) (c credentials, ok bool, err error) {
 	read := func(name string) []byte {
 		if err != nil {
@@ -59,10 +60,8 @@ func loadCredentials(dir string, id ids.NodeID) (c credentials, ok bool, err err
 	c.keyPEM, c.certPEM, c.caPEM = read(keyFile), read(certFile), read(caFile)
 	sec := read(secretFile)
 	switch {
-	case errors.Is(err, fs.ErrNotExist) && id == 0:
-		return c, false, nil
 	case errors.Is(err, fs.ErrNotExist):
-		return c, false, fmt.Errorf("node: %s is node %v but lacks its credentials (%v): join it again as a new node with a fresh data directory and --join", dir, id, err)
+		return c, false, nil
 	case err != nil:
 		return c, false, fmt.Errorf("node: reading credentials: %w", err)
 	case id == 0:
@@ -101,7 +100,7 @@ func (c *credentials) check(id ids.NodeID) error {
 // certificate request and gets its id, certificate, the CA and the
 // cluster secret, which it saves. It retries while meta cannot be
 // reached, until ctx ends; a refusal is final.
-func join(ctx context.Context, dir, metaAddr, token string, log *slog.Logger) (credentials, error) {
+func join(ctx context.Context, dir, metaAddr, token string, id ids.NodeID, log *slog.Logger) (credentials, error) {
 	var c credentials
 	tok, err := jointoken.Parse(token)
 	if err != nil {
@@ -116,7 +115,7 @@ func join(ctx context.Context, dir, metaAddr, token string, log *slog.Logger) (c
 	var resp metaapi.JoinResp
 	backoff := 100 * time.Millisecond
 	for {
-		err = mc.Call(ctx, metaapi.OpJoin, metaapi.JoinReq{Token: token, CSR: csr}, &resp)
+		err = mc.Call(ctx, metaapi.OpJoin, metaapi.JoinReq{Token: token, CSR: csr, ID: id}, &resp)
 		var me *metaapi.Error
 		if err == nil || errors.As(err, &me) || errors.As(err, new(*metaapi.TLSError)) {
 			break
@@ -131,6 +130,9 @@ func join(ctx context.Context, dir, metaAddr, token string, log *slog.Logger) (c
 	}
 	if err != nil {
 		return c, fmt.Errorf("node: joining the cluster at %s: %w", metaAddr, err)
+	}
+	if id != 0 && resp.ID != id {
+		return c, fmt.Errorf("node: joining again as node %v, meta gave id %v", id, resp.ID)
 	}
 	c = credentials{id: resp.ID, keyPEM: keyPEM, certPEM: []byte(resp.Cert), caPEM: []byte(resp.CA)}
 	if ca, err := pki.ParseCert(c.caPEM); err != nil || pki.Fingerprint(ca) != tok.Pin {
@@ -150,18 +152,26 @@ func join(ctx context.Context, dir, metaAddr, token string, log *slog.Logger) (c
 			return c, fmt.Errorf("node: saving credentials: %w", err)
 		}
 	}
-	if err := saveIdentity(dir, c.id); err != nil {
-		return c, err
+	if id == 0 {
+		if err := saveIdentity(dir, c.id); err != nil {
+			return c, err
+		}
 	}
 	log.Info("joined the cluster", "node", c.id, "meta", metaAddr)
 	return c, nil
 }
 
 // Joined reports whether the node with data directory dir has joined a
-// cluster (so it needs no join token to start).
-func Joined(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, identityFile))
-	return err == nil
+// cluster (so it needs no join token to start), and its id if it has
+// one: a node with an id that has not joined needs a token for that id
+// (`sluice join-token --node`).
+func Joined(dir string) (bool, ids.NodeID) {
+	id, err := loadIdentity(dir)
+	if err != nil || id == 0 {
+		return false, 0
+	}
+	_, err = os.Stat(filepath.Join(dir, certFile))
+	return err == nil, id
 }
 
 // fabricTLS sets fo up for --fabric-tls: the node serves its fabric

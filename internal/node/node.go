@@ -150,10 +150,13 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		return nil, err
 	}
 	if !joined {
-		if opts.Join == "" {
+		switch {
+		case opts.Join == "" && id == 0:
 			return nil, errors.New("node: not a member of a cluster yet: start it with --join TOKEN (an admin creates one with `sluice join-token`)")
+		case opts.Join == "":
+			return nil, fmt.Errorf("node: this is node %v but it has no certificate (lost, or set up before TLS): start it with --join TOKEN from `sluice join-token --node %v`", id, id)
 		}
-		if n.creds, err = join(ctx, opts.DataDir, opts.MetaAddr, opts.Join, n.log); err != nil {
+		if n.creds, err = join(ctx, opts.DataDir, opts.MetaAddr, opts.Join, id, n.log); err != nil {
 			return nil, err
 		}
 		id = n.creds.id
