@@ -23,7 +23,7 @@ func FuzzHTTP(f *testing.F) {
 		metaapi.OpRemove, metaapi.OpRename, metaapi.OpReaddir, metaapi.OpSetAttr, metaapi.OpSetPolicy,
 		metaapi.OpGetPolicy, metaapi.OpLayout, metaapi.OpCommit, metaapi.OpDegraded, metaapi.OpListDeg, metaapi.OpStatus, metaapi.OpRegister, metaapi.OpHeartbeat,
 		metaapi.OpRelease, metaapi.OpSetXattr, metaapi.OpGetXattr, metaapi.OpListXattr, metaapi.OpRmXattr,
-		metaapi.OpLock, metaapi.OpLockSess, metaapi.OpInventory, metaapi.OpStrays}
+		metaapi.OpLock, metaapi.OpLockSess, metaapi.OpInventory, metaapi.OpStrays, metaapi.OpJoin, metaapi.OpJoinToken}
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"a","type":"file","mode":420}`))
 	f.Add(uint8(3), []byte(`{"parent":1,"name":"d","type":"dir","mode":493}`))
 	f.Add(uint8(11), []byte(`{"ino":2,"off":0,"len":9223372036854775807,"write":true}`))

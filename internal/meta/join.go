@@ -75,7 +75,7 @@ func (s *Service) NewJoinToken(ttl time.Duration, node ids.NodeID) (metaapi.Join
 			return metaapi.Errorf(metaapi.EINVAL, "node %v was never admitted to this cluster", node)
 		}
 		if live >= metaapi.MaxJoinTokens {
-			return metaapi.Errorf(metaapi.ENOSPC, "%d join tokens outstanding: use or let some expire first", live)
+			return metaapi.Errorf(metaapi.EINVAL, "%d join tokens outstanding, the most meta keeps: use or let some expire first", live)
 		}
 		h := tok.Hash()
 		out = metaapi.JoinTokenResp{Token: tok.String(), Expires: tx.now + int64(ttl)}

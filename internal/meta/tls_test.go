@@ -249,6 +249,15 @@ func TestJoinTokenExpires(t *testing.T) {
 	if st, _ := f.s.Status(); len(st.Nodes) != 0 {
 		t.Errorf("expired token admitted %d nodes", len(st.Nodes))
 	}
+	// At most MaxJoinTokens outstanding; expired ones make room.
+	for range metaapi.MaxJoinTokens { // the expired one above counts no more
+		joinToken(t, f, time.Minute)
+	}
+	if _, err := f.s.NewJoinToken(time.Minute, 0); !metaapi.IsCode(err, metaapi.EINVAL) {
+		t.Fatalf("token %d: %v", metaapi.MaxJoinTokens+1, err)
+	}
+	f.clk.Advance(2 * time.Minute)
+	joinToken(t, f, time.Minute)
 	for _, ttl := range []time.Duration{-time.Second, 8 * 24 * time.Hour} {
 		if _, err := f.s.NewJoinToken(ttl, 0); !metaapi.IsCode(err, metaapi.EINVAL) {
 			t.Errorf("token for %s: %v", ttl, err)
