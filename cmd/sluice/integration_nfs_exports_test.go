@@ -76,7 +76,9 @@ func rawFrom(t *testing.T, addr, ip string, port int, uid, gid uint32) *rawNFS {
 // fabricFrom connects to the gateway's fabric transport from ip:port.
 func fabricFrom(t *testing.T, addr, ip string, port int, uid, gid uint32) *rawNFS {
 	t.Helper()
-	dial := func(ctx context.Context, network, a string) (net.Conn, error) { return dialFrom(ctx, network, a, ip, port) }
+	dial := func(ctx context.Context, network, a string) (net.Conn, error) {
+		return dialFrom(ctx, network, a, ip, port)
+	}
 	fc, err := fabricrpc.Dial(context.Background(), addr, fabricrpc.ClientOptions{Dial: dial})
 	if err != nil {
 		t.Fatalf("dialing the gateway's fabric transport from %s:%d: %v", ip, port, err)
