@@ -121,6 +121,9 @@ func handleErrStatus(err error) Status {
 // parse checks a handle: errBadHandle if malformed, errStaleHandle if
 // its MAC is not this gateway's.
 func (h *handles) parse(b []byte) (uint32, ids.Ino, error) {
+	if len(b) == 12 && string(b[:4]) == "SLU1" {
+		return 0, 0, errStaleHandle // from before exports: the client mounts again
+	}
 	if len(b) != handleLen || [4]byte(b[:4]) != handleMagic {
 		return 0, 0, errBadHandle
 	}

@@ -407,6 +407,10 @@ func TestExportSubtree(t *testing.T) {
 	if st, _ := root.read(forged); st != nfs3.ErrStale {
 		t.Fatalf("READ of a forged handle: %d, want NFS3ERR_STALE", st)
 	}
+	// A handle from before exports (magic and inode) is stale.
+	if st, _ := root.read(append([]byte("SLU1"), forged[8:16]...)); st != nfs3.ErrStale {
+		t.Fatalf("READ of an old-format handle: %d", st)
+	}
 	// A handle of the root export, which is not in the table.
 	if st, _ := root.read(e.gw.Handle("/", secret)); st != nfs3.ErrStale {
 		t.Fatalf("READ of a handle of an unexported export: %d", st)
