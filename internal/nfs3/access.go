@@ -1,6 +1,7 @@
 package nfs3
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -147,6 +148,10 @@ type access struct {
 	rw   bool
 	err  error // the export's refusal of the caller, answered by handleArg
 	proc uint32
+	// The first handle as checked (aliasing the call's arguments), so
+	// handleArg does not compute its MAC again.
+	first    []byte
+	firstIno ids.Ino
 }
 
 type accessKey struct{}
@@ -181,8 +186,9 @@ func (g *Gateway) admitCall(ctx context.Context, c *oncrpc.Call, args *xdr.Reade
 	if c.Proc != ProcNull {
 		peek := *args
 		if b := readHandle(&peek); peek.Err() == nil {
-			if id, _, err := g.handles.parse(b); err == nil {
+			if id, ino, err := g.handles.parse(b); err == nil {
 				acc.exp = g.exportByID[id]
+				acc.first, acc.firstIno = b, ino
 			}
 		}
 	}
@@ -221,11 +227,17 @@ func (g *Gateway) handleArg(ctx context.Context, r *xdr.Reader) (ids.Ino, error)
 	if r.Err() != nil {
 		return 0, nil
 	}
-	id, ino, err := g.handles.parse(b)
-	if err != nil {
-		return 0, err
-	}
 	acc := accessOf(ctx)
+	var id uint32
+	var ino ids.Ino
+	if acc.exp != nil && bytes.Equal(b, acc.first) {
+		id, ino = acc.exp.id, acc.firstIno
+	} else {
+		var err error
+		if id, ino, err = g.handles.parse(b); err != nil {
+			return 0, err
+		}
+	}
 	switch {
 	case acc.exp == nil || g.exportByID[id] == nil:
 		return 0, errStaleHandle // an export no longer in the table
