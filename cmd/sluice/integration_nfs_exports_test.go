@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -38,14 +39,19 @@ func soReuse(_, _ string, c syscall.RawConn) error {
 }
 
 // dialFrom connects to addr from ip:port; port 0 is a reserved port (512
-// to 1023), as a root client binds.
+// to 1023), as a root client binds. An unprivileged port in use (by some
+// other connection on this machine) gives way to the next one up.
 func dialFrom(ctx context.Context, network, addr, ip string, port int) (net.Conn, error) {
+	low, high := 512, 1023
 	if port != 0 {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}, Control: soReuse}
-		return d.DialContext(ctx, network, addr)
+		low, high = port, port+200
 	}
 	var err error
-	for p := 1023; p >= 512; p-- {
+	for i := range high - low + 1 {
+		p := high - i // reserved: from the top, as clients do
+		if port != 0 {
+			p = low + i
+		}
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip), Port: p}, Control: soReuse}
 		var nc net.Conn
 		if nc, err = d.DialContext(ctx, network, addr); err == nil {
@@ -194,6 +200,7 @@ func TestNFSExportOptions(t *testing.T) {
 		putSecret(t, c.conf, d+"/secret", secret)
 	}
 	chmodPath(t, c.conf, "/all", 0o777)
+	mustRun(t, c.conf, bytes.NewReader([]byte("public")), "put", "-", "/insec/pub")
 	mustRun(t, c.conf, bytes.NewReader([]byte("public")), "put", "-", "/ro/pub")
 	exports := filepath.Join(baseDir(t), "exports")
 	if err := os.WriteFile(exports, []byte(`# the test's exports
@@ -297,6 +304,28 @@ func TestNFSExportOptions(t *testing.T) {
 			if st, _ := other.lookup(h, "secret"); st != nfsAcces {
 				t.Errorf("%s: LOOKUP from 127.0.0.2 with a valid handle: %d, want NFS3ERR_ACCES", name, st)
 			}
+		}
+	})
+	// libnfs, run as root, binds a reserved port (it tries 512-1023 on
+	// every connect whenever it may); run as nobody it cannot, and only
+	// an insecure export takes its calls.
+	t.Run("libnfs", func(t *testing.T) {
+		requireLibnfs(t)
+		if _, err := exec.LookPath("setpriv"); err != nil || os.Geteuid() != 0 {
+			t.Skip("needs root and setpriv")
+		}
+		if got := libnfs(t, "nfs-cat", nfsURL(addr, "/nrs/secret")); !bytes.Equal(got, secret) {
+			t.Fatalf("nfs-cat of /nrs/secret as root: %q", got)
+		}
+		nobody := func(path string) ([]byte, error) {
+			cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "nfs-cat", nfsURL(addr, path))
+			return cmd.Output()
+		}
+		if out, err := nobody("/nrs/secret"); err == nil || bytes.Contains(out, secret) {
+			t.Fatalf("nfs-cat as nobody (an unprivileged port) of a secure export: %q, %v", out, err)
+		}
+		if out, err := nobody("/insec/pub"); err != nil || string(out) != "public" {
+			t.Fatalf("nfs-cat as nobody of an insecure export: %q, %v", out, err)
 		}
 	})
 	t.Run("ro", func(t *testing.T) {

@@ -35,30 +35,32 @@ func reuse(_, _ string, c syscall.RawConn) error {
 	return serr
 }
 
-// dialFrom connects to the gateway from ip:port (port 0: a reserved port
-// as root clients use, via oncrpc.DialTCP).
+// dialFrom connects to the gateway from ip:port (port 0: a reserved
+// port, as root clients bind).
 func (e *env) dialFrom(t *testing.T, ip string, port int, uid, gid uint32, gids ...uint32) *peer {
 	t.Helper()
+	if port == 0 && os.Geteuid() != 0 {
+		t.Skip("binding a reserved port needs root")
+	}
+	// Reserved ports from the top, as clients bind them; an unprivileged
+	// port in use (by another connection on this machine) gives way to
+	// the next one up.
+	low, high := 512, 1023
+	if port != 0 {
+		low, high = port, port+200
+	}
 	var nc net.Conn
 	var err error
-	if port == 0 {
-		if os.Geteuid() != 0 {
-			t.Skip("binding a reserved port needs root")
+	for i := range high - low + 1 {
+		p := high - i
+		if port != 0 {
+			p = low + i
 		}
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-		// Reserved ports, from ip: DialTCP binds the port only, so bind
-		// here as it would, from the top.
-		for p := 1023; p >= 512; p-- {
-			d.LocalAddr.(*net.TCPAddr).Port = p
-			d.Control = reuse
-			if nc, err = d.DialContext(context.Background(), "tcp", e.addr); err == nil ||
-				!errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
-				break
-			}
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip), Port: p}, Control: reuse}
+		if nc, err = d.DialContext(context.Background(), "tcp", e.addr); err == nil ||
+			!errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+			break
 		}
-	} else {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}, Control: reuse}
-		nc, err = d.DialContext(context.Background(), "tcp", e.addr)
 	}
 	if err != nil {
 		t.Fatalf("dialing from %s:%d: %v", ip, port, err)
