@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -167,6 +168,11 @@ COMMIT has nothing left to do.`,
 				for _, e := range exports {
 					fmt.Fprintf(a.stdout, "sluice: export %s\n", e)
 				}
+				if exportsFile == "" && len(exportLines) == 0 {
+					if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil && !ap.Addr().IsLoopback() {
+						a.logger().Warn("nfs: no --export given: only this machine's clients (127.0.0.1, ::1) are admitted")
+					}
+				}
 				if fabricListen != "" {
 					fa, err := fsrv.Listen(fabricListen)
 					if err != nil {
@@ -189,7 +195,7 @@ COMMIT has nothing left to do.`,
 	}
 	cmd.Flags().StringArrayVar(&exportLines, "export", nil, "an export, as a line of /etc/exports: PATH CLIENT(OPTIONS)... (repeatable; see above)")
 	cmd.Flags().StringVar(&exportsFile, "exports", "", "a file of exports, one per line as in /etc/exports (# comments, \\ continues a line)")
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to export to the network)")
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to serve the network, with --export naming its clients)")
 	cmd.Flags().Int64Var(&cacheMiB, "cache-mib", 256, "MiB of file data the gateway caches for READ (0 for none); other clients' writes show within a second, the gateway's own at once")
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
 	fo.add(cmd, "replies")
