@@ -306,15 +306,76 @@ func TestExportNetworks(t *testing.T) {
 	if st, data := other.read(pub); st != nfs3.ErrAcces {
 		t.Fatalf("READ from 127.0.0.2 with a valid handle: %d %q", st, data)
 	}
-	for _, proc := range []uint32{nfs3.ProcGetattr, nfs3.ProcAccess, nfs3.ProcFsstat} {
-		if st, _ := other.call(proc, func(w *xdr.Writer) { w.Opaque(pub); w.Uint32(0x3f) }); st != nfs3.ErrAcces {
-			t.Fatalf("proc %d from 127.0.0.2: %d", proc, st)
+	// Every procedure that takes a handle, with well-formed arguments:
+	// each re-checks the caller.
+	dir := e.gw.Handle("/", ids.RootIno)
+	for proc, args := range everyProc(dir, pub) {
+		if st, _ := other.call(proc, args); st != nfs3.ErrAcces {
+			t.Errorf("proc %d from 127.0.0.2 with valid handles: %d, want NFS3ERR_ACCES", proc, st)
+		}
+	}
+	e2 := exportsEnv(t, "/ 127.0.0.1/32(rw,no_root_squash)") // secure
+	evil := e2.dialFrom(t, "127.0.0.1", 40000, 0, 0)
+	for proc, args := range everyProc(e2.gw.Handle("/", ids.RootIno), e2.gw.Handle("/", e2.ino(t, "/pub"))) {
+		if st, _ := evil.call(proc, args); st != nfs3.ErrPerm {
+			t.Errorf("proc %d from port 40000 to a secure export: %d, want NFS3ERR_PERM", proc, st)
 		}
 	}
 	// The same from the allowed address works.
 	ok := e.dialFrom(t, "127.0.0.1", 40000, 1000, 1000)
 	if st, data := ok.read(pub); st != nfs3.OK || string(data) != "contents of /pub" {
 		t.Fatalf("READ from 127.0.0.1: %d %q", st, data)
+	}
+}
+
+// everyProc is well-formed arguments for every NFS procedure but NULL,
+// on directory dir and file f.
+func everyProc(dir, f []byte) map[uint32]func(w *xdr.Writer) {
+	m := modifying(dir, f)
+	for proc, args := range map[uint32]func(w *xdr.Writer){
+		nfs3.ProcGetattr:     func(w *xdr.Writer) { w.Opaque(f) },
+		nfs3.ProcLookup:      func(w *xdr.Writer) { w.Opaque(dir); w.String("pub") },
+		nfs3.ProcAccess:      func(w *xdr.Writer) { w.Opaque(f); w.Uint32(0x3f) },
+		nfs3.ProcReadlink:    func(w *xdr.Writer) { w.Opaque(f) },
+		nfs3.ProcRead:        func(w *xdr.Writer) { w.Opaque(f); w.Uint64(0); w.Uint32(100) },
+		nfs3.ProcReaddir:     func(w *xdr.Writer) { w.Opaque(dir); w.Uint64(0); w.Uint64(0); w.Uint32(4096) },
+		nfs3.ProcReaddirplus: func(w *xdr.Writer) { w.Opaque(dir); w.Uint64(0); w.Uint64(0); w.Uint32(4096); w.Uint32(8192) },
+		nfs3.ProcFsstat:      func(w *xdr.Writer) { w.Opaque(dir) },
+		nfs3.ProcFsinfo:      func(w *xdr.Writer) { w.Opaque(dir) },
+		nfs3.ProcPathconf:    func(w *xdr.Writer) { w.Opaque(dir) },
+		nfs3.ProcCommit:      func(w *xdr.Writer) { w.Opaque(f); w.Uint64(0); w.Uint32(0) },
+	} {
+		m[proc] = args
+	}
+	return m
+}
+
+// modifying is well-formed arguments for every procedure that changes
+// something, on directory dir (holding a file pub and a directory proj)
+// and file f.
+func modifying(dir, f []byte) map[uint32]func(w *xdr.Writer) {
+	sattr := func(w *xdr.Writer) { sattrEmpty(w) }
+	return map[uint32]func(w *xdr.Writer){
+		nfs3.ProcSetattr: func(w *xdr.Writer) {
+			w.Opaque(f)
+			w.Bool(true)
+			w.Uint32(0o777)
+			w.Bool(false)
+			w.Bool(false)
+			w.Bool(false)
+			w.Uint32(0)
+			w.Uint32(0)
+			w.Bool(false)
+		},
+		nfs3.ProcWrite:   func(w *xdr.Writer) { w.Opaque(f); w.Uint64(0); w.Uint32(1); w.Uint32(2); w.Opaque([]byte("x")) },
+		nfs3.ProcCreate:  func(w *xdr.Writer) { w.Opaque(dir); w.String("n"); w.Uint32(0); sattr(w) },
+		nfs3.ProcMkdir:   func(w *xdr.Writer) { w.Opaque(dir); w.String("n"); sattr(w) },
+		nfs3.ProcSymlink: func(w *xdr.Writer) { w.Opaque(dir); w.String("n"); sattr(w); w.String("pub") },
+		nfs3.ProcMknod:   func(w *xdr.Writer) { w.Opaque(dir); w.String("n"); w.Uint32(7); sattr(w) },
+		nfs3.ProcRemove:  func(w *xdr.Writer) { w.Opaque(dir); w.String("pub") },
+		nfs3.ProcRmdir:   func(w *xdr.Writer) { w.Opaque(dir); w.String("proj") },
+		nfs3.ProcRename:  func(w *xdr.Writer) { w.Opaque(dir); w.String("pub"); w.Opaque(dir); w.String("moved") },
+		nfs3.ProcLink:    func(w *xdr.Writer) { w.Opaque(f); w.Opaque(dir); w.String("l") },
 	}
 }
 
@@ -329,35 +390,9 @@ func TestExportReadOnly(t *testing.T) {
 		t.Fatalf("MNT: %d", st)
 	}
 	_, pub := root.lookup(fh, "pub")
-	_, proj := root.lookup(fh, "proj")
-	sattr := func(w *xdr.Writer) { sattrEmpty(w) }
-	for name, c := range map[string]struct {
-		proc uint32
-		args func(w *xdr.Writer)
-	}{
-		"SETATTR": {nfs3.ProcSetattr, func(w *xdr.Writer) {
-			w.Opaque(pub)
-			w.Bool(true)
-			w.Uint32(0o777)
-			w.Bool(false)
-			w.Bool(false)
-			w.Bool(false)
-			w.Uint32(0)
-			w.Uint32(0)
-			w.Bool(false)
-		}},
-		"WRITE":   {nfs3.ProcWrite, func(w *xdr.Writer) { w.Opaque(pub); w.Uint64(0); w.Uint32(1); w.Uint32(2); w.Opaque([]byte("x")) }},
-		"CREATE":  {nfs3.ProcCreate, func(w *xdr.Writer) { w.Opaque(fh); w.String("n"); w.Uint32(0); sattr(w) }},
-		"MKDIR":   {nfs3.ProcMkdir, func(w *xdr.Writer) { w.Opaque(fh); w.String("n"); sattr(w) }},
-		"SYMLINK": {nfs3.ProcSymlink, func(w *xdr.Writer) { w.Opaque(fh); w.String("n"); sattr(w); w.String("pub") }},
-		"MKNOD":   {nfs3.ProcMknod, func(w *xdr.Writer) { w.Opaque(fh); w.String("n"); w.Uint32(7); sattr(w) }},
-		"REMOVE":  {nfs3.ProcRemove, func(w *xdr.Writer) { w.Opaque(fh); w.String("pub") }},
-		"RMDIR":   {nfs3.ProcRmdir, func(w *xdr.Writer) { w.Opaque(fh); w.String("proj") }},
-		"RENAME":  {nfs3.ProcRename, func(w *xdr.Writer) { w.Opaque(fh); w.String("pub"); w.Opaque(proj); w.String("moved") }},
-		"LINK":    {nfs3.ProcLink, func(w *xdr.Writer) { w.Opaque(pub); w.Opaque(proj); w.String("l") }},
-	} {
-		if st, _ := root.call(c.proc, c.args); st != nfs3.ErrRofs {
-			t.Errorf("%s on a ro export: %d, want NFS3ERR_ROFS", name, st)
+	for proc, args := range modifying(fh, pub) {
+		if st, _ := root.call(proc, args); st != nfs3.ErrRofs {
+			t.Errorf("proc %d on a ro export: %d, want NFS3ERR_ROFS", proc, st)
 		}
 	}
 	if st, data := root.read(pub); st != nfs3.OK || string(data) != "contents of /pub" {
