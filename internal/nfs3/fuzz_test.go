@@ -70,7 +70,10 @@ func FuzzProcedures(f *testing.F) {
 	})
 	seed(1, MountMnt, func(w *xdr.Writer) { w.String("/") })
 	f.Fuzz(func(t *testing.T, prog uint8, proc uint8, args []byte) {
-		c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: uint32(proc % 24), CredFlavor: oncrpc.AuthSys, Remote: "127.0.0.1:700"}
+		// The caller: admitted as root, or refused (another network, an
+		// unprivileged port), or with no address at all.
+		remote := [...]string{"127.0.0.1:700", "127.0.0.1:40000", "127.0.0.2:700", ""}[prog/2%4]
+		c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: uint32(proc % 24), CredFlavor: oncrpc.AuthSys, Remote: remote}
 		h := g.nfs
 		if prog%2 == 1 {
 			c.Prog, c.Proc, h = ProgMount, uint32(proc%7), g.mount
