@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/sluicefs/sluice/internal/metaapi"
@@ -138,14 +139,15 @@ func (e *Export) Admit(c Caller) (Access, error) {
 		if who.GID == 0 {
 			who.GID = o.AnonGID
 		}
-		gids := make([]uint32, len(who.GIDs))
-		for i, g := range who.GIDs {
-			if g == 0 {
-				g = o.AnonGID
+		if slices.Contains(who.GIDs, 0) { // a copy: the caller's stays as it came
+			gids := slices.Clone(who.GIDs)
+			for i, g := range gids {
+				if g == 0 {
+					gids[i] = o.AnonGID
+				}
 			}
-			gids[i] = g
+			who.GIDs = gids
 		}
-		who.GIDs = gids
 	}
 	if len(who.GIDs) == 0 {
 		who.GIDs = nil
