@@ -36,6 +36,9 @@ type Options struct {
 	// everything this endpoint sends; endpoints may share one (a node's).
 	Link   *Link
 	Logger *slog.Logger
+	// Dial, if set, opens the TCP connections Dial makes (an NFS client
+	// binds a reserved source port with it); default a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 func (o *Options) fill() error {
@@ -254,8 +257,12 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 // Dial connects to a peer endpoint; h receives the messages the peer
 // sends on this connection (typically replies).
 func (e *Endpoint) Dial(ctx context.Context, addr string, h Handler) (*Conn, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	dial := e.opts.Dial
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	nc, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: dialing %s: %w", addr, err)
 	}

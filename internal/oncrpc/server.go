@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
 
@@ -410,7 +411,7 @@ func (s *Server) dispatch(remote, client string, rec []byte, chunks []xdr.Chunk,
 		sum = crc32.Update(sum, crc32.IEEETable, c.Data)
 		size += len(c.Data)
 	}
-	key := drcKey{client: client, xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc, sum: sum, size: size}
+	key := drcKey{client: drcClient(client, remote), xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc, sum: sum, size: size}
 	switch state, reply := s.drc.begin(key); state {
 	case drcInProgress:
 		s.log.Debug("oncrpc: duplicate of a running call dropped", "remote", remote, "xid", call.XID)
@@ -423,6 +424,20 @@ func (s *Server) dispatch(remote, client string, rec []byte, chunks []xdr.Chunk,
 	s.invoke(p, call, args, w)
 	s.drc.finish(key, w.B)
 	return true
+}
+
+// drcClient keys the duplicate-request cache by the caller's host and
+// whether its port is reserved: a retransmission from another port of
+// the same host finds its reply (clients reconnect), but a process on an
+// unprivileged port never gets the reply to a call made from a reserved
+// one (root's), which an NFS export that is secure refuses it.
+func drcClient(client, remote string) string {
+	if _, p, err := net.SplitHostPort(remote); err == nil {
+		if n, err := strconv.Atoi(p); err == nil && n < 1024 {
+			return client + " reserved"
+		}
+	}
+	return client
 }
 
 // program finds the program serving prog in version vers. Without one,
