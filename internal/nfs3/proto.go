@@ -296,6 +296,8 @@ func statusOf(err error) Status {
 		return ErrAcces
 	case metaapi.EPERM:
 		return ErrPerm
+	case metaapi.EROFS:
+		return ErrRofs
 	case metaapi.ENOSPC:
 		return ErrNospc
 	case metaapi.EXDEV:
