@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/meta"
@@ -27,6 +28,7 @@ type engineFlags struct {
 	idle                       time.Duration
 	linkRate                   string
 	linkDelay                  time.Duration
+	conns                      connFlags
 }
 
 func (f *engineFlags) add(cmd *cobra.Command) {
@@ -38,6 +40,7 @@ func (f *engineFlags) add(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.idle, "idle-timeout", 10*time.Second, "clean up a request (or close a connection) whose sender is silent this long mid-message")
 	cmd.Flags().StringVar(&f.linkRate, "link-rate", "", "emulate a network link of this bandwidth per node, e.g. 10Gbit (benchmarks)")
 	cmd.Flags().DurationVar(&f.linkDelay, "link-delay", 0, "emulate this one-way link delay, e.g. 5us (benchmarks)")
+	f.conns.add(cmd, fabric.DefaultMaxConns, fabric.DefaultMaxConnsPerHost, fabric.DefaultIdleTimeout)
 }
 
 // link returns a new emulated link for one node (nil if none is asked).
@@ -56,8 +59,12 @@ func (f *engineFlags) link() (*fabric.Link, error) {
 }
 
 func (f *engineFlags) options() (fabric.Options, engine.Options, error) {
+	if err := f.conns.check(); err != nil {
+		return fabric.Options{}, engine.Options{}, err
+	}
 	link, err := f.link()
-	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle, Link: link},
+	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle, Link: link,
+			MaxConns: f.conns.max, MaxConnsPerHost: f.conns.perHost, IdleTimeout: f.conns.idle},
 		engine.Options{Workers: f.workers, TableSize: f.table, IdleTimeout: f.idle}, err
 }
 
@@ -164,6 +171,7 @@ func (a *app) metaCmd() *cobra.Command {
 		repairPar   int
 		replicas    int
 		sf          spaceFlags
+		cf          connFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "meta",
@@ -186,9 +194,12 @@ func (a *app) metaCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := cf.check(); err != nil {
+				return err
+			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
 				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace,
-				MinFreeBytes: minFree, MinFreePercent: minFreePct})
+				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost})
 			if err != nil {
 				return err
 			}
@@ -235,6 +246,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
 	sf.add(cmd)
+	cf.add(cmd, connlimit.DefaultMax, connlimit.DefaultPerHost, 0)
 	return cmd
 }
 

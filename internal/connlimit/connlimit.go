@@ -15,6 +15,15 @@ import (
 	"time"
 )
 
+// Defaults of the storage node's fabric and of meta: one host may take a
+// quarter of the slots, which leaves room for a busy legitimate one (a
+// node forwarding its request table's worth of writes to a peer, a
+// gateway host) while a flood from one host leaves the rest to others.
+const (
+	DefaultMax     = 4096
+	DefaultPerHost = 1024
+)
+
 // Limiter counts admitted connections. The zero value is not usable; use
 // New.
 type Limiter struct {

@@ -90,11 +90,8 @@ func (o *Options) fill() error {
 
 // Defaults of Options.
 const (
-	DefaultMaxConns = 4096
-	// DefaultMaxConnsPerHost leaves room for a busy peer (a node
-	// forwarding up to its request table's worth of writes, a gateway
-	// host) while one host can take at most a quarter of the slots.
-	DefaultMaxConnsPerHost = 1024
+	DefaultMaxConns        = connlimit.DefaultMax
+	DefaultMaxConnsPerHost = connlimit.DefaultPerHost
 	DefaultIdleTimeout     = 5 * time.Minute
 	// maxIdleTimeout is what the hello can announce (milliseconds in 32
 	// bits).

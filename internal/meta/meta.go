@@ -45,6 +45,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/placement"
@@ -98,6 +99,9 @@ type Options struct {
 	// (DefaultMinFreeBytes, DefaultMinFreePercent); negative, none.
 	MinFreeBytes   int64
 	MinFreePercent float64
+	// MaxConns and MaxConnsPerHost bound Serve's connections, in all and
+	// from one host (connlimit). 0: its defaults; negative: no bound.
+	MaxConns, MaxConnsPerHost int
 
 	fs vfs.FS // tests: an in-memory file system for meta.db
 }
@@ -146,6 +150,12 @@ func (o *Options) setDefaults() {
 		o.MinFreePercent = DefaultMinFreePercent
 	}
 	o.MinFreeBytes, o.MinFreePercent = max(o.MinFreeBytes, 0), max(o.MinFreePercent, 0)
+	if o.MaxConns == 0 {
+		o.MaxConns = connlimit.DefaultMax
+	}
+	if o.MaxConnsPerHost == 0 {
+		o.MaxConnsPerHost = connlimit.DefaultPerHost
+	}
 }
 
 // Service is the meta service. Its exported methods are safe for
@@ -338,11 +348,15 @@ func (s *Service) SetMetaAddr(addr string) {
 
 // Serve serves the HTTP API on ln until Shutdown or Close. It also sets
 // the reported meta address from ln if none is set yet.
+// Connections are admitted per host and in all (Options.MaxConns); one
+// idle 2 minutes is closed (clients drop theirs after 90 s).
 func (s *Service) Serve(ln net.Listener) error {
+	ln = connlimit.NewListener(ln, connlimit.New(s.opts.MaxConns, s.opts.MaxConnsPerHost), s.log, "meta")
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
+		WriteTimeout:      5 * time.Minute,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
