@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"time"
@@ -58,13 +59,15 @@ func (f *engineFlags) link() (*fabric.Link, error) {
 	return fabric.NewLink(rate, f.linkDelay)
 }
 
-func (f *engineFlags) options() (fabric.Options, engine.Options, error) {
+// options returns the fabric's and engine's options; the fabric logs to
+// log (refused and closed connections).
+func (f *engineFlags) options(log *slog.Logger) (fabric.Options, engine.Options, error) {
 	if err := f.conns.check(); err != nil {
 		return fabric.Options{}, engine.Options{}, err
 	}
 	link, err := f.link()
 	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle, Link: link,
-			MaxConns: f.conns.max, MaxConnsPerHost: f.conns.perHost, IdleTimeout: f.conns.idle},
+			MaxConns: f.conns.max, MaxConnsPerHost: f.conns.perHost, IdleTimeout: f.conns.idle, Logger: log},
 		engine.Options{Workers: f.workers, TableSize: f.table, IdleTimeout: f.idle}, err
 }
 
@@ -83,7 +86,7 @@ func (a *app) upCmd() *cobra.Command {
 		Short: "Run a whole local cluster in this process (meta + storage nodes on loopback)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fo, eo, err := ef.options()
+			fo, eo, err := ef.options(a.logger())
 			if err != nil {
 				return err
 			}
@@ -303,7 +306,7 @@ func (a *app) nodeCmd() *cobra.Command {
 			case inventoryEvery == 0:
 				return errors.New("--inventory-interval must not be 0 (negative: only when meta asks)")
 			}
-			fo, eo, err := ef.options()
+			fo, eo, err := ef.options(a.logger())
 			if err != nil {
 				return err
 			}

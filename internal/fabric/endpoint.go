@@ -176,6 +176,7 @@ func (e *Endpoint) watch() {
 			}
 			e.mu.Unlock()
 			for _, x := range victims {
+				// Debug: a peer could otherwise write the log at will.
 				e.opts.Logger.Debug("fabric: closing connection", "peer", x.c.RemoteAddr(), "why", x.err)
 				x.c.CloseWithError(x.err)
 			}
