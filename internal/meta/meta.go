@@ -212,7 +212,11 @@ func Open(opts Options) (*Service, error) {
 		return nil, fmt.Errorf("meta: a node must keep %g%% of its space free: no node could take anything", opts.MinFreePercent)
 	}
 	// Everything under the data directory is private to this account,
-	// including what an older version left readable by others.
+	// including what an older version left readable by others; one other
+	// accounts could write is refused.
+	if err := privfs.CheckDir(opts.Dir); err != nil {
+		return nil, fmt.Errorf("meta: %w", err)
+	}
 	if err := privfs.MkdirAll(opts.Dir); err != nil {
 		return nil, fmt.Errorf("meta: creating data directory: %w", err)
 	}
