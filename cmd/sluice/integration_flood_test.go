@@ -227,6 +227,46 @@ func TestFloodFromOneHost(t *testing.T) {
 	}
 }
 
+// TestFloodNFSGateway: the NFS gateway, over TCP and over the fabric
+// transport, holds at most 64 connections from one host (its default),
+// so 5,000 from the attacker leave a normal client's reads served.
+func TestFloodNFSGateway(t *testing.T) {
+	raiseNoFile(t, 12000)
+	c := startMeta(t, baseDir(t))
+	c.startNode(t, "n1")
+	waitNodesUp(t, c.conf, 1, 15*time.Second)
+	mustRun(t, c.conf, nil, "policy", "set", "/", "--replicas", "1")
+	data := randomBytes(t, 1<<20)
+	src := filepath.Join(c.dir, "src.bin")
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, c.conf, nil, "put", src, "/f")
+	addr, faddr := nfsGateway(t, c.conf)
+
+	held, refused := flood(t, addr, 5000, nil, 500*time.Millisecond)
+	t.Logf("idle flood on the gateway's TCP port: %d held, %d refused", len(held), len(refused))
+	if len(held) > 64 || len(held) < 32 {
+		t.Errorf("the gateway holds %d connections from one host, want at most (and near) 64", len(held))
+	}
+	if got := mustRun(t, c.conf, nil, "nfs-get", "--server", addr, "/f", "-").stdout; !bytes.Equal(got, data) {
+		t.Fatalf("nfs-get under the flood: %d bytes, not the %d put", len(got), len(data))
+	}
+
+	var hello [16]byte
+	copy(hello[:], "SLF\x01")
+	binary.LittleEndian.PutUint32(hello[4:], 64<<10)
+	binary.LittleEndian.PutUint32(hello[8:], 16)
+	held, refused = flood(t, faddr, 5000, hello[:], 500*time.Millisecond)
+	t.Logf("idle flood on the gateway's fabric port: %d held, %d refused", len(held), len(refused))
+	if len(held) > 64 || len(held) < 32 {
+		t.Errorf("the gateway's fabric transport holds %d connections from one host, want at most (and near) 64", len(held))
+	}
+	if got := mustRun(t, c.conf, nil, "nfs-get", "--transport", "fabric", "--server", faddr, "/f", "-").stdout; !bytes.Equal(got, data) {
+		t.Fatalf("nfs-get over the fabric under the flood: %d bytes, not the %d put", len(got), len(data))
+	}
+}
+
 func dirsOf(c *splitCluster) []string {
 	var out []string
 	for _, n := range c.nodes {
