@@ -65,7 +65,7 @@ func (a *app) rootCmd() *cobra.Command {
 		return pprof.StartCPUProfile(f)
 	}
 	root.AddCommand(a.upCmd(), a.metaCmd(), a.nodeCmd(), a.benchCmd())
-	root.AddCommand(a.putCmd(), a.getCmd(), a.catCmd(), a.lsCmd(), a.statCmd(), a.mkdirCmd(), a.rmCmd(), a.mvCmd(), a.policyCmd(), a.repairCmd(), a.statusCmd(), a.checkCmd())
+	root.AddCommand(a.putCmd(), a.getCmd(), a.catCmd(), a.lsCmd(), a.statCmd(), a.mkdirCmd(), a.rmCmd(), a.mvCmd(), a.policyCmd(), a.repairCmd(), a.statusCmd(), a.checkCmd(), a.authCmd())
 	root.AddCommand(a.mountCmd(), a.umountCmd(), a.nfsCmd(), a.nfsGetCmd(), a.nfsPutCmd())
 	return root
 }

@@ -131,7 +131,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 	}
 	c.ConfPath = filepath.Join(opts.Dir, config.FileName)
-	if err := config.Save(c.ConfPath, ms.ClientConf(c.MetaAddr)); err != nil {
+	if err := ms.SaveClientConf(c.ConfPath, c.MetaAddr); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

@@ -14,7 +14,7 @@ import (
 // node requests sent by an SDK client of the cluster ms serves at addr.
 // Close the returned closer after ms.
 func StartRepair(ms *meta.Service, addr string, parallel int, log *slog.Logger) (io.Closer, error) {
-	cl, err := client.New(client.Options{Conf: ms.ClientConf(addr), Logger: log, BusyRetry: 10 * time.Second})
+	cl, err := client.New(client.Options{Conf: ms.SystemConf(addr), Logger: log, BusyRetry: 10 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("repair worker: %w", err)
 	}

@@ -1,7 +1,7 @@
 // Package config reads and writes client.conf, the file a client needs to
-// reach and authenticate to a cluster: the meta address and a client
-// credential derived from the cluster secret. It is JSON so other tools
-// can read it; it is written with mode 0600 because it grants access.
+// reach and authenticate to a cluster: the meta address and one
+// principal's id and credential. It is JSON so other tools can read it;
+// it is written with mode 0600 because it grants what the principal may do.
 package config
 
 import (
@@ -14,8 +14,9 @@ import (
 // ClientConf is the content of client.conf.
 type ClientConf struct {
 	Meta       string `json:"meta"`       // meta service address, host:port
-	ClientID   uint64 `json:"client_id"`  // credential id
-	Credential string `json:"credential"` // hex HMAC of the id under the cluster secret
+	ClientID   uint64 `json:"client_id"`  // the principal's id
+	Credential string `json:"credential"` // the principal's secret credential (hex)
+	Principal  string `json:"principal,omitempty"`
 }
 
 // EnvConf is the environment variable naming client.conf.
@@ -27,13 +28,30 @@ const DefaultPath = "sluice-data/client.conf"
 // FileName is client.conf's name inside a data directory.
 const FileName = "client.conf"
 
-// Find returns the path to use: flag, else $SLUICE_CONF, else DefaultPath.
+// UserPath is where a user keeps their own principal's client.conf:
+// $XDG_CONFIG_HOME/sluice/client.conf, else ~/.config/sluice/client.conf
+// ("" if there is no home directory).
+func UserPath() string {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "sluice", FileName)
+}
+
+// Find returns the path to use: flag, else $SLUICE_CONF, else the user's
+// own (UserPath) if it exists, else DefaultPath.
 func Find(flag string) string {
 	if flag != "" {
 		return flag
 	}
 	if env := os.Getenv(EnvConf); env != "" {
 		return env
+	}
+	if p := UserPath(); p != "" {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
 	}
 	return DefaultPath
 }

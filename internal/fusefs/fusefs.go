@@ -287,6 +287,7 @@ var codeErrno = map[metaapi.Code]syscall.Errno{
 	metaapi.ENOTSUP:      syscall.EOPNOTSUPP,
 	metaapi.E2BIG:        syscall.E2BIG,
 	metaapi.ERANGE:       syscall.ERANGE,
+	metaapi.EROFS:        syscall.EROFS,
 }
 
 // errno maps an SDK error to what the kernel returns to the program,

@@ -6,8 +6,12 @@ import "github.com/sluicefs/sluice/internal/metaapi"
 // (drain or remove nodes, set policies outside its path, manage
 // principals, issue join tokens, run checks).
 func (s *Service) requireAdmin(c caller) error {
-	if c.kind != callerClient {
-		return metaapi.Errorf(metaapi.EPERM, "operation not permitted: needs an admin principal")
+	if c.kind != callerClient || c.p == nil || !c.p.rec.Rights.Admin {
+		name := ""
+		if c.p != nil {
+			name = c.p.rec.Name
+		}
+		return metaapi.Errorf(metaapi.EPERM, "operation not permitted: principal %q is not an admin", name)
 	}
 	return nil
 }

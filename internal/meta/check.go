@@ -38,6 +38,10 @@ type NamespaceCheck struct {
 	// directories as the check read them and names looked up in r (the
 	// check's own snapshot is closed by then). Not safe for concurrent use.
 	Path func(r pebble.Reader, ino ids.Ino) string
+
+	// indexFaults: link index records found disagreeing with the
+	// entries (rewritten by a repair; see nscheck_links.go).
+	indexFaults []linkRef
 }
 
 // CheckNamespace checks meta's namespace and records (see above) and,
@@ -68,6 +72,7 @@ func (s *Service) Check() error {
 			errs = append(errs, fmt.Errorf("%s: %d more", p.Kind, more))
 		}
 	}
+	errs = append(errs, indexFaultErrors(res.indexFaults)...)
 	return errors.Join(errs...)
 }
 
@@ -106,6 +111,7 @@ func (s *Service) checkNamespace(repair bool, hook func(stage string)) (Namespac
 		return NamespaceCheck{}, fmt.Errorf("checking the namespace: %w", err)
 	}
 	res := c.result()
+	res.indexFaults = c.indexFaults
 	hook("judged")
 	if repair {
 		if err := s.repairNamespace(c, &res); err != nil {

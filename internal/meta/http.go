@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +32,7 @@ const (
 type caller struct {
 	kind   callerKind
 	client ids.ClientID
+	p      *principal // a client's principal
 }
 
 // authenticate checks an Authorization header value in constant time.
@@ -44,8 +46,8 @@ func (s *Service) authenticate(h string) caller {
 		if err != nil {
 			return caller{}
 		}
-		if secret.Equal(cred, s.sec.ClientCredential(id)) {
-			return caller{kind: callerClient, client: ids.ClientID(id)}
+		if p, ok := s.principalSet().byID[ids.ClientID(id)]; ok && p.matches(cred) {
+			return caller{kind: callerClient, client: p.rec.ID, p: p}
 		}
 		return caller{}
 	}
@@ -63,6 +65,7 @@ type op struct {
 
 // endpoint builds an op from a typed method.
 func endpoint[Req any, Resp any](clients, nodes bool, f func(s *Service, c caller, req Req) (Resp, error)) op {
+	shape := shapeOf(reflect.TypeFor[Req]())
 	return op{clients: clients, nodes: nodes, serve: func(s *Service, c caller, body io.Reader) (any, error) {
 		var req Req
 		if err := json.NewDecoder(body).Decode(&req); err != nil && !errors.Is(err, io.EOF) {
@@ -71,6 +74,9 @@ func endpoint[Req any, Resp any](clients, nodes bool, f func(s *Service, c calle
 				return nil, metaapi.Errorf(metaapi.EINVAL, "request body larger than %d bytes", tooBig.Limit)
 			}
 			return nil, metaapi.Errorf(metaapi.EINVAL, "decoding request: %v", err)
+		}
+		if err := s.admitReq(c, shape, &req); err != nil {
+			return nil, err
 		}
 		return f(s, c, req)
 	}}
@@ -176,6 +182,21 @@ var ops = map[string]op{
 	metaapi.OpStrays: endpoint(true, false, func(s *Service, _ caller, r metaapi.StraysReq) (metaapi.StraysResp, error) {
 		return s.Strays(r)
 	}),
+	metaapi.OpAuthAdd: endpoint(true, false, func(s *Service, _ caller, r metaapi.AuthAddReq) (metaapi.AuthCredResp, error) {
+		return s.AddPrincipal(r)
+	}),
+	metaapi.OpAuthList: endpoint(true, false, func(s *Service, _ caller, _ empty) (metaapi.AuthListResp, error) {
+		return s.ListPrincipals()
+	}),
+	metaapi.OpAuthRotate: endpoint(true, false, func(s *Service, _ caller, r metaapi.AuthNameReq) (metaapi.AuthCredResp, error) {
+		return s.RotatePrincipal(r.Name)
+	}),
+	metaapi.OpAuthRemove: endpoint(true, false, func(s *Service, _ caller, r metaapi.AuthNameReq) (empty, error) {
+		return empty{}, s.RemovePrincipal(r.Name)
+	}),
+	metaapi.OpWhoami: endpoint(true, false, func(s *Service, c caller, _ empty) (metaapi.Principal, error) {
+		return c.p.rec.Principal, nil
+	}),
 }
 
 // Handler returns the HTTP handler serving the API.
@@ -216,6 +237,10 @@ func (s *Service) serveOp(w http.ResponseWriter, r *http.Request) {
 			who = "storage node"
 		}
 		s.writeError(w, r, name, metaapi.Errorf(metaapi.EAUTH, "a %s credential may not call %s", who, name), http.StatusForbidden)
+		return
+	}
+	if err := s.admitOp(c, name); err != nil {
+		s.writeError(w, r, name, err, 0)
 		return
 	}
 	resp, err := o.serve(s, c, http.MaxBytesReader(w, r.Body, metaapi.MaxBodyBytes))

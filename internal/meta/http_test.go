@@ -55,7 +55,8 @@ func TestHTTPAuth(t *testing.T) {
 		{"client credential on Heartbeat", metaapi.ClientAuth(1, sec.ClientCredential(1)), metaapi.OpHeartbeat, metaapi.HeartbeatReq{ID: 1}, metaapi.EAUTH},
 		{"node token on a namespace op", metaapi.NodeAuth(sec.NodeToken()), metaapi.OpGetAttr, metaapi.GetAttrReq{Ino: 1}, metaapi.EAUTH},
 		{"node token on Layout", metaapi.NodeAuth(sec.NodeToken()), metaapi.OpLayout, metaapi.LayoutReq{Ino: 1}, metaapi.EAUTH},
-		{"client id 2", metaapi.ClientAuth(2, sec.ClientCredential(2)), metaapi.OpStatus, struct{}{}, ""},
+		{"client id 2, no such principal", metaapi.ClientAuth(2, sec.ClientCredential(2)), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
+		{"admin", metaapi.ClientAuth(1, sec.ClientCredential(1)), metaapi.OpStatus, struct{}{}, ""},
 		{"node Status", metaapi.NodeAuth(sec.NodeToken()), metaapi.OpStatus, struct{}{}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,7 +142,11 @@ func TestHTTPEndToEnd(t *testing.T) {
 	f, srv := newHTTP(t)
 	f.addNodes(3)
 	sec := f.s.Secret()
-	c := client(t, srv, metaapi.ClientAuth(2, sec.ClientCredential(2)))
+	added, err := f.s.AddPrincipal(metaapi.AuthAddReq{Name: "carol"})
+	if err != nil || added.Principal.ID != 2 {
+		t.Fatalf("adding a principal: %+v %v", added, err)
+	}
+	c := client(t, srv, metaapi.ClientAuth(2, added.Credential))
 	ctx := context.Background()
 	call := func(op string, req, resp any) {
 		t.Helper()
@@ -191,7 +196,7 @@ func TestHTTPEndToEnd(t *testing.T) {
 		t.Fatalf("readdir %+v", rd)
 	}
 	call(metaapi.OpRemove, metaapi.RemoveReq{Parent: dir, Name: "g"}, nil)
-	err := c.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: ids.RootIno, Name: "d", Dir: true}, nil)
+	err = c.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: ids.RootIno, Name: "d", Dir: true}, nil)
 	wantCode(t, err, "")
 	err = c.Call(ctx, metaapi.OpRemove, metaapi.RemoveReq{Parent: ids.RootIno, Name: "d", Dir: true}, nil)
 	wantCode(t, err, metaapi.ENOENT)

@@ -203,14 +203,14 @@ func (s *Service) indexChunkIDs() error {
 		return true, nil
 	})
 	if err == nil {
-		err = b.Set(keySchema, []byte(schemaVersion), nil)
+		err = b.Set(keySchema, []byte("2"), nil)
 	}
 	if err == nil {
 		err = b.Commit(pebble.Sync)
 	}
 	b.Close()
 	if err == nil {
-		s.log.Info("indexed chunk records by id", "chunks", n, "schema", schemaVersion)
+		s.log.Info("indexed chunk records by id", "chunks", n, "schema", "2")
 	}
 	return err
 }

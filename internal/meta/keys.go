@@ -29,6 +29,9 @@ import (
 //	n <node:4>                        storage node (JSON nodeRec)
 //	o <ino:8>                         orphan: a file with no name kept while open; <lease expiry:8> (unix ns)
 //	a <ino:8> <name>                  extended attribute: its value (xattr.go)
+//	h <ino:8> <parent:8> <name>       a name of a non-directory inode (scope.go)
+//	q <ino:8>                         the directory of a nameless file's last name (scope.go)
+//	p <id:8>                          principal (JSON principalRec, principal.go)
 const (
 	pInode   = 'i'
 	pDirent  = 'd'
@@ -49,7 +52,8 @@ var (
 
 // schemaVersion is bumped on incompatible changes to the key space.
 // 2: the chunk id index (c); a database at 1 is brought to 2 at open.
-const schemaVersion = "2"
+// 3: the link index (l, q); a database at 2 is brought to 3 at open.
+const schemaVersion = "3"
 
 func inodeKey(ino ids.Ino) []byte {
 	b := make([]byte, 9)
@@ -264,6 +268,9 @@ type counters struct {
 	Files     int64       `json:"files"` // non-directory inodes
 	Dirs      int64       `json:"dirs"`  // directories, including the root
 	Chunks    int64       `json:"chunks"`
+	// NextPrincipal is the next principal id (principal.go); 0 in a
+	// database from before principals.
+	NextPrincipal ids.ClientID `json:"next_principal,omitempty"`
 }
 
 // ---- reading ----

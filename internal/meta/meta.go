@@ -37,6 +37,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -169,6 +170,7 @@ type Service struct {
 	keys   *capability.Keyring
 	nodeTk string
 	dur    durability
+	princ  atomic.Pointer[principalSet]
 
 	mu       sync.RWMutex
 	closed   bool
@@ -277,10 +279,19 @@ func (s *Service) load() error {
 		return err
 	}
 	if !found {
-		return s.initDB()
+		if err := s.initDB(); err != nil {
+			return err
+		}
+		return s.loadPrincipals()
 	}
 	if string(raw) == "1" {
 		if err := s.indexChunkIDs(); err != nil {
+			return fmt.Errorf("bringing %s to schema version %s: %w", DBDir, schemaVersion, err)
+		}
+		raw = []byte("2")
+	}
+	if string(raw) == "2" {
+		if err := s.indexLinks(); err != nil {
 			return fmt.Errorf("bringing %s to schema version %s: %w", DBDir, schemaVersion, err)
 		}
 	} else if string(raw) != schemaVersion {
@@ -288,6 +299,9 @@ func (s *Service) load() error {
 	}
 	if ok, err := getJSON(s.db, keyCounters, &s.ctr); err != nil || !ok {
 		return fmt.Errorf("reading counters: found=%v: %v", ok, err)
+	}
+	if err := s.loadPrincipals(); err != nil {
+		return err
 	}
 	return scan(s.db, []byte{pNode}, []byte{pNode + 1}, func(k, v []byte) (bool, error) {
 		m := new(member)
@@ -328,19 +342,37 @@ func (s *Service) initDB() error {
 // log it).
 func (s *Service) Secret() secret.Secret { return s.sec }
 
-// ClientConf returns the client configuration for client id 1 at addr.
+// ClientConf returns the operator's client configuration at addr: the
+// admin principal with the credential meta derives (see AdminID).
 func (s *Service) ClientConf(addr string) config.ClientConf {
-	return config.ClientConf{Meta: addr, ClientID: 1, Credential: s.sec.ClientCredential(1)}
+	return config.ClientConf{Meta: addr, ClientID: uint64(AdminID), Credential: s.sec.ClientCredential(uint64(AdminID)), Principal: AdminName}
 }
 
-// WriteClientConf writes DIR/client.conf for clients reaching meta at
-// addr and returns its path.
+// SystemConf returns the configuration of meta's own clients (its repair
+// worker): the system principal, which only holders of the cluster
+// secret can present, so rotating or removing operators' principals
+// never stops repair.
+func (s *Service) SystemConf(addr string) config.ClientConf {
+	return config.ClientConf{Meta: addr, ClientID: uint64(SystemID), Credential: s.sec.ClientCredential(uint64(SystemID)), Principal: systemName}
+}
+
+// WriteClientConf writes the operator's DIR/client.conf for clients
+// reaching meta at addr and returns its path. Once the operator has
+// rotated the admin principal's credential, meta no longer knows it: the
+// file is left as it is.
 func (s *Service) WriteClientConf(addr string) (string, error) {
 	path := filepath.Join(s.opts.Dir, config.FileName)
-	if err := config.Save(path, s.ClientConf(addr)); err != nil {
-		return "", err
+	return path, s.SaveClientConf(path, addr)
+}
+
+// SaveClientConf writes the operator's client configuration to path (see
+// WriteClientConf).
+func (s *Service) SaveClientConf(path, addr string) error {
+	if !s.AdminCredentialDerived() {
+		s.log.Warn("the admin principal's credential was rotated: not rewriting its client config", "path", path)
+		return nil
 	}
-	return path, nil
+	return config.Save(path, s.ClientConf(addr))
 }
 
 // SetMetaAddr sets the address Status reports.

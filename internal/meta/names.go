@@ -48,14 +48,22 @@ func validTarget(t string) error {
 // in the middle of the path are always followed (relative targets from the
 // directory holding the link, absolute ones from the root), and one in the
 // last component only if follow is set or the path ends in '/'. A trailing
-// '/' also requires the result to be a directory. "" and "/" are the root.
-func resolve(r ns, path string, follow bool) (*inode, error) {
+// '/' also requires the result to be a directory. "" and "/" are the root:
+// top, the directory the caller is confined to (ids.RootIno for the whole
+// namespace), which ".." does not leave and absolute symlinks start from.
+func resolve(r ns, path string, follow bool, top ids.Ino) (*inode, error) {
 	if len(path) > metaapi.MaxPathLen {
 		return nil, metaapi.Errorf(metaapi.ENAMETOOLONG, "path of %d bytes, at most %d allowed", len(path), metaapi.MaxPathLen)
 	}
-	root, err := r.inode(ids.RootIno)
+	if top == 0 {
+		top = ids.RootIno
+	}
+	root, err := r.inode(top)
 	if err != nil {
 		return nil, err
+	}
+	if !root.isDir() {
+		return nil, metaapi.Errorf(metaapi.ENOTDIR, "resolving %q: the root %d is not a directory", path, top)
 	}
 	if path == "" {
 		return root, nil
@@ -88,6 +96,9 @@ func resolve(r ns, path string, follow bool) (*inode, error) {
 		case ".":
 			continue
 		case "..":
+			if cur.Ino == top {
+				continue
+			}
 			if cur, err = r.inode(cur.Parent); err != nil {
 				return nil, err
 			}

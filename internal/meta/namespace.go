@@ -149,6 +149,10 @@ func (s *Service) Lookup(req metaapi.LookupReq) (metaapi.Attr, error) {
 			if err := access(dir, req.Who, mayExec); err != nil {
 				return err
 			}
+			if dir.Ino == req.Root {
+				out = dir.Attr // a confined caller's "/" is its own parent
+				return nil
+			}
 			up, err := v.inode(dir.Parent)
 			if err == nil {
 				out = up.Attr
@@ -181,7 +185,7 @@ func (s *Service) Lookup(req metaapi.LookupReq) (metaapi.Attr, error) {
 func (s *Service) Resolve(req metaapi.ResolveReq) (metaapi.Attr, error) {
 	var out metaapi.Attr
 	err := s.read(func(v view) error {
-		in, err := resolve(v, string(req.Path), req.Follow)
+		in, err := resolve(v, string(req.Path), req.Follow, req.Root)
 		if err == nil {
 			out = in.Attr
 		}

@@ -49,6 +49,8 @@ type checker struct {
 	chunks  int64
 	tallies [nKinds]tally
 
+	indexFaults []linkRef // link index records that disagree with the entries (nscheck_links.go)
+
 	dangling []entryRef
 	orphans  []orphanFix
 	links    []linkFix
@@ -93,7 +95,7 @@ func newChecker(r pebble.Reader, ctr counters, nodes []ids.NodeID, stop <-chan s
 }
 
 func (c *checker) run() error {
-	for i, step := range []func() error{c.scanInodes, c.scanOrphans, c.scanXattrs, c.scanEntries} {
+	for i, step := range []func() error{c.scanInodes, c.scanOrphans, c.scanXattrs, c.scanEntries, c.scanLinks} {
 		if i == 1 && c.hook != nil {
 			c.hook("walking")
 		}
@@ -229,6 +231,11 @@ func (c *checker) scanEntries() error {
 		}
 		p, pok := c.inodes[parent]
 		d, derr := decodeDirent(val)
+		if derr == nil {
+			if err := c.checkLink(parent, name, d); err != nil {
+				return false, err
+			}
+		}
 		ch, cok := c.inodes[d.Ino]
 		if fault := entryFault(parent, p.typ, pok, d, derr, ch.typ, cok && derr == nil); fault != "" {
 			c.problem(kDangling, func() string { return c.entryPath(parent, name) + ": " + fault })

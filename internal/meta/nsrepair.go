@@ -62,6 +62,12 @@ func (s *Service) repairNamespace(c *checker, res *NamespaceCheck) error {
 	if c.tallies[kMeta].count > 0 {
 		res.problem(kMeta).Action = "left alone: needs an operator"
 	}
+	if len(c.indexFaults) > 0 {
+		if _, _, err := inBatches(s, c.indexFaults, fixLinks); err != nil {
+			return fmt.Errorf("rewriting the name index: %w", err)
+		}
+		res.indexFaults = nil
+	}
 	return nil
 }
 

@@ -114,6 +114,9 @@ func (s *Service) tmpfile(req metaapi.CreateReq) (metaapi.Attr, error) {
 		in.Nlink, in.Linkable = 0, !req.Exclusive
 		tx.newInode(in)
 		out = in.Attr
+		if err := tx.setLastParent(in.Ino, parent.Ino); err != nil {
+			return err
+		}
 		return tx.setOrphan(in.Ino, tx.now+int64(s.opts.OrphanLease))
 	})
 	return out, err

@@ -120,12 +120,37 @@ func (tx *txn) newInode(in *inode) {
 	tx.dirty(in)
 }
 
+// setEntry sets (or replaces) a directory entry, keeping the link index
+// (scope.go) in step.
 func (tx *txn) setEntry(parent ids.Ino, name string, d dirent) error {
+	if err := tx.unindex(parent, name); err != nil {
+		return err
+	}
+	if err := tx.indexLink(parent, name, d, false); err != nil {
+		return err
+	}
 	return tx.b.Set(direntKey(parent, name), encodeDirent(d), nil)
 }
 
 func (tx *txn) delEntry(parent ids.Ino, name string) error {
+	if err := tx.unindex(parent, name); err != nil {
+		return err
+	}
 	return tx.b.Delete(direntKey(parent, name), nil)
+}
+
+// unindex drops the link index entry of the name being replaced or removed.
+// An entry that does not decode (being repaired) had no index entry.
+func (tx *txn) unindex(parent ids.Ino, name string) error {
+	raw, found, err := getRaw(tx.b, direntKey(parent, name))
+	if err != nil || !found {
+		return err
+	}
+	old, err := decodeDirent(raw)
+	if err != nil {
+		return nil
+	}
+	return tx.indexLink(parent, name, old, true)
 }
 
 func (tx *txn) setJSON(key []byte, v any) error { return tx.b.Set(key, mustJSON(v), nil) }
@@ -152,6 +177,9 @@ func (tx *txn) free(in *inode) error {
 	tx.freed[in.Ino] = true
 	delete(tx.dirtyI, in.Ino)
 	if err := tx.b.Delete(orphanKey(in.Ino), nil); err != nil {
+		return err
+	}
+	if err := tx.b.Delete(lastParentKey(in.Ino), nil); err != nil {
 		return err
 	}
 	if err := tx.dropXattrs(in.Ino); err != nil {

@@ -47,6 +47,7 @@ const (
 	ENOTSUP      Code = "ENOTSUP"      // not supported (an extended attribute namespace)
 	E2BIG        Code = "E2BIG"        // an extended attribute value or list too large
 	ERANGE       Code = "ERANGE"       // an extended attribute name empty or too long
+	EROFS        Code = "EROFS"        // the caller's principal may only read
 	ENOLCK       Code = "ENOLCK"       // too many locks held on one file or by one session
 )
 
@@ -246,6 +247,9 @@ type Who struct {
 type ResolveReq struct {
 	Path   ByteString `json:"path"`   // absolute, "/"-separated
 	Follow bool       `json:"follow"` // follow a symlink in the last component
+	// Root is the directory "/" names: set by meta from the caller's
+	// principal, never by the caller (not in JSON).
+	Root ids.Ino `json:"-"`
 }
 type AttrResp struct {
 	Attr Attr `json:"attr"`
@@ -264,6 +268,8 @@ type LookupReq struct {
 	Parent ids.Ino    `json:"parent"`
 	Name   ByteString `json:"name"`
 	Who    Who        `json:"who"` // needs search permission on Parent
+	// Root: see ResolveReq ("..": the parent of Root is Root).
+	Root ids.Ino `json:"-"`
 }
 type GetAttrReq struct {
 	Ino ids.Ino `json:"ino"`
