@@ -46,7 +46,6 @@ import (
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
-	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/placement"
@@ -100,8 +99,7 @@ type Options struct {
 	// (DefaultMinFreeBytes, DefaultMinFreePercent); negative, none.
 	MinFreeBytes   int64
 	MinFreePercent float64
-	// MaxConns and MaxConnsPerHost bound Serve's connections, in all and
-	// from one host (connlimit). 0: its defaults; negative: no bound.
+	// MaxConns, MaxConnsPerHost: see limitConns.
 	MaxConns, MaxConnsPerHost int
 
 	fs vfs.FS // tests: an in-memory file system for meta.db
@@ -151,12 +149,6 @@ func (o *Options) setDefaults() {
 		o.MinFreePercent = DefaultMinFreePercent
 	}
 	o.MinFreeBytes, o.MinFreePercent = max(o.MinFreeBytes, 0), max(o.MinFreePercent, 0)
-	if o.MaxConns == 0 {
-		o.MaxConns = connlimit.DefaultMax
-	}
-	if o.MaxConnsPerHost == 0 {
-		o.MaxConnsPerHost = connlimit.DefaultPerHost
-	}
 }
 
 // Service is the meta service. Its exported methods are safe for
@@ -214,8 +206,7 @@ func Open(opts Options) (*Service, error) {
 		return nil, fmt.Errorf("meta: a node must keep %g%% of its space free: no node could take anything", opts.MinFreePercent)
 	}
 	// Everything under the data directory is private to this account,
-	// including what an older version left readable by others; one other
-	// accounts could write is refused.
+	// including what an older version left readable by others.
 	if err := privfs.CheckDir(opts.Dir); err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
@@ -384,10 +375,8 @@ func (s *Service) SetMetaAddr(addr string) {
 
 // Serve serves the HTTP API on ln until Shutdown or Close. It also sets
 // the reported meta address from ln if none is set yet.
-// Connections are admitted per host and in all (Options.MaxConns); one
-// idle 2 minutes is closed (clients drop theirs after 90 s).
 func (s *Service) Serve(ln net.Listener) error {
-	ln = connlimit.NewListener(ln, connlimit.New(s.opts.MaxConns, s.opts.MaxConnsPerHost), s.log, "meta")
+	ln = s.limitConns(ln)
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
