@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -102,6 +103,7 @@ func (a *app) nfsCmd() *cobra.Command {
 	var listen, fabricListen, exportsFile string
 	var exportLines []string
 	var fo fabricRPCFlags
+	var cf connFlags
 	var cacheMiB int64
 	cmd := &cobra.Command{
 		Use:   "nfs",
@@ -152,13 +154,14 @@ COMMIT has nothing left to do.`,
 				if err != nil {
 					return fmt.Errorf("nfs: %w", err)
 				}
-				srv := &oncrpc.Server{MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs")}
-				if err := fo.check(); err != nil {
+				srv := &oncrpc.Server{MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs"),
+					MaxConns: cf.max, MaxConnsPerHost: cf.perHost}
+				if err := errors.Join(fo.check(), cf.check()); err != nil {
 					ln.Close()
 					return err
 				}
 				fsrv := &fabricrpc.Server{RPC: srv, Logger: a.logger().With("svc", "nfs-fabric"),
-					BufSize: fo.bufSize, BufCount: fo.bufCount, ChunkMin: fo.chunkMin}
+					BufSize: fo.bufSize, BufCount: fo.bufCount, ChunkMin: fo.chunkMin, MaxConns: cf.max, MaxConnsPerHost: cf.perHost}
 				srv.Programs = append(g.Programs(), statsProgram(func() gatewayStats {
 					st := gatewayStats{TCP: srv.Stats(), Fabric: fsrv.Stats()}
 					st.CacheHits, st.CacheMisses, st.CacheBytes = g.CacheStats()
@@ -199,6 +202,7 @@ COMMIT has nothing left to do.`,
 	cmd.Flags().Int64Var(&cacheMiB, "cache-mib", 256, "MiB of file data the gateway caches for READ (0 for none); other clients' writes show within a second, the gateway's own at once")
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
 	fo.add(cmd, "replies")
+	cf.add(cmd, fabricrpc.DefaultMaxConns, fabricrpc.DefaultMaxConnsPerHost, 0) // oncrpc's defaults too
 	return cmd
 }
 

@@ -84,7 +84,7 @@ func (c *Client) conn(ctx context.Context, broken *cconn) (*cconn, error) {
 	if closed {
 		return nil, fmt.Errorf("fabricrpc: %w", fabric.ErrClosed)
 	}
-	if cc != nil && cc != broken && cc.c.Err() == nil {
+	if cc != nil && cc != broken && cc.c.Err() == nil && !cc.c.Stale() {
 		return cc, nil
 	}
 	c.dialMu.Lock()
@@ -92,7 +92,7 @@ func (c *Client) conn(ctx context.Context, broken *cconn) (*cconn, error) {
 	c.mu.Lock()
 	cc = c.cur
 	c.mu.Unlock()
-	if cc != nil && cc != broken && cc.c.Err() == nil {
+	if cc != nil && cc != broken && cc.c.Err() == nil && !cc.c.Stale() {
 		return cc, nil // another caller reconnected
 	}
 	conn, err := c.ep.Dial(ctx, c.addr, c)

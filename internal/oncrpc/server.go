@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -68,12 +69,13 @@ type Server struct {
 	DRCEntries  int          // duplicate-request cache entries; default 4096
 	Logger      *slog.Logger // nil: discard
 	// MaxConns bounds the connections served at once (more are closed
-	// as they come, logged); default 1024. Each may hold up to
-	// MaxInFlight calls' records.
+	// as they come, logged); default 1024, negative: none. Each may hold
+	// up to MaxInFlight calls' records.
 	MaxConns int
-	// MaxConnsPerHost bounds the connections from one IP address, so one
-	// client cannot take every slot; default 64 (Linux's nconnect goes
-	// to 16 per mount).
+	// MaxConnsPerHost bounds the connections from one host (IPv4
+	// address, IPv6 /64; see connlimit), so one client cannot take every
+	// slot; default 64 (Linux's nconnect goes to 16 per mount),
+	// negative: none.
 	MaxConnsPerHost int
 	// WriteTimeout bounds writing one reply: a client that stops reading
 	// loses its connection instead of holding its calls; default 30 s.
@@ -92,11 +94,12 @@ type Server struct {
 	log    *slog.Logger
 	drc    *drc
 
+	admit *connlimit.Limiter // MaxConns, MaxConnsPerHost
+
 	mu        sync.Mutex
 	closed    bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
-	hosts     map[string]int // connections served per client IP
 	wg        sync.WaitGroup // connections; each waits for its handlers
 }
 
@@ -114,7 +117,7 @@ func (s *Server) init() {
 		s.drc = newDRC(entries, drcMaxBytes)
 		s.listeners = make(map[net.Listener]struct{})
 		s.conns = make(map[net.Conn]struct{})
-		s.hosts = make(map[string]int)
+		s.admit = connlimit.New(cmp.Or(s.MaxConns, defaultMaxConns), cmp.Or(s.MaxConnsPerHost, defaultMaxPerHost))
 	})
 }
 
@@ -174,24 +177,17 @@ func (s *Server) Serve(ln net.Listener) error {
 			nc.Close()
 			return nil
 		}
-		if len(s.conns) >= cmp.Or(s.MaxConns, defaultMaxConns) {
+		release, err := s.admit.Admit(nc.RemoteAddr())
+		if err != nil {
 			s.mu.Unlock()
-			s.log.Warn("oncrpc: too many connections; closing a new one", "remote", nc.RemoteAddr(), "max", cmp.Or(s.MaxConns, defaultMaxConns))
+			connlimit.Log(s.log, "oncrpc", nc.RemoteAddr(), err)
 			nc.Close()
 			continue
 		}
-		host := hostOf(nc.RemoteAddr().String())
-		if s.hosts[host] >= cmp.Or(s.MaxConnsPerHost, defaultMaxPerHost) {
-			s.mu.Unlock()
-			s.log.Warn("oncrpc: too many connections from one host; closing a new one", "remote", nc.RemoteAddr(), "max", cmp.Or(s.MaxConnsPerHost, defaultMaxPerHost))
-			nc.Close()
-			continue
-		}
-		s.hosts[host]++
 		s.conns[nc] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
-		go s.serveConn(nc)
+		go s.serveConn(nc, release)
 	}
 }
 
@@ -230,7 +226,7 @@ type conn struct {
 	wg     sync.WaitGroup
 }
 
-func (s *Server) serveConn(nc net.Conn) {
+func (s *Server) serveConn(nc net.Conn, release func()) {
 	defer s.wg.Done()
 	c := &conn{s: s, nc: nc, remote: nc.RemoteAddr().String(), slots: make(chan struct{}, s.maxInFlight())}
 	c.client = hostOf(c.remote)
@@ -263,10 +259,8 @@ func (s *Server) serveConn(nc net.Conn) {
 	nc.Close()
 	s.mu.Lock()
 	delete(s.conns, nc)
-	if s.hosts[c.client]--; s.hosts[c.client] <= 0 {
-		delete(s.hosts, c.client)
-	}
 	s.mu.Unlock()
+	release()
 
 	switch {
 	case errors.Is(err, ErrRecordTooLarge):
