@@ -196,7 +196,10 @@ func (a *app) authLsCmd() *cobra.Command {
 				fmt.Fprintln(tw, "NAME\tID\tPATH\tACCESS\tUIDS\tGIDS\tSQUASH\tADMIN\tCREATED\tROTATED")
 				for _, p := range resp.Principals {
 					r := p.Rights
-					access, squash, admin, rotated := "rw", "none", "no", "-"
+					access, squash, admin, rotated, gids := "rw", "none", "no", "-", r.GIDs.String()
+					if len(r.GIDs) == 0 && len(r.UIDs) > 0 {
+						gids = "as uids"
+					}
 					if r.ReadOnly {
 						access = "ro"
 					}
@@ -209,7 +212,7 @@ func (a *app) authLsCmd() *cobra.Command {
 					if p.Rotated != 0 {
 						rotated = time.Unix(0, p.Rotated).Format(time.DateTime)
 					}
-					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.ID, r.Path, access, r.UIDs, r.GIDs, squash, admin,
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.ID, r.Path, access, r.UIDs, gids, squash, admin,
 						time.Unix(0, p.Created).Format(time.DateTime), rotated)
 				}
 				return tw.Flush()

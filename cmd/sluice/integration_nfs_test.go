@@ -22,12 +22,13 @@ var (
 	reNFSFabricListen = regexp.MustCompile(`^sluice: NFSv3 over the fabric listening on (\S+)`)
 )
 
-// nfsGateway starts `sluice nfs` for a cluster and returns its TCP
-// address and its fabric transport's.
-func nfsGateway(t *testing.T, conf string) (string, string) {
+// nfsGateway starts `sluice nfs` for a cluster, with extra arguments
+// (exports), and returns its TCP address and its fabric transport's.
+func nfsGateway(t *testing.T, conf string, extra ...string) (string, string) {
 	t.Helper()
 	base := filepath.Dir(filepath.Dir(conf))
-	p := startProc(t, base, "nfs-"+fmt.Sprint(time.Now().UnixNano()), "nfs", "--listen", "127.0.0.1:0", "--fabric-listen", "127.0.0.1:0", "--conf", conf)
+	args := append([]string{"nfs", "--listen", "127.0.0.1:0", "--fabric-listen", "127.0.0.1:0", "--conf", conf}, extra...)
+	p := startProc(t, base, "nfs-"+fmt.Sprint(time.Now().UnixNano()), args...)
 	tcp := p.waitLine(t, reNFSListen, 20*time.Second)[1]
 	return tcp, p.waitLine(t, reNFSFabricListen, 20*time.Second)[1]
 }
@@ -44,7 +45,9 @@ func requireLibnfs(t *testing.T) {
 }
 
 // nfsURL is a libnfs URL for path on the gateway at addr, NFS and MOUNT
-// on the one port, as root.
+// on the one port, as root. Run as root, libnfs binds a reserved source
+// port (it tries 512-1023 whenever it may), so a secure export takes its
+// calls; a root_squash export makes them nobody's.
 func nfsURL(addr, path string) string {
 	host, port, _ := strings.Cut(addr, ":")
 	return fmt.Sprintf("nfs://%s%s?version=3&nfsport=%s&mountport=%s&uid=0&gid=0", host, path, port, port)
@@ -72,10 +75,26 @@ func libnfs(t *testing.T, args ...string) []byte {
 	return out.Bytes()
 }
 
+// chmodPath sets the mode of path, straight at meta (the CLI has no
+// chmod).
+func chmodPath(t *testing.T, conf, path string, mode uint32) {
+	t.Helper()
+	mc := metaClient(t, conf)
+	var r metaapi.AttrResp
+	if err := mc.Call(context.Background(), metaapi.OpResolve, metaapi.ResolveReq{Path: metaapi.ByteString(path)}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if err := mc.Call(context.Background(), metaapi.OpSetAttr, metaapi.SetAttrReq{Ino: r.Attr.Ino, Mode: &mode}, nil); err != nil {
+		t.Fatalf("chmod %o %s: %v", mode, path, err)
+	}
+}
+
 // TestNFSWithLibnfs drives the gateway with a real NFS client (libnfs's
 // nfs-cp, nfs-cat, nfs-ls): files of 0 bytes to 256 MiB copied in and
 // out, compared with what the Sluice CLI reads, and a large directory
-// listed whole.
+// listed whole. The gateway has the default export (root squashed,
+// secure): the clients run as root, from reserved ports, and write as
+// nobody into a directory anyone may write.
 func TestNFSWithLibnfs(t *testing.T) {
 	requireLibnfs(t)
 	c := startUp(t, filepath.Join(baseDir(t), "data"), 3)
@@ -85,6 +104,7 @@ func TestNFSWithLibnfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustRun(t, c.conf, nil, "mkdir", "-p", "/nfs/in", "/nfs/out", "/nfs/big")
+	chmodPath(t, c.conf, "/nfs/in", 0o777)
 	sizes := []int{0, 1, 4095, 4096, 1<<20 + 17, 8 << 20}
 	if !testing.Short() {
 		sizes = append(sizes, 256<<20)
@@ -234,13 +254,16 @@ func TestNFSFabricTuning(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := []string{"--transport", "fabric", "--server", faddr, "--rpc-buffer-size", "1024", "--rpc-buffers", "8", "--chunk-min", "2048"}
-	mustRun(t, c.conf, nil, append(append([]string{"nfs-put"}, client...), "--wsize", "16384", src, "/f")...)
-	if got := mustRun(t, c.conf, nil, "cat", "/f").stdout; !bytes.Equal(got, data) {
+	// Root is squashed (the default export): it writes as nobody, here.
+	mustRun(t, c.conf, nil, "mkdir", "/t")
+	chmodPath(t, c.conf, "/t", 0o777)
+	mustRun(t, c.conf, nil, append(append([]string{"nfs-put"}, client...), "--wsize", "16384", src, "/t/f")...)
+	if got := mustRun(t, c.conf, nil, "cat", "/t/f").stdout; !bytes.Equal(got, data) {
 		t.Fatal("written over the tuned fabric transport: the CLI reads other bytes")
 	}
 	for _, rsize := range []string{"16384", "65536"} {
 		stats := filepath.Join(local, "stats-"+rsize)
-		got := mustRun(t, c.conf, nil, append(append([]string{"nfs-get"}, client...), "--rsize", rsize, "--readahead", "6", "--stats-json", stats, "/f", "-")...).stdout
+		got := mustRun(t, c.conf, nil, append(append([]string{"nfs-get"}, client...), "--rsize", rsize, "--readahead", "6", "--stats-json", stats, "/t/f", "-")...).stdout
 		if !bytes.Equal(got, data) {
 			t.Fatalf("read with %s-byte READs over the tuned fabric transport: other bytes", rsize)
 		}
@@ -263,7 +286,7 @@ func TestNFSFabricTuning(t *testing.T) {
 			t.Fatalf("64 KiB READs: %d bytes pulled", st.ClientFabric.PulledBytes)
 		}
 	}
-	if r := run(t, c.conf, nil, "nfs-get", "--transport", "fabric", "--server", faddr, "--chunk-min", "0", "/f", "-"); r.code == 0 || !strings.Contains(r.stderr, "chunk-min") {
+	if r := run(t, c.conf, nil, "nfs-get", "--transport", "fabric", "--server", faddr, "--chunk-min", "0", "/t/f", "-"); r.code == 0 || !strings.Contains(r.stderr, "chunk-min") {
 		t.Fatalf("--chunk-min 0 accepted: %d %q", r.code, r.stderr)
 	}
 }

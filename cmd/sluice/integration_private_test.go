@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -142,4 +143,41 @@ func openUp(t *testing.T, dir string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestDataDirOthersCanWrite (issue 16, item 6): `sluice node`, `sluice
+// meta` and `sluice up` refuse a data directory other users can write
+// (they could plant chunk files or an identity), with a message saying
+// so, and create nothing in it; made private, it is accepted.
+func TestDataDirOthersCanWrite(t *testing.T) {
+	dir := baseDir(t)
+	c := startMeta(t, dir)
+	open := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	want := []string{`writable by group or others`, `refusing to use it`}
+	nodeDir, metaDir, upDir := open("node"), open("meta2"), open("up")
+	mustFail(t, c.conf, append(want, regexp.QuoteMeta(nodeDir)), "node", "--data", nodeDir, "--meta", c.meta, "--join", "SJ1-unused")
+	mustFail(t, c.conf, append(want, regexp.QuoteMeta(metaDir)), "meta", "--data", metaDir, "--listen", "127.0.0.1:0")
+	mustFail(t, c.conf, append(want, regexp.QuoteMeta(upDir)), "up", "--data", upDir, "--listen", "127.0.0.1:0", "--nodes", "1")
+	// A directory below one others can write could be swapped for theirs.
+	mustFail(t, c.conf, []string{`its parent ` + regexp.QuoteMeta(nodeDir) + ` is writable`, `refusing`},
+		"node", "--data", filepath.Join(nodeDir, "sub"), "--meta", c.meta, "--join", "SJ1-unused")
+	for _, d := range []string{nodeDir, metaDir, upDir} {
+		if ents, err := os.ReadDir(d); err != nil || len(ents) != 0 {
+			t.Errorf("%s: %d entries (%v) after the refusal", d, len(ents), err)
+		}
+	}
+	if err := os.Chmod(nodeDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	c.startNodeIn(t, "node", nodeDir)
+	waitNodesUp(t, c.conf, 1, 15*time.Second)
 }

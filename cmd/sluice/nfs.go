@@ -3,10 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -16,6 +20,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabricrpc"
 	"github.com/sluicefs/sluice/internal/nfs3"
 	"github.com/sluicefs/sluice/internal/nfsclient"
+	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
@@ -54,9 +59,51 @@ func statsProgram(get func() gatewayStats) oncrpc.Program {
 		}}
 }
 
+// exportsFrom builds the export table from --exports FILE and each
+// --export line; with neither, nfsexport.Default().
+func exportsFrom(file string, lines []string) ([]nfsexport.Export, error) {
+	var exports []nfsexport.Export
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--exports: %w", err)
+		}
+		if exports, err = nfsexport.Parse(file, string(b)); err != nil {
+			return nil, fmt.Errorf("--exports %w", err)
+		}
+	}
+	for _, l := range lines {
+		e, err := nfsexport.ParseLine(l)
+		if err != nil {
+			return nil, fmt.Errorf("--export %q: %w", l, err)
+		}
+		if exports, err = nfsexport.Add(exports, e); err != nil {
+			return nil, fmt.Errorf("--export %q: %w", l, err)
+		}
+	}
+	if file == "" && len(lines) == 0 {
+		return nfsexport.Default(), nil
+	}
+	if len(exports) == 0 {
+		return nil, fmt.Errorf("--exports %s: no exports in it", file)
+	}
+	return exports, nil
+}
+
+// handleKey is the key the gateway MACs file handles with, derived from
+// its client credential: the same for every gateway of the cluster and
+// across restarts, so handles outlive them, and unknown to NFS clients.
+func handleKey(credential string) []byte {
+	m := hmac.New(sha256.New, []byte(credential))
+	m.Write([]byte("sluice nfs file handles v1"))
+	return m.Sum(nil)
+}
+
 func (a *app) nfsCmd() *cobra.Command {
-	var listen, fabricListen string
+	var listen, fabricListen, exportsFile string
+	var exportLines []string
 	var fo fabricRPCFlags
+	var cf connFlags
 	var cacheMiB int64
 	cmd := &cobra.Command{
 		Use:   "nfs",
@@ -64,14 +111,32 @@ func (a *app) nfsCmd() *cobra.Command {
 		Long: `Serve the cluster's namespace as an NFSv3 export for machines that cannot
 mount it with FUSE. NFS and MOUNT are served on the one port --listen names,
 so a client told that port needs no portmapper (libnfs:
-nfs://HOST/PATH?nfsport=P&mountport=P). The export is "/"; MOUNT also
-accepts any directory below it. Callers are who their AUTH_SYS credentials
-say (AUTH_NONE is nobody, 65534), and meta checks permissions as for the
-FUSE mount: as with every AUTH_SYS server, only listen where the clients'
-uids can be trusted. Every WRITE is durable on every replica when it is
-answered (FILE_SYNC), so COMMIT has nothing left to do.`,
+nfs://HOST/PATH?nfsport=P&mountport=P).
+
+Exports are declared as in /etc/exports, one per --export (repeatable) or
+one per line of an --exports file:
+
+  --export '/proj 10.0.0.0/8(rw) 192.168.1.7(ro,all_squash)'
+
+A client is an IPv4 or IPv6 address, a network (ADDRESS/BITS) or * (every
+address); host names are refused. Options: ro (default) or rw; root_squash
+(default: uid 0, gid 0 and group 0 act as anonuid/anongid), no_root_squash
+or all_squash; secure (default: calls from ports below 1024 only, which
+only root can bind) or insecure; anonuid=N and anongid=N (default 65534).
+Without exports the gateway exports / read-write to this machine only
+(127.0.0.1 and ::1), root squashed and secure. MOUNT accepts an export or
+any directory below it; every NFS call is checked against its file
+handle's export. Callers are who their AUTH_SYS credentials say, as the
+export maps them, and meta checks permissions as for the FUSE mount. Every
+WRITE is durable on every replica when it is answered (FILE_SYNC), so
+COMMIT has nothing left to do.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			exports, err := exportsFrom(exportsFile, exportLines)
+			if err != nil {
+				return err
+			}
+			var credential string
 			return a.withClient(func(cl *client.Client) error {
 				if cacheMiB > 1<<30 {
 					return fmt.Errorf("--cache-mib %d: more than 1 PiB", cacheMiB)
@@ -80,7 +145,8 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 				if cache <= 0 {
 					cache = -1 // none
 				}
-				g, err := nfs3.New(nfs3.Options{Client: cl, Logger: a.logger().With("svc", "nfs"), CacheBytes: cache})
+				g, err := nfs3.New(nfs3.Options{Client: cl, Logger: a.logger().With("svc", "nfs"), CacheBytes: cache,
+					Exports: exports, HandleKey: handleKey(credential)})
 				if err != nil {
 					return err
 				}
@@ -88,19 +154,28 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 				if err != nil {
 					return fmt.Errorf("nfs: %w", err)
 				}
-				srv := &oncrpc.Server{MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs")}
-				if err := fo.check(); err != nil {
+				srv := &oncrpc.Server{MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs"),
+					MaxConns: cf.max, MaxConnsPerHost: cf.perHost}
+				if err := errors.Join(fo.check(), cf.check()); err != nil {
 					ln.Close()
 					return err
 				}
 				fsrv := &fabricrpc.Server{RPC: srv, Logger: a.logger().With("svc", "nfs-fabric"),
-					BufSize: fo.bufSize, BufCount: fo.bufCount, ChunkMin: fo.chunkMin}
+					BufSize: fo.bufSize, BufCount: fo.bufCount, ChunkMin: fo.chunkMin, MaxConns: cf.max, MaxConnsPerHost: cf.perHost}
 				srv.Programs = append(g.Programs(), statsProgram(func() gatewayStats {
 					st := gatewayStats{TCP: srv.Stats(), Fabric: fsrv.Stats()}
 					st.CacheHits, st.CacheMisses, st.CacheBytes = g.CacheStats()
 					return st
 				}))
-				fmt.Fprintf(a.stdout, "sluice: NFSv3 gateway listening on %s (NFS and MOUNT; export /)\n", ln.Addr())
+				fmt.Fprintf(a.stdout, "sluice: NFSv3 gateway listening on %s (NFS and MOUNT)\n", ln.Addr())
+				for _, e := range exports {
+					fmt.Fprintf(a.stdout, "sluice: export %s\n", e)
+				}
+				if exportsFile == "" && len(exportLines) == 0 {
+					if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil && !ap.Addr().IsLoopback() {
+						a.logger().Warn("nfs: no --export given: only this machine's clients (127.0.0.1, ::1) are admitted")
+					}
+				}
 				if fabricListen != "" {
 					fa, err := fsrv.Listen(fabricListen)
 					if err != nil {
@@ -118,13 +193,16 @@ answered (FILE_SYNC), so COMMIT has nothing left to do.`,
 				case <-cmd.Context().Done():
 					return srv.Close()
 				}
-			})
+			}, func(o *client.Options) { credential = o.Conf.Credential })
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to export to the network)")
+	cmd.Flags().StringArrayVar(&exportLines, "export", nil, "an export, as a line of /etc/exports: PATH CLIENT(OPTIONS)... (repeatable; see above)")
+	cmd.Flags().StringVar(&exportsFile, "exports", "", "a file of exports, one per line as in /etc/exports (# comments, \\ continues a line)")
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to serve the network, with --export naming its clients)")
 	cmd.Flags().Int64Var(&cacheMiB, "cache-mib", 256, "MiB of file data the gateway caches for READ (0 for none); other clients' writes show within a second, the gateway's own at once")
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
 	fo.add(cmd, "replies")
+	cf.add(cmd, fabricrpc.DefaultMaxConns, fabricrpc.DefaultMaxConnsPerHost, 0) // oncrpc's defaults too
 	return cmd
 }
 
@@ -150,6 +228,7 @@ type nfsClientFlags struct {
 	server, transport   string
 	rsize, wsize, ahead int
 	statsFile           string
+	resvport, mountPath string
 }
 
 func (f *nfsClientFlags) add(cmd *cobra.Command) {
@@ -159,6 +238,8 @@ func (f *nfsClientFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.ahead, "readahead", 4, "READs in flight beyond the one being written out")
 	f.fabric.add(cmd, "calls (WRITE data)")
 	cmd.Flags().StringVar(&f.transport, "transport", "tcp", "RPC transport: tcp (any NFS server) or fabric (the Sluice gateway's --fabric-listen address)")
+	cmd.Flags().StringVar(&f.resvport, "resvport", "auto", "bind a reserved source port (below 1024) as root NFS clients do, which secure exports require: auto (when permitted: root), yes (or fail), no")
+	cmd.Flags().StringVar(&f.mountPath, "mount", "/", "the export (or a directory below one) to mount; REMOTE is a path below it")
 	cmd.Flags().StringVar(&f.statsFile, "stats-json", "", "write the transfer's figures and the client's and server's transport counters (before and after) to this file as JSON (for sluice bench nfs)")
 	cmd.Flags().MarkHidden("stats-json")
 }
@@ -188,14 +269,18 @@ func serverStats(ctx context.Context, rpc nfsclient.Caller) (gatewayStats, error
 	return st, json.Unmarshal(b, &st)
 }
 
-// mount connects to the server and mounts its export "/", as the
-// calling user (AUTH_SYS).
+// mount connects to the server and mounts --mount, as the calling user
+// (AUTH_SYS).
 func (f *nfsClientFlags) mount(ctx context.Context) (*nfsclient.Client, nfsclient.Caller, func(), error) {
 	var rpc nfsclient.Caller
 	var closer interface{ Close() error }
+	resv, err := oncrpc.ParseResvPort(f.resvport)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--resvport %w", err)
+	}
 	switch f.transport {
 	case "tcp":
-		rc, err := oncrpc.Dial(ctx, f.server)
+		rc, err := oncrpc.DialResv(ctx, f.server, resv)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -204,7 +289,10 @@ func (f *nfsClientFlags) mount(ctx context.Context) (*nfsclient.Client, nfsclien
 		if err := f.fabric.check(); err != nil {
 			return nil, nil, nil, err
 		}
-		fc, err := fabricrpc.Dial(ctx, f.server, fabricrpc.ClientOptions{BufSize: f.fabric.bufSize, BufCount: f.fabric.bufCount, ChunkMin: f.fabric.chunkMin})
+		dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return oncrpc.DialTCP(ctx, network, addr, resv)
+		}
+		fc, err := fabricrpc.Dial(ctx, f.server, fabricrpc.ClientOptions{BufSize: f.fabric.bufSize, BufCount: f.fabric.bufCount, ChunkMin: f.fabric.chunkMin, Dial: dial})
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -219,7 +307,7 @@ func (f *nfsClientFlags) mount(ctx context.Context) (*nfsclient.Client, nfsclien
 			cred.GIDs = append(cred.GIDs, uint32(g))
 		}
 	}
-	c, err := nfsclient.Mount(ctx, rpc, "/", nfsclient.Options{Cred: cred, ReadSize: f.rsize, WriteSize: f.wsize, ReadAhead: f.ahead})
+	c, err := nfsclient.Mount(ctx, rpc, f.mountPath, nfsclient.Options{Cred: cred, ReadSize: f.rsize, WriteSize: f.wsize, ReadAhead: f.ahead})
 	if err != nil {
 		closer.Close()
 		return nil, nil, nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/meta"
@@ -28,6 +30,7 @@ type engineFlags struct {
 	idle                       time.Duration
 	linkRate                   string
 	linkDelay                  time.Duration
+	conns                      connFlags
 }
 
 func (f *engineFlags) add(cmd *cobra.Command) {
@@ -39,6 +42,7 @@ func (f *engineFlags) add(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.idle, "idle-timeout", 10*time.Second, "clean up a request (or close a connection) whose sender is silent this long mid-message")
 	cmd.Flags().StringVar(&f.linkRate, "link-rate", "", "emulate a network link of this bandwidth per node, e.g. 10Gbit (benchmarks)")
 	cmd.Flags().DurationVar(&f.linkDelay, "link-delay", 0, "emulate this one-way link delay, e.g. 5us (benchmarks)")
+	f.conns.add(cmd, fabric.DefaultMaxConns, fabric.DefaultMaxConnsPerHost, fabric.DefaultIdleTimeout)
 }
 
 // link returns a new emulated link for one node (nil if none is asked).
@@ -56,9 +60,15 @@ func (f *engineFlags) link() (*fabric.Link, error) {
 	return fabric.NewLink(rate, f.linkDelay)
 }
 
-func (f *engineFlags) options() (fabric.Options, engine.Options, error) {
+// options returns the fabric's and engine's options; the fabric logs to
+// log (refused and closed connections).
+func (f *engineFlags) options(log *slog.Logger) (fabric.Options, engine.Options, error) {
+	if err := f.conns.check(); err != nil {
+		return fabric.Options{}, engine.Options{}, err
+	}
 	link, err := f.link()
-	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle, Link: link},
+	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle, Link: link,
+			MaxConns: f.conns.max, MaxConnsPerHost: f.conns.perHost, IdleTimeout: f.conns.idle, Logger: log},
 		engine.Options{Workers: f.workers, TableSize: f.table, IdleTimeout: f.idle}, err
 }
 
@@ -77,7 +87,7 @@ func (a *app) upCmd() *cobra.Command {
 		Short: "Run a whole local cluster in this process (meta + storage nodes on loopback)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fo, eo, err := ef.options()
+			fo, eo, err := ef.options(a.logger())
 			if err != nil {
 				return err
 			}
@@ -166,6 +176,7 @@ func (a *app) metaCmd() *cobra.Command {
 		replicas    int
 		tlsNames    []string
 		sf          spaceFlags
+		cf          connFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "meta",
@@ -188,9 +199,12 @@ func (a *app) metaCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := cf.check(); err != nil {
+				return err
+			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
 				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace,
-				MinFreeBytes: minFree, MinFreePercent: minFreePct, TLSNames: tlsNames})
+				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost, TLSNames: tlsNames})
 			if err != nil {
 				return err
 			}
@@ -240,6 +254,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
 	cmd.Flags().StringSliceVar(&tlsNames, "tls-san", nil, "more host names or addresses meta's TLS certificate names (besides loopback, this host's name and the listen address)")
 	sf.add(cmd)
+	cf.add(cmd, connlimit.DefaultMax, connlimit.DefaultPerHost, 0)
 	return cmd
 }
 
@@ -294,7 +309,7 @@ func (a *app) nodeCmd() *cobra.Command {
 			case inventoryEvery == 0:
 				return errors.New("--inventory-interval must not be 0 (negative: only when meta asks)")
 			}
-			fo, eo, err := ef.options()
+			fo, eo, err := ef.options(a.logger())
 			if err != nil {
 				return err
 			}

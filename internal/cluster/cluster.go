@@ -102,6 +102,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := privfs.CheckDir(opts.Dir); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
 	if err := privfs.MkdirAll(opts.Dir); err != nil { // holds client.conf, a credential
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

@@ -78,13 +78,18 @@ type Conn struct {
 	readSem   chan struct{} // bounds remote READs served concurrently
 	readSlots chan struct{} // bounds our READs outstanding at the peer (its readSem)
 	peerQuota int           // receive buffers the peer announced
-	inHost    string        // the peer's IP for an inbound connection under MaxConnsPerHost
+	inbound   bool          // accepted, not dialed: the idle timeout applies
+	release   func()        // frees an inbound connection's slot (nil if dialed)
+	peerIdle  time.Duration // the idle timeout the peer announced (0: none)
 
 	wire *wire // emulated link delivery, if the endpoint has a Link
 
 	// busySince is the coarse time a packet began arriving, 0 between
 	// packets: the endpoint's watchdog closes connections stalled mid-packet.
 	busySince atomic.Int64
+	// lastActive is the coarse time a packet last began to arrive or was
+	// sent: the watchdog closes inbound connections idle past IdleTimeout.
+	lastActive atomic.Int64
 
 	// Reader-goroutine state for the message being received, and its
 	// timer for emulated ingress (made on first need).
@@ -137,7 +142,7 @@ func (c *Conn) flushCtrl(d time.Duration) {
 // than exceed it at the peer, where it would be a fatal access error.
 const MaxReads = 8
 
-func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, inHost string) *Conn {
+func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, peerIdle time.Duration, release func()) *Conn {
 	o := ep.opts
 	c := &Conn{
 		ep:         ep,
@@ -156,11 +161,14 @@ func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, inHos
 		readSem:    make(chan struct{}, MaxReads),
 		readSlots:  make(chan struct{}, MaxReads),
 		peerQuota:  peerQuota,
-		inHost:     inHost,
+		inbound:    release != nil,
+		release:    release,
+		peerIdle:   peerIdle,
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
 	}
 	c.placer, _ = h.(Placer)
+	c.lastActive.Store(ep.clock.Load())
 	if o.Link != nil {
 		c.wire = &wire{}
 		c.wire.cond.L = &c.wire.mu
@@ -181,6 +189,28 @@ func (c *Conn) MTU() int { return c.sendMTU }
 // posted for this connection, from its hello: an upper layer keeps the
 // messages it has outstanding at the peer within it, as credits.
 func (c *Conn) PeerQuota() int { return c.peerQuota }
+
+// PeerIdleTimeout is how long the peer keeps this connection open with
+// nothing sent either way, as its hello announced (0: no limit).
+func (c *Conn) PeerIdleTimeout() time.Duration { return c.peerIdle }
+
+// Stale reports whether the connection has carried nothing either way
+// for half the idle timeout the peer announced: the peer may be closing
+// it, and a request sent now could cross its close, so a caller with a
+// choice dials a new one. The time of the last packet is coarse (the
+// endpoint's clock lags by up to a watchdog tick), which errs towards
+// stale.
+func (c *Conn) Stale() bool {
+	return c.peerIdle > 0 && time.Now().UnixNano()-c.lastActive.Load() >= int64(c.peerIdle/2)
+}
+
+// active records traffic for the idle timeout; it stores only when the
+// coarse clock moved, to keep the per-packet cost a load.
+func (c *Conn) active() {
+	if now := c.ep.clock.Load(); c.lastActive.Load() != now {
+		c.lastActive.Store(now)
+	}
+}
 
 // RemoteAddr is the peer's address.
 func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }

@@ -47,6 +47,7 @@ func (c *Conn) readLoop() {
 			return
 		}
 		c.busySince.Store(c.ep.clock.Load())
+		c.active()
 		if _, err = io.ReadFull(c.br, hb[:]); err != nil {
 			return
 		}

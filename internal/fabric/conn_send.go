@@ -127,6 +127,7 @@ func (c *Conn) flush() error {
 		c.iov = c.iov[:0]
 		return err
 	}
+	c.active()
 	if len(c.lazy) > 0 {
 		// Queued packets go first: they were sent earlier.
 		c.iov = append(c.iov, nil)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicefs/sluice/internal/connlimit"
 )
 
 // Options configure an endpoint.
@@ -25,11 +27,19 @@ type Options struct {
 	WriteTimeout time.Duration
 	// HandshakeTimeout bounds the hello exchange. Default 5s.
 	HandshakeTimeout time.Duration
-	// MaxConns bounds inbound connections; more are refused. Default 4096.
+	// MaxConns bounds inbound connections, those still in their hello
+	// included; more are refused. Default 4096; negative: no bound.
 	MaxConns int
-	// MaxConnsPerHost, if positive, bounds inbound connections from one
-	// IP address, so one client cannot take every slot.
+	// MaxConnsPerHost bounds inbound connections from one host (IPv4
+	// address, IPv6 /64), so one host cannot take every slot. Default
+	// DefaultMaxConnsPerHost; negative: no bound.
 	MaxConnsPerHost int
+	// IdleTimeout closes an inbound connection that has carried no packet
+	// either way for this long, so idle connections do not hold slots
+	// for ever. It is announced in the hello: a Pool stops reusing a
+	// connection well before the peer would close it. Default
+	// DefaultIdleTimeout; negative: never.
+	IdleTimeout time.Duration
 	// StallTimeout closes a connection whose peer stops sending in the
 	// middle of a packet for this long. Default 10s.
 	StallTimeout time.Duration
@@ -43,6 +53,9 @@ type Options struct {
 	ServerTLS *tls.Config
 	DialTLS   func(addr string) (*tls.Config, error)
 	Logger    *slog.Logger
+	// Dial, if set, opens the TCP connections Dial makes (an NFS client
+	// binds a reserved source port with it); default a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 func (o *Options) fill() error {
@@ -65,7 +78,16 @@ func (o *Options) fill() error {
 		o.HandshakeTimeout = 5 * time.Second
 	}
 	if o.MaxConns == 0 {
-		o.MaxConns = 4096
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxConnsPerHost == 0 {
+		o.MaxConnsPerHost = DefaultMaxConnsPerHost
+	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.IdleTimeout > 0 && o.IdleTimeout < time.Millisecond || o.IdleTimeout > maxIdleTimeout {
+		return fmt.Errorf("fabric: idle timeout %s outside [1ms, %s]", o.IdleTimeout, maxIdleTimeout)
 	}
 	if o.StallTimeout == 0 {
 		o.StallTimeout = 10 * time.Second
@@ -76,19 +98,33 @@ func (o *Options) fill() error {
 	return nil
 }
 
+// Defaults of Options.
+const (
+	DefaultMaxConns        = connlimit.DefaultMax
+	DefaultMaxConnsPerHost = connlimit.DefaultPerHost
+	DefaultIdleTimeout     = 5 * time.Minute
+	// maxIdleTimeout is what the hello can announce (milliseconds in 32
+	// bits).
+	maxIdleTimeout = time.Duration(1<<32-1) * time.Millisecond
+)
+
+// ErrIdle is why an inbound connection idle for IdleTimeout is closed.
+var ErrIdle = errors.New("fabric: connection idle too long")
+
 // Endpoint is one fabric attachment (a NIC): it owns the region table,
 // accepts and dials connections.
 type Endpoint struct {
 	opts    Options
 	regions regions
 
-	mu          sync.Mutex
-	lns         []net.Listener
-	conns       map[*Conn]struct{}
-	handshaking int            // accepted connections still in their hello
-	hosts       map[string]int // inbound connections by peer IP (with MaxConnsPerHost)
-	closed      bool
-	wg          sync.WaitGroup
+	// admit counts inbound connections, from their accept to their end.
+	admit *connlimit.Limiter
+
+	mu     sync.Mutex
+	lns    []net.Listener
+	conns  map[*Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
 	// readers counts connections whose reader goroutine has not exited:
 	// a failed connection leaves conns at once but its reader may still be
 	// calling its handler, and Close must wait for that.
@@ -102,7 +138,8 @@ func NewEndpoint(opts Options) (*Endpoint, error) {
 	if err := opts.fill(); err != nil {
 		return nil, err
 	}
-	e := &Endpoint{opts: opts, conns: make(map[*Conn]struct{}), hosts: make(map[string]int), stop: make(chan struct{})}
+	e := &Endpoint{opts: opts, conns: make(map[*Conn]struct{}), stop: make(chan struct{}),
+		admit: connlimit.New(opts.MaxConns, opts.MaxConnsPerHost)}
 	e.clock.Store(time.Now().UnixNano())
 	e.wg.Add(1)
 	go e.watch()
@@ -113,12 +150,17 @@ func NewEndpoint(opts Options) (*Endpoint, error) {
 var ErrStalled = errors.New("fabric: peer stalled in the middle of a packet")
 
 // watch advances the coarse clock and closes connections stalled
-// mid-packet: without it, a peer could pin a connection (and its receive
-// quota) forever by sending half a packet, and enough such peers would
-// exhaust the endpoint's connections.
+// mid-packet, and inbound ones idle between packets: without it, a peer
+// could pin a connection (and its receive quota) forever by sending half
+// a packet, or nothing, and enough such peers would exhaust the
+// endpoint's connections.
 func (e *Endpoint) watch() {
 	defer e.wg.Done()
-	t := time.NewTicker(max(e.opts.StallTimeout/8, 10*time.Millisecond))
+	tick := e.opts.StallTimeout
+	if e.opts.IdleTimeout > 0 {
+		tick = min(tick, e.opts.IdleTimeout)
+	}
+	t := time.NewTicker(max(tick/8, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -126,18 +168,27 @@ func (e *Endpoint) watch() {
 			return
 		case now := <-t.C:
 			e.clock.Store(now.UnixNano())
-			limit := now.Add(-e.opts.StallTimeout).UnixNano()
+			stallLimit := now.Add(-e.opts.StallTimeout).UnixNano()
+			idleLimit := now.Add(-e.opts.IdleTimeout).UnixNano()
+			type closing struct {
+				c   *Conn
+				err error
+			}
+			var victims []closing
 			e.mu.Lock()
-			var stalled []*Conn
 			for c := range e.conns {
-				if b := c.busySince.Load(); b != 0 && b < limit {
-					stalled = append(stalled, c)
+				switch b := c.busySince.Load(); {
+				case b != 0 && b < stallLimit:
+					victims = append(victims, closing{c, ErrStalled})
+				case b == 0 && c.inbound && e.opts.IdleTimeout > 0 && c.lastActive.Load() < idleLimit:
+					victims = append(victims, closing{c, ErrIdle})
 				}
 			}
 			e.mu.Unlock()
-			for _, c := range stalled {
-				e.opts.Logger.Info("fabric: closing stalled connection", "peer", c.RemoteAddr())
-				c.CloseWithError(ErrStalled)
+			for _, x := range victims {
+				// Debug: a peer could otherwise write the log at will.
+				e.opts.Logger.Debug("fabric: closing connection", "peer", x.c.RemoteAddr(), "why", x.err)
+				x.c.CloseWithError(x.err)
 			}
 		}
 	}
@@ -220,38 +271,15 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 			continue
 		}
 		backoff = 0
-		var host string
-		if e.opts.MaxConnsPerHost > 0 {
-			host = nc.RemoteAddr().String()
-			if h, _, err := net.SplitHostPort(host); err == nil {
-				host = h
-			}
-		}
-		e.mu.Lock()
-		full := len(e.conns)+e.handshaking >= e.opts.MaxConns
-		hostFull := host != "" && e.hosts[host] >= e.opts.MaxConnsPerHost
-		if !full && !hostFull {
-			e.handshaking++
-			if host != "" {
-				e.hosts[host]++
-			}
-		}
-		e.mu.Unlock()
-		if full || hostFull {
-			e.opts.Logger.Warn("fabric: refusing connection, too many open", "peer", nc.RemoteAddr(), "max", e.opts.MaxConns,
-				"from_this_host", hostFull)
+		release, err := e.admit.Admit(nc.RemoteAddr())
+		if err != nil {
+			connlimit.Log(e.opts.Logger, "fabric", nc.RemoteAddr(), err)
 			nc.Close()
 			continue
 		}
 		go func() {
-			_, err := e.handshake(e.serverTLS(nc), h, host)
-			e.mu.Lock()
-			e.handshaking--
-			if err != nil {
-				e.unhost(host)
-			}
-			e.mu.Unlock()
-			if err != nil {
+			if _, err := e.handshake(e.serverTLS(nc), h, release); err != nil {
+				release()
 				e.opts.Logger.Debug("fabric: handshake failed", "peer", nc.RemoteAddr(), "err", err)
 			}
 		}()
@@ -261,15 +289,19 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 // Dial connects to a peer endpoint; h receives the messages the peer
 // sends on this connection (typically replies).
 func (e *Endpoint) Dial(ctx context.Context, addr string, h Handler) (*Conn, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	dial := e.opts.Dial
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	nc, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: dialing %s: %w", addr, err)
 	}
 	if nc, err = e.clientTLS(ctx, nc, addr); err != nil {
 		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, err)
 	}
-	c, err := e.handshake(nc, h, "")
+	c, err := e.handshake(nc, h, nil)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, explainPlain(err, e.opts.DialTLS != nil))
 	}
@@ -280,13 +312,20 @@ const helloSize = 16
 
 var helloMagic = [4]byte{'S', 'L', 'F', 1}
 
-// handshake opens a connection; inHost is the peer's IP for an inbound
-// connection counted against MaxConnsPerHost ("" otherwise).
-func (e *Endpoint) handshake(nc net.Conn, h Handler, inHost string) (*Conn, error) {
+// handshake opens a connection; release frees an inbound connection's
+// slot (nil for one dialed), which the connection then owns: the caller
+// releases it only if handshake fails.
+//
+// The hello is the magic, the MTU and receive quota, and the idle
+// timeout in milliseconds (0: none; earlier versions sent 0).
+func (e *Endpoint) handshake(nc net.Conn, h Handler, release func()) (*Conn, error) {
 	var hello [helloSize]byte
 	copy(hello[:], helloMagic[:])
 	binary.LittleEndian.PutUint32(hello[4:], uint32(e.opts.MTU))
 	binary.LittleEndian.PutUint32(hello[8:], uint32(e.opts.Quota))
+	if e.opts.IdleTimeout > 0 {
+		binary.LittleEndian.PutUint32(hello[12:], uint32(e.opts.IdleTimeout/time.Millisecond))
+	}
 	nc.SetDeadline(time.Now().Add(e.opts.HandshakeTimeout))
 	if _, err := nc.Write(hello[:]); err != nil {
 		nc.Close()
@@ -321,8 +360,9 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler, inHost string) (*Conn, erro
 		nc.Close()
 		return nil, ErrClosed
 	}
+	peerIdle := time.Duration(binary.LittleEndian.Uint32(peer[12:])) * time.Millisecond
 	e.readers.Add(1)
-	c := newConn(e, nc, h, mtu, pq, inHost)
+	c := newConn(e, nc, h, mtu, pq, peerIdle, release)
 	e.conns[c] = struct{}{}
 	e.mu.Unlock()
 	return c, nil
@@ -330,20 +370,10 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler, inHost string) (*Conn, erro
 
 func (e *Endpoint) forget(c *Conn) {
 	e.mu.Lock()
-	if _, ok := e.conns[c]; ok {
-		delete(e.conns, c)
-		e.unhost(c.inHost)
-	}
+	delete(e.conns, c)
 	e.mu.Unlock()
-}
-
-// unhost uncounts an inbound connection from host. Caller holds e.mu.
-func (e *Endpoint) unhost(host string) {
-	if host == "" {
-		return
-	}
-	if e.hosts[host]--; e.hosts[host] <= 0 {
-		delete(e.hosts, host)
+	if c.release != nil {
+		c.release()
 	}
 }
 

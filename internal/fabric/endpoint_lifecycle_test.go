@@ -169,7 +169,7 @@ func TestMaxConnsPerHost(t *testing.T) {
 		if err != nil {
 			t.Skipf("cannot dial from %s: %v", ip, err)
 		}
-		c, err := cli.handshake(nc, newCollector(), "")
+		c, err := cli.handshake(nc, newCollector(), nil)
 		if err != nil {
 			return nil, err
 		}

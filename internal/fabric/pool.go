@@ -101,6 +101,11 @@ func (pc *PeerConn) Addr() string { return pc.addr }
 // Pool keeps idle connections per peer address. A request checks out a
 // connection for its whole exchange, as it would own a queue pair, and
 // returns it when the reply is in.
+//
+// A peer closes a connection idle for its idle timeout (announced in the
+// hello); the pool reuses a connection only within half of it (Stale), so a
+// request is never sent on one the peer is closing at that moment, and
+// dials a new one instead (one the peer already closed is skipped too).
 type Pool struct {
 	ep      *Endpoint
 	maxIdle int
@@ -129,10 +134,22 @@ func (p *Pool) Get(ctx context.Context, addr string) (*PeerConn, error) {
 		}
 		pc := list[len(list)-1]
 		p.idle[addr] = list[:len(list)-1]
-		if pc.Err() == nil {
-			p.mu.Unlock()
-			return pc, nil
+		if pc.Err() != nil {
+			continue
 		}
+		if pc.Stale() {
+			// Older ones are further down the list: drop them all.
+			stale := append([]*PeerConn{pc}, p.idle[addr]...)
+			delete(p.idle, addr)
+			p.mu.Unlock()
+			for _, s := range stale {
+				s.Close()
+			}
+			p.mu.Lock()
+			continue
+		}
+		p.mu.Unlock()
+		return pc, nil
 	}
 	p.mu.Unlock()
 	r := NewRouter(p.ep.opts.Quota + 1)

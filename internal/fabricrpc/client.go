@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 
 	"github.com/sluicefs/sluice/internal/fabric"
@@ -19,6 +20,9 @@ type ClientOptions struct {
 	// ChunkMin is the smallest call datum sent as a chunk; default
 	// DefaultChunkMin.
 	ChunkMin int
+	// Dial, if set, opens the connection's TCP stream (from a reserved
+	// source port, say: oncrpc.DialTCP); default a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Client makes RPC calls over a fabric connection, as many in flight as
@@ -59,7 +63,7 @@ type creply struct {
 
 // Dial connects to a fabricrpc server.
 func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error) {
-	ep, err := fabric.NewEndpoint(fabric.Options{MTU: cmpOr(opts.BufSize, DefaultBufSize), Quota: cmpOr(opts.BufCount, DefaultBufCount)})
+	ep, err := fabric.NewEndpoint(fabric.Options{MTU: cmpOr(opts.BufSize, DefaultBufSize), Quota: cmpOr(opts.BufCount, DefaultBufCount), Dial: opts.Dial})
 	if err != nil {
 		return nil, fmt.Errorf("fabricrpc: %w", err)
 	}
@@ -80,7 +84,7 @@ func (c *Client) conn(ctx context.Context, broken *cconn) (*cconn, error) {
 	if closed {
 		return nil, fmt.Errorf("fabricrpc: %w", fabric.ErrClosed)
 	}
-	if cc != nil && cc != broken && cc.c.Err() == nil {
+	if cc != nil && cc != broken && cc.c.Err() == nil && !cc.c.Stale() {
 		return cc, nil
 	}
 	c.dialMu.Lock()
@@ -88,7 +92,7 @@ func (c *Client) conn(ctx context.Context, broken *cconn) (*cconn, error) {
 	c.mu.Lock()
 	cc = c.cur
 	c.mu.Unlock()
-	if cc != nil && cc != broken && cc.c.Err() == nil {
+	if cc != nil && cc != broken && cc.c.Err() == nil && !cc.c.Stale() {
 		return cc, nil // another caller reconnected
 	}
 	conn, err := c.ep.Dial(ctx, c.addr, c)

@@ -100,6 +100,8 @@ type Options struct {
 	// (DefaultMinFreeBytes, DefaultMinFreePercent); negative, none.
 	MinFreeBytes   int64
 	MinFreePercent float64
+	// MaxConns, MaxConnsPerHost: see limitConns.
+	MaxConns, MaxConnsPerHost int
 	// TLSNames are extra names and addresses meta's TLS certificate
 	// carries (tls.go lists the ones it always does).
 	TLSNames []string
@@ -209,6 +211,9 @@ func Open(opts Options) (*Service, error) {
 	}
 	// Everything under the data directory is private to this account,
 	// including what an older version left readable by others.
+	if err := privfs.CheckDir(opts.Dir); err != nil {
+		return nil, fmt.Errorf("meta: %w", err)
+	}
 	if err := privfs.MkdirAll(opts.Dir); err != nil {
 		return nil, fmt.Errorf("meta: creating data directory: %w", err)
 	}
@@ -379,10 +384,12 @@ func (s *Service) SetMetaAddr(addr string) {
 // Serve serves the HTTP API over TLS on ln until Shutdown or Close. It
 // also sets the reported meta address from ln if none is set yet.
 func (s *Service) Serve(ln net.Listener) error {
+	ln = s.limitConns(ln)
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
+		WriteTimeout:      5 * time.Minute,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),

@@ -67,18 +67,25 @@ func TestPrincipalsOverHTTP(t *testing.T) {
 	if _, err := f.s.Link(metaapi.LinkReq{Ino: f.ino("/proj/in"), NewParent: f.ino("/other"), NewName: "in2", Who: root}); err != nil {
 		t.Fatal(err)
 	}
+	creds := map[string]metaapi.AuthCredResp{}
 	add := func(name string, r metaapi.Rights) *metaapi.Client {
 		t.Helper()
 		resp, err := f.s.AddPrincipal(metaapi.AuthAddReq{Name: name, Rights: r})
 		if err != nil {
 			t.Fatalf("adding %s: %v", name, err)
 		}
+		creds[name] = resp
 		return client(t, srv, metaapi.ClientAuth(uint64(resp.Principal.ID), resp.Credential))
 	}
 	alice := add("alice", metaapi.Rights{Path: "/proj", UIDs: metaapi.IDRanges{{Lo: 1000, Hi: 1999}}, Squash: metaapi.SquashRoot})
 	reader := add("reader", metaapi.Rights{ReadOnly: true})
 	eve := add("eve", metaapi.Rights{UIDs: metaapi.IDRanges{{Lo: 1000, Hi: 1000}}})
 	u1000 := metaapi.Who{UID: 1000, GID: 1000}
+	// One principal's credential under another's id, or the admin's id.
+	for _, id := range []ids.ClientID{creds["reader"].Principal.ID, AdminID, SystemID} {
+		forged := client(t, srv, metaapi.ClientAuth(uint64(id), creds["alice"].Credential))
+		wantCode(t, forged.Call(ctx, metaapi.OpStatus, struct{}{}, nil), metaapi.EAUTH)
+	}
 
 	var a metaapi.AttrResp
 	// alice sees /proj as "/", and ".." does not leave it.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
@@ -20,8 +21,12 @@ var (
 func fuzzGateway(f *testing.F) *Gateway {
 	fuzzOnce.Do(func() {
 		cl, _ := StartTestCluster(f, 1)
-		var err error
-		if fuzzGW, err = New(Options{Client: cl}); err != nil {
+		// Root as root, so that the procedures that change things run.
+		exports, err := nfsexport.Parse("exports", "/ 127.0.0.1(rw,no_root_squash)")
+		if err != nil {
+			f.Fatal(err)
+		}
+		if fuzzGW, err = New(Options{Client: cl, Exports: exports}); err != nil {
 			f.Fatal(err)
 		}
 	})
@@ -32,7 +37,8 @@ func fuzzGateway(f *testing.F) *Gateway {
 // procedure: a call either does not decode (GARBAGE_ARGS, nothing done)
 // or is answered; nothing panics and no reply grows past a READ's.
 func FuzzProcedures(f *testing.F) {
-	root := Handle(ids.RootIno)
+	g := fuzzGateway(f)
+	root := g.Handle("/", ids.RootIno)
 	seed := func(prog uint8, proc uint8, build func(w *xdr.Writer)) {
 		var w xdr.Writer
 		build(&w)
@@ -63,9 +69,11 @@ func FuzzProcedures(f *testing.F) {
 		w.Bool(false)
 	})
 	seed(1, MountMnt, func(w *xdr.Writer) { w.String("/") })
-	g := fuzzGateway(f)
 	f.Fuzz(func(t *testing.T, prog uint8, proc uint8, args []byte) {
-		c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: uint32(proc % 24), CredFlavor: oncrpc.AuthSys}
+		// The caller: admitted as root, or refused (another network, an
+		// unprivileged port), or with no address at all.
+		remote := [...]string{"127.0.0.1:700", "127.0.0.1:40000", "127.0.0.2:700", ""}[prog/2%4]
+		c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: uint32(proc % 24), CredFlavor: oncrpc.AuthSys, Remote: remote}
 		h := g.nfs
 		if prog%2 == 1 {
 			c.Prog, c.Proc, h = ProgMount, uint32(proc%7), g.mount

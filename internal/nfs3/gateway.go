@@ -12,6 +12,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
 )
 
@@ -29,6 +30,15 @@ type Options struct {
 	// sent may hold memory beyond it (at most a block per READ in
 	// flight). See cache.go.
 	CacheBytes int64
+	// Exports is the export table (see package nfsexport); nil is
+	// nfsexport.Default(): the whole namespace, read-write, to this
+	// machine only, root squashed, from reserved ports.
+	Exports []nfsexport.Export
+	// HandleKey MACs file handles, so that no client can make the
+	// handle of a file outside its export. Handles stay valid across
+	// restarts while the key stays the same; empty is a random key
+	// (handles die with the gateway).
+	HandleKey []byte
 }
 
 // Gateway serves the cluster's namespace over NFSv3.
@@ -50,6 +60,11 @@ type Gateway struct {
 	bufs sync.Pool // READ buffers of MaxData bytes
 
 	cache *blockCache // nil: no read cache
+
+	exports     []*export
+	exportTable []nfsexport.Export // the same, for nfsexport.Find
+	exportByID  map[uint32]*export
+	handles     *handles
 }
 
 // openFile is an SDK handle the gateway keeps for READ and WRITE, so a
@@ -76,6 +91,22 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if _, err := rand.Read(g.verf[:]); err != nil {
 		return nil, fmt.Errorf("nfs3: write verifier: %w", err)
+	}
+	if opts.Exports == nil {
+		opts.Exports = nfsexport.Default()
+	}
+	g.exportByID, g.exportTable = map[uint32]*export{}, opts.Exports
+	for _, e := range opts.Exports {
+		x := &export{Export: e, id: exportID(e.Path)}
+		if o := g.exportByID[x.id]; o != nil {
+			return nil, fmt.Errorf("nfs3: exports %s and %s have the same id in file handles: export one of them under another name", o.Path, e.Path)
+		}
+		g.exports = append(g.exports, x)
+		g.exportByID[x.id] = x
+	}
+	var err error
+	if g.handles, err = newHandles(opts.HandleKey); err != nil {
+		return nil, err
 	}
 	g.lists.init()
 	switch {
@@ -105,23 +136,6 @@ func nfsIdempotent(_, proc uint32) bool {
 		return false
 	}
 	return true
-}
-
-// nobody is the identity of AUTH_NONE callers.
-const nobody = 65534
-
-// callerOf is the identity a call acts as: its AUTH_SYS credential, or
-// nobody.
-func callerOf(c *oncrpc.Call) metaapi.Who {
-	if c.CredFlavor == oncrpc.AuthSys {
-		return metaapi.Who{UID: c.Cred.UID, GID: c.Cred.GID, GIDs: c.Cred.GIDs}
-	}
-	return metaapi.Who{UID: nobody, GID: nobody}
-}
-
-// as returns ctx acting as the caller's identity.
-func as(ctx context.Context, c *oncrpc.Call) context.Context {
-	return client.WithWho(ctx, callerOf(c))
 }
 
 // file returns an SDK handle for regular file ino with attributes at
@@ -213,29 +227,13 @@ func (g *Gateway) status(ctx context.Context) (metaapi.StatusResp, error) {
 	return g.stat, nil
 }
 
-// may reports whether the caller may do want (metaapi.MayRead, MayWrite,
-// MayExec) to an object with attributes a: meta's own check on its mode
-// bits, applied by the gateway to each READDIR (and READ and WRITE, see
-// mayData), as knfsd does, because NFS has no open and the SDK's cached
-// capabilities are the gateway's, not the caller's.
-func may(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
-	return a.Allows(callerOf(c), want)
-}
-
-// mayData is may for READ and WRITE of a file's data, which its owner
-// may whatever the mode, as knfsd lets it (metaapi.Attr.AllowsData):
-// meta checks a write again when it is recorded, by the same rule.
-func mayData(c *oncrpc.Call, a *metaapi.Attr, want uint32) bool {
-	return a.AllowsData(callerOf(c), want)
-}
-
 // killPrivs drops the set-user-ID and set-group-ID bits of a file an
 // unprivileged caller is about to write, as a write(2) does (knfsd
 // writes as the caller, and the kernel drops them); the write's record
 // at meta then brings back the file's new mode.
-func (g *Gateway) killPrivs(ctx context.Context, c *oncrpc.Call, f *client.File) Status {
+func (g *Gateway) killPrivs(ctx context.Context, f *client.File) Status {
 	a := f.Attr()
-	if callerOf(c).UID == 0 || metaapi.KillSuidgid(a.Type, a.Mode) == a.Mode {
+	if accessOf(ctx).who.UID == 0 || metaapi.KillSuidgid(a.Type, a.Mode) == a.Mode {
 		return OK
 	}
 	if _, err := g.cl.SetAttr(ctx, metaapi.SetAttrReq{Ino: a.Ino, KillSuidgid: true}); err != nil {

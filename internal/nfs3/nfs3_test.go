@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/nfs3"
+	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
@@ -27,6 +29,7 @@ type env struct {
 	cred *oncrpc.AuthSysCred
 	opts nfs3.Options // the gateway's (Client is filled in)
 	gw   *nfs3.Gateway
+	addr string // the gateway's
 }
 
 func newEnv(t *testing.T) *env {
@@ -37,6 +40,23 @@ func newEnv(t *testing.T) *env {
 func newEnvOpts(t *testing.T, opts nfs3.Options) *env {
 	t.Helper()
 	cl, conf := nfs3.StartTestCluster(t, 3)
+	if opts.Exports == nil {
+		// These tests are about NFS semantics as root and as users: root
+		// is not squashed. Calls come from a reserved port, as a root
+		// client's do; a test run as another user cannot bind one.
+		line := "/ 127.0.0.1(rw,no_root_squash)"
+		if os.Geteuid() != 0 {
+			line = "/ 127.0.0.1(rw,no_root_squash,insecure)"
+		}
+		exports, err := nfsexport.Parse("exports", line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Exports = exports
+	}
+	if opts.HandleKey == nil {
+		opts.HandleKey = []byte("the env's handle key") // handles outlive a restart (serve)
+	}
 	e := &env{cl: cl, conf: conf, opts: opts, cred: &oncrpc.AuthSysCred{Machine: "test", UID: 0, GID: 0}}
 	e.serve(t)
 	return e
@@ -57,10 +77,11 @@ func (e *env) serve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.addr = ln.Addr().String()
 	srv := &oncrpc.Server{Programs: g.Programs(), MaxRecord: nfs3.MaxData + 64<<10}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	rc, err := oncrpc.Dial(context.Background(), ln.Addr().String())
+	rc, err := oncrpc.DialResv(context.Background(), ln.Addr().String(), oncrpc.ResvAuto)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +211,7 @@ func TestGatewaySemantics(t *testing.T) {
 	if st, _ := e.call(t, nfs3.ProcGetattr, func(w *xdr.Writer) { w.Opaque([]byte("garbage")) }); st != nfs3.ErrBadhandle {
 		t.Fatalf("GETATTR of a garbage handle: %d", st)
 	}
-	if st, _ := e.call(t, nfs3.ProcGetattr, func(w *xdr.Writer) { w.Opaque(nfs3.Handle(ids.Ino(1 << 40))) }); st != nfs3.ErrStale {
+	if st, _ := e.call(t, nfs3.ProcGetattr, func(w *xdr.Writer) { w.Opaque(e.gw.Handle("/", ids.Ino(1<<40))) }); st != nfs3.ErrStale {
 		t.Fatalf("GETATTR of a handle of no inode: %d", st)
 	}
 	// REMOVE makes the handle stale.

@@ -15,7 +15,7 @@ import (
 // anything is done: a call that does not decode is GARBAGE_ARGS and has
 // no effect.
 func (g *Gateway) nfs(ctx context.Context, c *oncrpc.Call, args *xdr.Reader, res *xdr.Writer) oncrpc.AcceptStat {
-	ctx = as(ctx, c)
+	ctx = g.admitCall(ctx, c, args)
 	var h func(context.Context, *xdr.Reader, *xdr.Writer) bool
 	switch c.Proc {
 	case ProcNull:
@@ -27,13 +27,13 @@ func (g *Gateway) nfs(ctx context.Context, c *oncrpc.Call, args *xdr.Reader, res
 	case ProcLookup:
 		h = g.lookup
 	case ProcAccess:
-		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.access(ctx, c, r, w) }
+		h = g.access
 	case ProcReadlink:
 		h = g.readlink
 	case ProcRead:
-		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.read(ctx, c, r, w) }
+		h = g.read
 	case ProcWrite:
-		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.write(ctx, c, r, w) }
+		h = g.write
 	case ProcCreate:
 		h = g.create
 	case ProcMkdir:
@@ -51,9 +51,9 @@ func (g *Gateway) nfs(ctx context.Context, c *oncrpc.Call, args *xdr.Reader, res
 	case ProcLink:
 		h = g.link
 	case ProcReaddir:
-		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, c, r, w, false) }
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, r, w, false) }
 	case ProcReaddirplus:
-		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, c, r, w, true) }
+		h = func(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool { return g.readdir(ctx, r, w, true) }
 	case ProcFsstat:
 		h = g.fsstat
 	case ProcFsinfo:
@@ -80,16 +80,6 @@ func (g *Gateway) attrOf(ctx context.Context, ino ids.Ino) *metaapi.Attr {
 	return &a
 }
 
-// handleArg decodes a file handle argument. A malformed handle is an
-// answer (BADHANDLE), not garbage.
-func handleArg(r *xdr.Reader) (ids.Ino, error) {
-	h := readHandle(r)
-	if r.Err() != nil {
-		return 0, nil
-	}
-	return parseHandle(h)
-}
-
 // handleStatus is the status of err met on the object a handle names:
 // that object missing is STALE (the handle outlived it), not NOENT.
 func handleStatus(err error) Status {
@@ -108,7 +98,7 @@ func (g *Gateway) getAttrErr(ctx context.Context, ino ids.Ino) (metaapi.Attr, St
 // withHandle handles the procedures whose reply is status, post_op_attr
 // and, on success, what body appends.
 func (g *Gateway) withHandle(ctx context.Context, r *xdr.Reader, w *xdr.Writer, more func(*xdr.Reader), body func(*metaapi.Attr, *xdr.Writer) Status) bool {
-	ino, herr := handleArg(r)
+	ino, herr := g.handleArg(ctx, r)
 	if more != nil {
 		more(r)
 	}
@@ -116,7 +106,7 @@ func (g *Gateway) withHandle(ctx context.Context, r *xdr.Reader, w *xdr.Writer, 
 		return false
 	}
 	if herr != nil {
-		w.Uint32(uint32(ErrBadhandle))
+		w.Uint32(uint32(handleErrStatus(herr)))
 		putPostOp(w, nil)
 		return true
 	}
@@ -138,12 +128,12 @@ func (g *Gateway) withHandle(ctx context.Context, r *xdr.Reader, w *xdr.Writer, 
 }
 
 func (g *Gateway) getattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	ino, herr := handleArg(r)
+	ino, herr := g.handleArg(ctx, r)
 	if r.Err() != nil {
 		return false
 	}
 	if herr != nil {
-		w.Uint32(uint32(ErrBadhandle))
+		w.Uint32(uint32(handleErrStatus(herr)))
 		return true
 	}
 	a, st := g.getAttrErr(ctx, ino)
@@ -155,7 +145,7 @@ func (g *Gateway) getattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) boo
 }
 
 func (g *Gateway) setattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	ino, herr := handleArg(r)
+	ino, herr := g.handleArg(ctx, r)
 	s := readSattr(r)
 	guard := r.Bool()
 	var gsec, gnsec uint32
@@ -171,7 +161,7 @@ func (g *Gateway) setattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) boo
 		return true
 	}
 	if herr != nil {
-		return fail(ErrBadhandle, nil)
+		return fail(handleErrStatus(herr), nil)
 	}
 	a, st := g.getAttrErr(ctx, ino)
 	if st != OK {
@@ -197,8 +187,8 @@ func (g *Gateway) setattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) boo
 }
 
 // diropArgs decodes diropargs3.
-func diropArgs(r *xdr.Reader) (ids.Ino, string, error) {
-	dir, herr := handleArg(r)
+func (g *Gateway) diropArgs(ctx context.Context, r *xdr.Reader) (ids.Ino, string, error) {
+	dir, herr := g.handleArg(ctx, r)
 	name := r.String(r.Len()) // bounded by the record; too long is NAMETOOLONG, not garbage
 	return dir, name, herr
 }
@@ -220,12 +210,12 @@ func checkName(name string) Status {
 }
 
 func (g *Gateway) lookup(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	dir, name, herr := diropArgs(r)
+	dir, name, herr := g.diropArgs(ctx, r)
 	if r.Err() != nil {
 		return false
 	}
 	if herr != nil {
-		w.Uint32(uint32(ErrBadhandle))
+		w.Uint32(uint32(handleErrStatus(herr)))
 		putPostOp(w, nil)
 		return true
 	}
@@ -239,7 +229,14 @@ func (g *Gateway) lookup(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 			err = metaapi.Errorf(metaapi.ENOTDIR, "not a directory")
 		}
 	case name == "..":
-		a, err = g.cl.Lookup(ctx, dir, name) // meta answers the parent
+		// The export's root is its own parent, as on any NFS server:
+		// no walking out of the export.
+		var top bool
+		if top, err = g.exportRoot(ctx, dir); top {
+			a, err = g.cl.GetAttr(ctx, dir)
+		} else if err == nil {
+			a, err = g.cl.Lookup(ctx, dir, name) // meta answers the parent
+		}
 	default:
 		if st := checkName(name); st != OK {
 			w.Uint32(uint32(st))
@@ -259,7 +256,7 @@ func (g *Gateway) lookup(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		return true
 	}
 	w.Uint32(uint32(OK))
-	w.Opaque(Handle(a.Ino))
+	w.Opaque(g.handle(ctx, a.Ino))
 	putPostOp(w, &a)
 	putPostOp(w, g.attrOf(ctx, dir))
 	return true
@@ -268,26 +265,29 @@ func (g *Gateway) lookup(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 // access reports the ACCESS3 bits the caller has on an object: what
 // READ, WRITE and READDIR will allow (may), and meta's check for the
 // rest.
-func (g *Gateway) access(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer) bool {
+func (g *Gateway) access(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 	var want uint32
 	return g.withHandle(ctx, r, w, func(r *xdr.Reader) { want = r.Uint32() }, func(a *metaapi.Attr, w *xdr.Writer) Status {
 		dir := a.Type == metaapi.TypeDir
 		var got uint32
-		if may(c, a, metaapi.MayRead) {
+		if may(ctx, a, metaapi.MayRead) {
 			got |= accessRead
 		}
-		if may(c, a, metaapi.MayWrite) {
+		if may(ctx, a, metaapi.MayWrite) {
 			got |= accessModify | accessExtend
 			if dir {
 				got |= accessDelete
 			}
 		}
-		if may(c, a, metaapi.MayExec) {
+		if may(ctx, a, metaapi.MayExec) {
 			if dir {
 				got |= accessLookup
 			} else {
 				got |= accessExecute
 			}
+		}
+		if !accessOf(ctx).rw {
+			got &^= accessModify | accessExtend | accessDelete // a read-only export
 		}
 		w.Uint32(got & want)
 		return OK
@@ -304,8 +304,8 @@ func (g *Gateway) readlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bo
 	})
 }
 
-func (g *Gateway) read(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer) bool {
-	ino, herr := handleArg(r)
+func (g *Gateway) read(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	ino, herr := g.handleArg(ctx, r)
 	off, count := r.Uint64(), r.Uint32()
 	if r.Err() != nil {
 		return false
@@ -316,14 +316,14 @@ func (g *Gateway) read(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xd
 		return true
 	}
 	if herr != nil {
-		return fail(ErrBadhandle, nil)
+		return fail(handleErrStatus(herr), nil)
 	}
 	f, err := g.file(ctx, ino)
 	if err != nil {
 		return fail(handleStatus(err), g.attrOf(ctx, ino))
 	}
 	a := f.Attr()
-	if !mayData(c, &a, metaapi.MayRead) {
+	if !mayData(ctx, &a, metaapi.MayRead) {
 		return fail(ErrAcces, &a)
 	}
 	count = min(count, MaxData)
@@ -412,8 +412,8 @@ func (g *Gateway) read(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xd
 // every replica and recorded at meta, so the reply says FILE_SYNC
 // whatever the client asked (RFC 1813 allows committing more than asked)
 // and COMMIT has nothing left to do.
-func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer) bool {
-	ino, herr := handleArg(r)
+func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
+	ino, herr := g.handleArg(ctx, r)
 	off, count, stable := r.Uint64(), r.Uint32(), r.Uint32()
 	data := r.Opaque(MaxData)
 	if r.Err() != nil {
@@ -426,7 +426,7 @@ func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *x
 	}
 	switch {
 	case herr != nil:
-		return fail(ErrBadhandle, nil)
+		return fail(handleErrStatus(herr), nil)
 	case stable > FileSync || int(count) != len(data):
 		return fail(ErrInval, nil)
 	case off > metaapi.MaxFileSize || uint64(count) > metaapi.MaxFileSize-off:
@@ -436,11 +436,11 @@ func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *x
 	if err != nil {
 		return fail(handleStatus(err), nil)
 	}
-	if a := f.Attr(); !mayData(c, &a, metaapi.MayWrite) {
+	if a := f.Attr(); !mayData(ctx, &a, metaapi.MayWrite) {
 		return fail(ErrAcces, &a)
 	}
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
-		if st := g.killPrivs(ctx, c, f); st != OK {
+		if st := g.killPrivs(ctx, f); st != OK {
 			return fail(st, g.attrOf(ctx, ino))
 		}
 		_, err := f.WriteAtContext(ctx, data, int64(off))
@@ -464,14 +464,14 @@ func (g *Gateway) write(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *x
 }
 
 func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	ino, herr := handleArg(r)
+	ino, herr := g.handleArg(ctx, r)
 	r.Uint64()
 	r.Uint32()
 	if r.Err() != nil {
 		return false
 	}
 	if herr != nil {
-		w.Uint32(uint32(ErrBadhandle))
+		w.Uint32(uint32(handleErrStatus(herr)))
 		putWcc(w, nil)
 		return true
 	}

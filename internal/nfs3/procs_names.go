@@ -21,7 +21,7 @@ func (g *Gateway) created(ctx context.Context, w *xdr.Writer, dir ids.Ino, resp 
 		putWcc(w, g.attrOf(ctx, dir))
 		return
 	}
-	putPostFH(w, resp.Attr.Ino)
+	g.putPostFH(ctx, w, resp.Attr.Ino)
 	putPostOp(w, &resp.Attr)
 	putWcc(w, g.dirAfter(ctx, dir, resp.Dirs))
 }
@@ -53,7 +53,7 @@ func (g *Gateway) dirStatus(ctx context.Context, dir ids.Ino, err error) Status 
 func (g *Gateway) createPrecheck(ctx context.Context, w *xdr.Writer, dir ids.Ino, name string, herr error) bool {
 	st := OK
 	if herr != nil {
-		st = ErrBadhandle
+		st = handleErrStatus(herr)
 	} else {
 		st = checkName(name)
 	}
@@ -90,7 +90,7 @@ func modeOr(m *uint32, def uint32) uint32 {
 }
 
 func (g *Gateway) create(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	dir, name, herr := diropArgs(r)
+	dir, name, herr := g.diropArgs(ctx, r)
 	how := r.Uint32()
 	var s sattr
 	var verf []byte
@@ -133,7 +133,7 @@ func (g *Gateway) create(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 }
 
 func (g *Gateway) mkdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	dir, name, herr := diropArgs(r)
+	dir, name, herr := g.diropArgs(ctx, r)
 	s := readSattr(r)
 	if r.Err() != nil {
 		return false
@@ -150,7 +150,7 @@ func (g *Gateway) mkdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 }
 
 func (g *Gateway) symlink(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	dir, name, herr := diropArgs(r)
+	dir, name, herr := g.diropArgs(ctx, r)
 	readSattr(r) // a symlink's mode is always 0777
 	target := r.String(r.Len())
 	if r.Err() != nil {
@@ -188,7 +188,7 @@ func nodeType(typ uint32) (metaapi.FileType, bool) {
 // does (meta lets only root make devices); other types are
 // NFS3ERR_BADTYPE, the status RFC 1813 names for them.
 func (g *Gateway) mknod(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	dir, name, herr := diropArgs(r)
+	dir, name, herr := g.diropArgs(ctx, r)
 	typ := r.Uint32()
 	var s sattr
 	var rdev uint64
@@ -228,7 +228,7 @@ func (g *Gateway) mknod(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 }
 
 func (g *Gateway) remove(ctx context.Context, r *xdr.Reader, w *xdr.Writer, isDir bool) bool {
-	dir, name, herr := diropArgs(r)
+	dir, name, herr := g.diropArgs(ctx, r)
 	if r.Err() != nil {
 		return false
 	}
@@ -246,15 +246,17 @@ func (g *Gateway) remove(ctx context.Context, r *xdr.Reader, w *xdr.Writer, isDi
 }
 
 func (g *Gateway) rename(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	from, fname, ferr := diropArgs(r)
-	to, tname, terr := diropArgs(r)
+	from, fname, ferr := g.diropArgs(ctx, r)
+	to, tname, terr := g.diropArgs(ctx, r)
 	if r.Err() != nil {
 		return false
 	}
 	st := OK
 	switch {
-	case ferr != nil || terr != nil:
-		st = ErrBadhandle
+	case ferr != nil:
+		st = handleErrStatus(ferr)
+	case terr != nil:
+		st = handleErrStatus(terr)
 	case checkName(fname) != OK:
 		st = checkName(fname)
 	case checkName(tname) != OK:
@@ -281,15 +283,17 @@ func (g *Gateway) rename(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 }
 
 func (g *Gateway) link(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
-	ino, herr := handleArg(r)
-	dir, name, derr := diropArgs(r)
+	ino, herr := g.handleArg(ctx, r)
+	dir, name, derr := g.diropArgs(ctx, r)
 	if r.Err() != nil {
 		return false
 	}
 	st := OK
 	switch {
-	case herr != nil || derr != nil:
-		st = ErrBadhandle
+	case herr != nil:
+		st = handleErrStatus(herr)
+	case derr != nil:
+		st = handleErrStatus(derr)
 	default:
 		st = checkName(name)
 	}

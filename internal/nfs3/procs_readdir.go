@@ -6,13 +6,12 @@ import (
 	"sync"
 
 	"github.com/sluicefs/sluice/internal/metaapi"
-	"github.com/sluicefs/sluice/internal/oncrpc"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
 // readdir serves READDIR and (plus) READDIRPLUS.
-func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w *xdr.Writer, plus bool) bool {
-	ino, herr := handleArg(r)
+func (g *Gateway) readdir(ctx context.Context, r *xdr.Reader, w *xdr.Writer, plus bool) bool {
+	ino, herr := g.handleArg(ctx, r)
 	cookie := r.Uint64()
 	verf := r.Uint64()  // cookieverf3: 8 opaque bytes, read as a number
 	count := r.Uint32() // READDIR: count; READDIRPLUS: dircount
@@ -28,7 +27,7 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 		return true
 	}
 	if herr != nil {
-		return fail(ErrBadhandle, nil)
+		return fail(handleErrStatus(herr), nil)
 	}
 	a, st := g.getAttrErr(ctx, ino)
 	if st != OK {
@@ -39,7 +38,7 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 	}
 	// Every call, not only the first: entries a listing holds are served
 	// without asking meta.
-	if !may(c, &a, metaapi.MayRead) {
+	if !may(ctx, &a, metaapi.MayRead) {
 		return fail(ErrAcces, &a)
 	}
 	var ls *listing
@@ -136,7 +135,7 @@ func (g *Gateway) readdir(ctx context.Context, c *oncrpc.Call, r *xdr.Reader, w 
 		w.Uint64(uint64(first + i + 1)) // its place in the listing
 		if plus {
 			putPostOp(w, e.attr)
-			putPostFH(w, e.d.Ino)
+			g.putPostFH(ctx, w, e.d.Ino)
 		}
 	}
 	w.Bool(false)

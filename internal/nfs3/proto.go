@@ -1,19 +1,18 @@
 // Package nfs3 is Sluice's NFSv3 gateway (RFC 1813): the NFS and MOUNT
 // version 3 programs served over ONC RPC, each procedure mapped onto the
-// SDK's inode-level calls and acting as the caller's AUTH_SYS identity,
-// so meta checks permissions as for the FUSE mount. This file holds the
-// protocol's constants and its XDR structures; gateway.go the state
-// (file handles, unstable writes, directory cookies); procs.go and
-// mount.go the procedures.
+// SDK's inode-level calls and acting as the identity the caller's export
+// gives its AUTH_SYS credential (package nfsexport: root squashed by
+// default), so meta checks permissions as for the FUSE mount. This file
+// holds the protocol's constants and its XDR structures; gateway.go the
+// state (open files, directory cookies); access.go file handles and
+// who may do what; procs.go and mount.go the procedures.
 package nfs3
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 
 	"github.com/sluicefs/sluice/client"
-	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
@@ -78,6 +77,7 @@ const (
 	ErrInval       Status = 22
 	ErrFbig        Status = 27
 	ErrNospc       Status = 28
+	ErrRofs        Status = 30
 	ErrMlink       Status = 31
 	ErrNametoolong Status = 63
 	ErrNotempty    Status = 66
@@ -128,35 +128,6 @@ const (
 	maxPath   = metaapi.MaxPathLen
 	maxName   = metaapi.MaxNameLen
 )
-
-// A file handle is the magic, then the inode number: inode numbers are
-// never reused, so handles stay valid across gateway and meta restarts,
-// and a removed file's handle is stale, never another file's.
-var handleMagic = [4]byte{'S', 'L', 'U', '1'}
-
-const handleLen = 12
-
-// Handle returns the file handle of inode ino.
-func Handle(ino ids.Ino) []byte {
-	h := make([]byte, handleLen)
-	copy(h, handleMagic[:])
-	binary.BigEndian.PutUint64(h[4:], uint64(ino))
-	return h
-}
-
-var errBadHandle = errors.New("nfs3: bad file handle")
-
-// parseHandle returns the inode a handle names.
-func parseHandle(h []byte) (ids.Ino, error) {
-	if len(h) != handleLen || [4]byte(h[:4]) != handleMagic {
-		return 0, errBadHandle
-	}
-	ino := ids.Ino(binary.BigEndian.Uint64(h[4:]))
-	if ino == 0 {
-		return 0, errBadHandle
-	}
-	return ino, nil
-}
 
 // readHandle reads an nfs_fh3.
 func readHandle(r *xdr.Reader) []byte { return r.Opaque(maxHandle) }
@@ -243,12 +214,6 @@ func SkipWcc(r *xdr.Reader) {
 	SkipPostOp(r)
 }
 
-// putPostFH appends a post_op_fh3.
-func putPostFH(w *xdr.Writer, ino ids.Ino) {
-	w.Bool(true)
-	w.Opaque(Handle(ino))
-}
-
 // sattr is a decoded sattr3.
 type sattr struct {
 	mode, uid, gid     *uint32
@@ -331,6 +296,8 @@ func statusOf(err error) Status {
 		return ErrAcces
 	case metaapi.EPERM:
 		return ErrPerm
+	case metaapi.EROFS:
+		return ErrRofs
 	case metaapi.ENOSPC:
 		return ErrNospc
 	case metaapi.EXDEV:

@@ -40,10 +40,10 @@ func testGateway(tb testing.TB, opts Options, n int) (*Gateway, ids.Ino, []byte)
 func readCall(tb testing.TB, g *Gateway, w *xdr.Writer, ino ids.Ino, off uint64, count uint32) []byte {
 	tb.Helper()
 	var args xdr.Writer
-	args.Opaque(Handle(ino))
+	args.Opaque(g.Handle("/", ino))
 	args.Uint64(off)
 	args.Uint32(count)
-	c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: ProcRead, CredFlavor: oncrpc.AuthSys}
+	c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: ProcRead, CredFlavor: oncrpc.AuthSys, Remote: "127.0.0.1:700"}
 	if st := g.nfs(context.Background(), c, xdr.NewReader(args.B), w); st != oncrpc.Success {
 		tb.Fatalf("READ: %v", st)
 	}
@@ -144,10 +144,10 @@ func BenchmarkReadHit(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			g, ino, _ := testGateway(b, Options{CacheBytes: tc.cache}, 1<<20)
 			var args xdr.Writer
-			args.Opaque(Handle(ino))
+			args.Opaque(g.Handle("/", ino))
 			args.Uint64(4096)
 			args.Uint32(64 << 10)
-			c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: ProcRead, CredFlavor: oncrpc.AuthSys}
+			c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: ProcRead, CredFlavor: oncrpc.AuthSys, Remote: "127.0.0.1:700"}
 			w := xdr.Writer{ChunkMin: tc.chunkMin, B: make([]byte, 0, 128<<10)}
 			r := xdr.NewReader(args.B)
 			ctx := context.Background()

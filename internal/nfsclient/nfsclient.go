@@ -70,7 +70,20 @@ type StatusError struct {
 	Status nfs3.Status
 }
 
-func (e *StatusError) Error() string { return fmt.Sprintf("nfs %s: status %d", e.Op, e.Status) }
+func (e *StatusError) Error() string {
+	if m, ok := statusMeaning[e.Status]; ok {
+		return fmt.Sprintf("nfs %s: status %d (%s)", e.Op, e.Status, m)
+	}
+	return fmt.Sprintf("nfs %s: status %d", e.Op, e.Status)
+}
+
+// statusMeaning explains the statuses an export's refusals give.
+var statusMeaning = map[nfs3.Status]string{
+	nfs3.ErrPerm:  "not permitted: a secure export refuses calls from unprivileged ports",
+	nfs3.ErrAcces: "permission denied: by the file's mode for the identity the export maps the caller to, or the export is not exported to this address",
+	nfs3.ErrRofs:  "the export is read-only",
+	nfs3.ErrStale: "stale file handle",
+}
 
 // Mount mounts export (MOUNT v3 on the same caller) and returns a client
 // of it.
@@ -88,7 +101,11 @@ func Mount(ctx context.Context, rpc Caller, export string, opts Options) (*Clien
 		return nil, fmt.Errorf("mounting %s: %w", export, err)
 	}
 	if st := r.Uint32(); st != 0 {
-		return nil, fmt.Errorf("mounting %s: mount status %d", export, st)
+		msg := ""
+		if st == 13 {
+			msg = " (access denied: not exported to this address, or a call from an unprivileged port to a secure export)"
+		}
+		return nil, fmt.Errorf("mounting %s: mount status %d%s", export, st, msg)
 	}
 	fh := r.Opaque(64)
 	if r.Err() != nil {

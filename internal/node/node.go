@@ -133,7 +133,11 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		opts.InventoryInterval = DefaultInventoryInterval
 	}
 	// Everything under the data directory is private to this account,
-	// including what an older version left readable by others.
+	// including what an older version left readable by others; one other
+	// accounts could write is refused, not repaired.
+	if err := privfs.CheckDir(opts.DataDir); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	if err := privfs.MkdirAll(opts.DataDir); err != nil {
 		return nil, fmt.Errorf("node: creating data dir: %w", err)
 	}

@@ -11,9 +11,11 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -67,12 +69,13 @@ type Server struct {
 	DRCEntries  int          // duplicate-request cache entries; default 4096
 	Logger      *slog.Logger // nil: discard
 	// MaxConns bounds the connections served at once (more are closed
-	// as they come, logged); default 1024. Each may hold up to
-	// MaxInFlight calls' records.
+	// as they come, logged); default 1024, negative: none. Each may hold
+	// up to MaxInFlight calls' records.
 	MaxConns int
-	// MaxConnsPerHost bounds the connections from one IP address, so one
-	// client cannot take every slot; default 64 (Linux's nconnect goes
-	// to 16 per mount).
+	// MaxConnsPerHost bounds the connections from one host (IPv4
+	// address, IPv6 /64; see connlimit), so one client cannot take every
+	// slot; default 64 (Linux's nconnect goes to 16 per mount),
+	// negative: none.
 	MaxConnsPerHost int
 	// WriteTimeout bounds writing one reply: a client that stops reading
 	// loses its connection instead of holding its calls; default 30 s.
@@ -91,11 +94,12 @@ type Server struct {
 	log    *slog.Logger
 	drc    *drc
 
+	admit *connlimit.Limiter // MaxConns, MaxConnsPerHost
+
 	mu        sync.Mutex
 	closed    bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
-	hosts     map[string]int // connections served per client IP
 	wg        sync.WaitGroup // connections; each waits for its handlers
 }
 
@@ -113,7 +117,7 @@ func (s *Server) init() {
 		s.drc = newDRC(entries, drcMaxBytes)
 		s.listeners = make(map[net.Listener]struct{})
 		s.conns = make(map[net.Conn]struct{})
-		s.hosts = make(map[string]int)
+		s.admit = connlimit.New(cmp.Or(s.MaxConns, defaultMaxConns), cmp.Or(s.MaxConnsPerHost, defaultMaxPerHost))
 	})
 }
 
@@ -173,24 +177,17 @@ func (s *Server) Serve(ln net.Listener) error {
 			nc.Close()
 			return nil
 		}
-		if len(s.conns) >= cmp.Or(s.MaxConns, defaultMaxConns) {
+		release, err := s.admit.Admit(nc.RemoteAddr())
+		if err != nil {
 			s.mu.Unlock()
-			s.log.Warn("oncrpc: too many connections; closing a new one", "remote", nc.RemoteAddr(), "max", cmp.Or(s.MaxConns, defaultMaxConns))
+			connlimit.Log(s.log, "oncrpc", nc.RemoteAddr(), err)
 			nc.Close()
 			continue
 		}
-		host := hostOf(nc.RemoteAddr().String())
-		if s.hosts[host] >= cmp.Or(s.MaxConnsPerHost, defaultMaxPerHost) {
-			s.mu.Unlock()
-			s.log.Warn("oncrpc: too many connections from one host; closing a new one", "remote", nc.RemoteAddr(), "max", cmp.Or(s.MaxConnsPerHost, defaultMaxPerHost))
-			nc.Close()
-			continue
-		}
-		s.hosts[host]++
 		s.conns[nc] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
-		go s.serveConn(nc)
+		go s.serveConn(nc, release)
 	}
 }
 
@@ -229,7 +226,7 @@ type conn struct {
 	wg     sync.WaitGroup
 }
 
-func (s *Server) serveConn(nc net.Conn) {
+func (s *Server) serveConn(nc net.Conn, release func()) {
 	defer s.wg.Done()
 	c := &conn{s: s, nc: nc, remote: nc.RemoteAddr().String(), slots: make(chan struct{}, s.maxInFlight())}
 	c.client = hostOf(c.remote)
@@ -262,10 +259,8 @@ func (s *Server) serveConn(nc net.Conn) {
 	nc.Close()
 	s.mu.Lock()
 	delete(s.conns, nc)
-	if s.hosts[c.client]--; s.hosts[c.client] <= 0 {
-		delete(s.hosts, c.client)
-	}
 	s.mu.Unlock()
+	release()
 
 	switch {
 	case errors.Is(err, ErrRecordTooLarge):
@@ -410,7 +405,7 @@ func (s *Server) dispatch(remote, client string, rec []byte, chunks []xdr.Chunk,
 		sum = crc32.Update(sum, crc32.IEEETable, c.Data)
 		size += len(c.Data)
 	}
-	key := drcKey{client: client, xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc, sum: sum, size: size}
+	key := drcKey{client: drcClient(client, remote), xid: call.XID, prog: call.Prog, vers: call.Vers, proc: call.Proc, sum: sum, size: size}
 	switch state, reply := s.drc.begin(key); state {
 	case drcInProgress:
 		s.log.Debug("oncrpc: duplicate of a running call dropped", "remote", remote, "xid", call.XID)
@@ -423,6 +418,20 @@ func (s *Server) dispatch(remote, client string, rec []byte, chunks []xdr.Chunk,
 	s.invoke(p, call, args, w)
 	s.drc.finish(key, w.B)
 	return true
+}
+
+// drcClient keys the duplicate-request cache by the caller's host and
+// whether its port is reserved: a retransmission from another port of
+// the same host finds its reply (clients reconnect), but a process on an
+// unprivileged port never gets the reply to a call made from a reserved
+// one (root's), which an NFS export that is secure refuses it.
+func drcClient(client, remote string) string {
+	if _, p, err := net.SplitHostPort(remote); err == nil {
+		if n, err := strconv.Atoi(p); err == nil && n < 1024 {
+			return client + " reserved"
+		}
+	}
+	return client
 }
 
 // program finds the program serving prog in version vers. Without one,

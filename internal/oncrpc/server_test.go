@@ -437,6 +437,29 @@ func TestDuplicateRequestCache(t *testing.T) {
 	}
 }
 
+// TestDuplicateRequestCacheReservedPort: a process on an unprivileged
+// port that sends the same call as a client on a reserved port of the
+// same host (root's) does not get that call's cached reply: the call runs
+// again, as its own.
+func TestDuplicateRequestCacheReservedPort(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("binding a reserved port needs root")
+	}
+	svc := newService()
+	_, addr := start(t, svc, nil)
+	call := rawCall(0x4321, 3, procCount, []byte{0, 0, 0, 7})
+	root, err := DialTCP(context.Background(), "tcp", addr, ResvRequired)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	r1 := exchange(t, root, call)
+	r2 := exchange(t, dialRaw(t, addr), call)
+	if bytes.Equal(r1, r2) || svc.count.Load() != 2 {
+		t.Fatalf("replies % x and % x, %d runs: the unprivileged port got the reserved port's reply", r1, r2, svc.count.Load())
+	}
+}
+
 func TestDuplicateWhileRunning(t *testing.T) {
 	svc := newService()
 	_, addr := start(t, svc, nil)

@@ -1,9 +1,11 @@
 package privfs
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -145,5 +147,67 @@ func TestPebble(t *testing.T) {
 	}
 	if got := open(t, dir); len(got) != 0 {
 		t.Errorf("pebble's files are open to others: %v", got)
+	}
+}
+
+// TestCheckDir: a data directory others can write, or whose parent they
+// can write (unless sticky), or owned by another user, is refused with an
+// error naming the directory at fault; a private one, or one yet to be
+// made under a safe parent, is accepted.
+func TestCheckDir(t *testing.T) {
+	base := t.TempDir() // 0700, ours
+	mk := func(name string, mode os.FileMode) string {
+		t.Helper()
+		p := filepath.Join(base, name)
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ok := func(dir string) {
+		t.Helper()
+		if err := CheckDir(dir); err != nil {
+			t.Errorf("CheckDir(%s): %v", dir, err)
+		}
+	}
+	refused := func(dir, at, why string) {
+		t.Helper()
+		err := CheckDir(dir)
+		var ue *UnsafeDirError
+		if !errors.As(err, &ue) || ue.Path != at || !strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), "refusing") {
+			t.Errorf("CheckDir(%s): %v; want it refused for %s (%s)", dir, err, at, why)
+		}
+	}
+	ok(mk("private", 0o700))
+	ok(mk("readable", 0o755)) // an older version's: made private after the check
+	ok(filepath.Join(base, "private", "not-yet", "made"))
+	refused(mk("open", 0o777), filepath.Join(base, "open"), "writable by group or others")
+	refused(mk("group", 0o770), filepath.Join(base, "group"), "writable by group or others")
+	refused(mk("sticky", 0o777|os.ModeSticky), filepath.Join(base, "sticky"), "writable by group or others")
+	refused(filepath.Join(base, "open", "sub"), filepath.Join(base, "open"), "could replace it")
+	ok(filepath.Join(base, "sticky", "sub")) // as under /tmp
+	// Through a symbolic link: the target is checked.
+	if err := os.Symlink(filepath.Join(base, "open"), filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
+	}
+	refused(filepath.Join(base, "link"), filepath.Join(base, "open"), "writable")
+	f := filepath.Join(base, "file")
+	if err := os.WriteFile(f, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	refused(f, f, "not a directory")
+	if os.Geteuid() == 0 {
+		other := mk("other", 0o700)
+		if err := os.Chown(other, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		refused(other, other, "owned by uid 65534")
+		if err := os.Mkdir(filepath.Join(other, "sub"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		refused(filepath.Join(other, "sub"), other, "owned by uid 65534")
 	}
 }

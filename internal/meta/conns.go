@@ -1,0 +1,21 @@
+package meta
+
+import (
+	"cmp"
+	"net"
+
+	"github.com/sluicefs/sluice/internal/connlimit"
+)
+
+// limitConns bounds the connections Serve holds, in all and from one
+// host (Options.MaxConns and MaxConnsPerHost; 0: connlimit's defaults,
+// negative: no bound), counted from their accept, so a flood from one
+// host leaves nodes' heartbeats and other clients served. Serve's HTTP
+// timeouts close what is idle: 10 s for a request's header, 2 minutes
+// between requests (clients drop theirs after 90 s, so they never send
+// on one meta is closing), and 5 minutes to write a reply (clients give
+// up after 30 s).
+func (s *Service) limitConns(ln net.Listener) net.Listener {
+	lim := connlimit.New(cmp.Or(s.opts.MaxConns, connlimit.DefaultMax), cmp.Or(s.opts.MaxConnsPerHost, connlimit.DefaultPerHost))
+	return connlimit.NewListener(ln, lim, s.log, "meta")
+}
