@@ -100,7 +100,9 @@ func explain(err error) string {
 	var me *metaapi.Error
 	if errors.As(err, &me) {
 		msg := err.Error()
-		if me.Code == metaapi.EAUTH && !strings.Contains(msg, "secret") {
+		// Not for a node's refusal (a join token, its certificate): it
+		// uses no client config.
+		if me.Code == metaapi.EAUTH && !strings.Contains(msg, "secret") && !strings.HasPrefix(msg, "node: ") {
 			msg += " (is the client config for this cluster?)"
 		}
 		return msg
