@@ -66,10 +66,14 @@ type Options struct {
 	HeartbeatInterval time.Duration // told to nodes; default 1s
 	NodeTimeout       time.Duration // node marked down after this silence; default 10s
 	CapabilityTTL     time.Duration // default 10m
-	DefaultReplicas   int           // root policy on first start; default 3
-	ChunkSize         int64         // chunk size of new files; default metaapi.DefaultChunkSize
-	MetaAddr          string        // reported by Status; see also SetMetaAddr
-	Now               func() time.Time
+	// CapKeyRotate is how often the key that MACs capabilities rotates
+	// (capkeys.go); it must be longer than CapabilityTTL. Default
+	// DefaultCapKeyRotate; negative: never.
+	CapKeyRotate    time.Duration
+	DefaultReplicas int    // root policy on first start; default 3
+	ChunkSize       int64  // chunk size of new files; default metaapi.DefaultChunkSize
+	MetaAddr        string // reported by Status; see also SetMetaAddr
+	Now             func() time.Time
 	// Seed seeds placement's random choices; 0 picks a random seed.
 	Seed uint64
 	// SweepInterval is how often a background ticker marks silent nodes
@@ -118,6 +122,9 @@ func (o *Options) setDefaults() {
 	if o.CapabilityTTL <= 0 {
 		o.CapabilityTTL = 10 * time.Minute
 	}
+	if o.CapKeyRotate == 0 {
+		o.CapKeyRotate = DefaultCapKeyRotate
+	}
 	if o.DefaultReplicas <= 0 {
 		o.DefaultReplicas = 3
 	}
@@ -159,7 +166,7 @@ type Service struct {
 	log    *slog.Logger
 	db     *pebble.DB
 	sec    secret.Secret
-	keys   *capability.Keyring
+	keys   *capability.Keyring // its keys and revocations follow capKeys
 	nodeTk string
 	dur    durability
 	princ  atomic.Pointer[principalSet]
@@ -167,6 +174,7 @@ type Service struct {
 	mu       sync.RWMutex
 	closed   bool
 	ctr      counters
+	capKeys  capKeyState // capkeys.go
 	nodes    map[ids.NodeID]*member
 	rng      *rand.Rand // under mu (write)
 	minFree  placement.MinFree
@@ -201,6 +209,9 @@ func Open(opts Options) (*Service, error) {
 	}
 	if opts.DefaultReplicas > 16 {
 		return nil, fmt.Errorf("meta: default replicas %d out of range 1..16", opts.DefaultReplicas)
+	}
+	if err := opts.checkCapKeys(); err != nil {
+		return nil, err
 	}
 	if opts.MinFreePercent >= 100 {
 		return nil, fmt.Errorf("meta: a node must keep %g%% of its space free: no node could take anything", opts.MinFreePercent)
@@ -250,6 +261,10 @@ func Open(opts Options) (*Service, error) {
 	}
 	s.dur.init()
 	if err := s.load(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("meta: %w", err)
+	}
+	if err := s.openCapKeys(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("meta: %w", err)
 	}
