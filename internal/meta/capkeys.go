@@ -24,8 +24,11 @@ import (
 // The state is one record (keyCapKeys) so a restart neither reuses a key
 // id nor forgets a revocation; in memory it is Service.capKeys, under mu.
 
-// DefaultCapKeyRotate is how often the capability key rotates by default.
-const DefaultCapKeyRotate = 24 * time.Hour
+// Defaults: how long a capability lives, how often the key rotates.
+const (
+	DefaultCapabilityTTL = 10 * time.Minute
+	DefaultCapKeyRotate  = 24 * time.Hour
+)
 
 // maxRevokedClients bounds the clients revoked one by one (the list goes
 // to every node with every heartbeat); past it, meta revokes every

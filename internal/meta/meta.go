@@ -120,7 +120,7 @@ func (o *Options) setDefaults() {
 		o.NodeTimeout = 10 * time.Second
 	}
 	if o.CapabilityTTL <= 0 {
-		o.CapabilityTTL = 10 * time.Minute
+		o.CapabilityTTL = DefaultCapabilityTTL
 	}
 	if o.CapKeyRotate == 0 {
 		o.CapKeyRotate = DefaultCapKeyRotate
