@@ -159,11 +159,11 @@ func (o *Options) checkCapKeys() error {
 		return nil
 	}
 	if o.CapKeyRotate <= o.CapabilityTTL {
-		return fmt.Errorf("meta: capability keys rotating every %s, not longer than capabilities live (%s): a key would retire while what it signed is still valid",
+		return fmt.Errorf("capability keys rotating every %s, not longer than capabilities live (%s): a key would retire while what it signed is still valid",
 			o.CapKeyRotate, o.CapabilityTTL)
 	}
 	if o.CapKeyRotate < 5*o.HeartbeatInterval {
-		return fmt.Errorf("meta: capability keys rotating every %s: at least 5 heartbeat intervals (%s) so nodes hear of each key before it is used",
+		return fmt.Errorf("capability keys rotating every %s: at least 5 heartbeat intervals (%s) so nodes hear of each key before it is used",
 			o.CapKeyRotate, 5*o.HeartbeatInterval)
 	}
 	return nil
@@ -174,6 +174,9 @@ func (o *Options) checkCapKeys() error {
 // has passed while meta was down, and persists it with this run's
 // lifetime.
 func (s *Service) openCapKeys() error {
+	if err := s.opts.checkCapKeys(); err != nil {
+		return err
+	}
 	now := s.opts.Now().UnixNano()
 	var st capKeyState
 	found, err := getJSON(s.db, keyCapKeys, &st)

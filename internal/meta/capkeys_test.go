@@ -295,3 +295,27 @@ func TestCapKeyRotateValidated(t *testing.T) {
 		t.Fatalf("never rotating: keys %v", s.capKeysLocked(0).Keys)
 	}
 }
+
+// TestPrincipalChangesRevoke: rotating a principal's credential or
+// removing it revokes the capabilities minted for it before.
+func TestPrincipalChangesRevoke(t *testing.T) {
+	f := capKeysFixture(t)
+	nodes := f.addNodes(3)
+	for name, change := range map[string]func(string) error{
+		"rotated": func(n string) error { _, err := f.s.RotatePrincipal(n); return err },
+		"removed": f.s.RemovePrincipal,
+	} {
+		added, err := f.s.AddPrincipal(metaapi.AuthAddReq{Name: name, Rights: metaapi.Rights{Path: "/"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.clk.Advance(time.Second)
+		if err := change(name); err != nil {
+			t.Fatal(err)
+		}
+		want := metaapi.RevokedClient{Client: added.Principal.ID, Before: f.clk.Now().UnixNano()}
+		if hb := f.heartbeat(nodes[0]); !slices.Contains(hb.CapKeys.Revoked, want) {
+			t.Fatalf("%s principal: revoked %+v, want %+v among them", name, hb.CapKeys.Revoked, want)
+		}
+	}
+}

@@ -66,14 +66,11 @@ type Options struct {
 	HeartbeatInterval time.Duration // told to nodes; default 1s
 	NodeTimeout       time.Duration // node marked down after this silence; default 10s
 	CapabilityTTL     time.Duration // default 10m
-	// CapKeyRotate is how often the key that MACs capabilities rotates
-	// (capkeys.go); it must be longer than CapabilityTTL. Default
-	// DefaultCapKeyRotate; negative: never.
-	CapKeyRotate    time.Duration
-	DefaultReplicas int    // root policy on first start; default 3
-	ChunkSize       int64  // chunk size of new files; default metaapi.DefaultChunkSize
-	MetaAddr        string // reported by Status; see also SetMetaAddr
-	Now             func() time.Time
+	CapKeyRotate      time.Duration // > CapabilityTTL; default DefaultCapKeyRotate, negative: never (capkeys.go)
+	DefaultReplicas   int           // root policy on first start; default 3
+	ChunkSize         int64         // chunk size of new files; default metaapi.DefaultChunkSize
+	MetaAddr          string        // reported by Status; see also SetMetaAddr
+	Now               func() time.Time
 	// Seed seeds placement's random choices; 0 picks a random seed.
 	Seed uint64
 	// SweepInterval is how often a background ticker marks silent nodes
@@ -166,7 +163,7 @@ type Service struct {
 	log    *slog.Logger
 	db     *pebble.DB
 	sec    secret.Secret
-	keys   *capability.Keyring // its keys and revocations follow capKeys
+	keys   *capability.Keyring
 	nodeTk string
 	dur    durability
 	princ  atomic.Pointer[principalSet]
@@ -209,9 +206,6 @@ func Open(opts Options) (*Service, error) {
 	}
 	if opts.DefaultReplicas > 16 {
 		return nil, fmt.Errorf("meta: default replicas %d out of range 1..16", opts.DefaultReplicas)
-	}
-	if err := opts.checkCapKeys(); err != nil {
-		return nil, err
 	}
 	if opts.MinFreePercent >= 100 {
 		return nil, fmt.Errorf("meta: a node must keep %g%% of its space free: no node could take anything", opts.MinFreePercent)
