@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/wire"
 )
 
 // TestCapKeysRotateUnderLoad: writes and reads run without a pause while
@@ -140,5 +142,43 @@ func TestCapKeysRotateUnderLoad(t *testing.T) {
 			return slices.Contains(ck.Keys, cur) && slices.Contains(ck.Keys, cur+1),
 				fmt.Sprintf("node %v accepts %v; the current key is %d", id, ck.Keys, cur)
 		})
+	}
+}
+
+// TestAuthRmRevokesCapabilities: a capability meta minted for a principal
+// before `sluice auth rm` is refused by the storage nodes within seconds
+// (as expired), not for the rest of its lifetime; the admin's are not.
+func TestAuthRmRevokesCapabilities(t *testing.T) {
+	c := threeNodes(t, nil, nil)
+	carol := filepath.Join(c.dir, "carol.conf")
+	mustRun(t, c.conf, nil, "auth", "add", "carol", "--conf-out", carol)
+	mustRun(t, carol, bytes.NewReader(randomBytes(t, 64<<10)), "put", "-", "/c")
+	_, carolLayout := layoutOf(t, metaClient(t, carol), "/c")
+	_, adminLayout := layoutOf(t, metaClient(t, c.conf), "/c")
+	// stat reads nothing (zero bytes) of the chunk with a capability.
+	stat := func(l metaapi.ChunkLayout) (wire.Status, string) {
+		r := dialRaw(t, l.Replicas[0].Addr)
+		defer r.c.Close()
+		h, err := wire.AppendRead(nil, &wire.ReadHeader{Chunk: l.Chunk, Cap: l.Cap})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.packet(pkSend, flFirst|flLast, 1, h)
+		rep, msg := r.reply(1)
+		return rep.Status, msg
+	}
+	if s, msg := stat(carolLayout[0]); s != wire.StatusOK {
+		t.Fatalf("carol's capability before the removal: %v %s", s, msg)
+	}
+
+	start := time.Now()
+	mustRun(t, c.conf, nil, "auth", "rm", "carol")
+	eventually(t, 20*time.Second, 50*time.Millisecond, func() (bool, string) {
+		s, msg := stat(carolLayout[0])
+		return s == wire.StatusAuth && strings.Contains(msg, "expired: revoked"), fmt.Sprintf("carol's capability: %v %s", s, msg)
+	})
+	t.Logf("a node refused the removed principal's capability %s after `sluice auth rm` began", time.Since(start).Round(time.Millisecond))
+	if s, msg := stat(adminLayout[0]); s != wire.StatusOK {
+		t.Fatalf("the admin's capability after carol's removal: %v %s", s, msg)
 	}
 }
