@@ -177,6 +177,8 @@ func (a *app) metaCmd() *cobra.Command {
 		tlsNames    []string
 		sf          spaceFlags
 		cf          connFlags
+		capTTL      time.Duration
+		capRotate   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "meta",
@@ -195,6 +197,12 @@ func (a *app) metaCmd() *cobra.Command {
 			if orphanGrace <= 0 {
 				return fmt.Errorf("--orphan-grace %s: must be positive", orphanGrace)
 			}
+			if capTTL <= 0 || capRotate < 0 {
+				return fmt.Errorf("--cap-ttl %s, --cap-key-rotate %s: the lifetime must be positive, the period not negative", capTTL, capRotate)
+			}
+			if capRotate == 0 {
+				capRotate = -1 // meta.Options: never
+			}
 			minFree, minFreePct, err := sf.options()
 			if err != nil {
 				return err
@@ -204,7 +212,8 @@ func (a *app) metaCmd() *cobra.Command {
 			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
 				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace,
-				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost, TLSNames: tlsNames})
+				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost,
+				CapabilityTTL: capTTL, CapKeyRotate: capRotate, TLSNames: tlsNames})
 			if err != nil {
 				return err
 			}
@@ -252,6 +261,8 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&orphanGrace, "orphan-grace", time.Hour, "have nodes delete a copy no file needs once their inventories have found it so for this long")
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
+	cmd.Flags().DurationVar(&capTTL, "cap-ttl", meta.DefaultCapabilityTTL, "capabilities (the tickets storage nodes check) expire this long after meta mints them")
+	cmd.Flags().DurationVar(&capRotate, "cap-key-rotate", meta.DefaultCapKeyRotate, "rotate the key that signs capabilities this often (longer than --cap-ttl; 0: never)")
 	cmd.Flags().StringSliceVar(&tlsNames, "tls-san", nil, "more host names or addresses meta's TLS certificate names (besides loopback, this host's name and the listen address)")
 	sf.add(cmd)
 	cf.add(cmd, connlimit.DefaultMax, connlimit.DefaultPerHost, 0)

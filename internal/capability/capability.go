@@ -1,9 +1,10 @@
 // Package capability implements the tickets meta mints and storage nodes
 // check on the data path (seed 000 §IV): a fixed-layout binary record naming
 // the client, the inode and chunk, a byte range within the chunk, the
-// rights granted, an expiry, the layout epoch and the replica set the
-// layout was planned on, sealed with a truncated HMAC-SHA256 under a key
-// derived from the cluster secret and named by a key id.
+// rights granted, when it was issued and when it expires, the layout
+// epoch and the replica set the layout was planned on, sealed with a
+// truncated HMAC-SHA256 under a key derived from the cluster secret and
+// named by a key id (which rotates: docs/capkeys.md).
 //
 // Verification needs no round trip and no per-client state on the node:
 // the header handler decodes the record in place, recomputes the MAC and
@@ -73,24 +74,28 @@ const MaxReplicas = 32
 // MACSize is the length of the truncated MAC.
 const MACSize = 16
 
-// version is the first byte of every encoded capability.
-const version = 1
+// version is the first byte of every encoded capability. 2: the issue
+// time (revocation compares it).
+const version = 2
 
 // fixedSize is the encoded size without replicas and MAC.
-const fixedSize = 4 + 4 + 8*7 + 4
+const fixedSize = 4 + 4 + 8*7 + 4 + 8
 
 // Capability is a decoded ticket. Replicas is a fixed array so decoding
 // does not allocate; only the first NReplicas entries are meaningful.
 type Capability struct {
-	Rights    Rights
-	Fanout    Fanout
-	KeyID     uint32
-	Client    ids.ClientID
-	Ino       ids.Ino
-	Chunk     ids.ChunkID
-	Off       uint64 // start of the allowed range within the chunk
-	Len       uint64 // length of the allowed range
-	Expiry    int64  // unix nanoseconds
+	Rights Rights
+	Fanout Fanout
+	KeyID  uint32
+	Client ids.ClientID
+	Ino    ids.Ino
+	Chunk  ids.ChunkID
+	Off    uint64 // start of the allowed range within the chunk
+	Len    uint64 // length of the allowed range
+	Expiry int64  // unix nanoseconds
+	// Issued is when meta minted it (unix nanoseconds, meta's clock): a
+	// revocation refuses a client's capabilities issued at or before it.
+	Issued    int64
 	Epoch     uint64 // cluster-map epoch the layout was planned on
 	NReplicas uint8
 	// Data is the number of data units of an erasure-coded stripe group
@@ -107,7 +112,11 @@ var (
 	ErrUnknownKey = errors.New("capability: unknown key id")
 	ErrBadMAC     = errors.New("capability: MAC mismatch (forged or corrupted)")
 	ErrExpired    = errors.New("capability: expired")
-	ErrScope      = errors.New("capability: request outside the capability's scope")
+	// ErrRevoked is an ErrExpired (errors.Is), so whoever handles an
+	// expired capability (a client fetching a fresh layout) handles a
+	// revoked one the same way.
+	ErrRevoked = fmt.Errorf("%w: revoked", ErrExpired)
+	ErrScope   = errors.New("capability: request outside the capability's scope")
 )
 
 // Size returns the encoded length of c.
@@ -138,6 +147,7 @@ func (c *Capability) appendBody(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(c.Expiry))
 	b = binary.LittleEndian.AppendUint64(b, c.Epoch)
 	b = append(b, c.Data, 0, 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, uint64(c.Issued))
 	for _, r := range c.Replicas[:c.NReplicas] {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r))
 	}
@@ -183,6 +193,7 @@ func Decode(b []byte, c *Capability) (int, error) {
 	c.Expiry = int64(binary.LittleEndian.Uint64(b[48:]))
 	c.Epoch = binary.LittleEndian.Uint64(b[56:])
 	c.Data = b[64]
+	c.Issued = int64(binary.LittleEndian.Uint64(b[68:]))
 	for i := 0; i < n; i++ {
 		c.Replicas[i] = ids.NodeID(binary.LittleEndian.Uint32(b[fixedSize+4*i:]))
 	}

@@ -33,7 +33,7 @@ func hexOf(b []byte) []byte {
 
 func sample() Capability {
 	c := Capability{Rights: Read | Write, Fanout: FanoutClient, Client: 7, Ino: 42, Chunk: 0x1234, Off: 4096, Len: 1 << 20,
-		Expiry: time.Now().Add(time.Minute).UnixNano(), Epoch: 3}
+		Expiry: time.Now().Add(time.Minute).UnixNano(), Issued: time.Now().UnixNano(), Epoch: 3}
 	_ = c.SetReplicas([]ids.NodeID{5, 9, 2})
 	return c
 }

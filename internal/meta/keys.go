@@ -20,6 +20,7 @@ import (
 //
 //	v/schema                          schema version (decimal text)
 //	v/counters                        counters (JSON): next ino/chunk/node id, epoch, object counts
+//	v/capkeys                         capability key ids and revocations (JSON capKeyState, capkeys.go)
 //	i <ino:8>                         inode (JSON inode)
 //	d <parent:8> <name>               directory entry: <ino:8> <type:1>
 //	k <ino:8> <index:8>               chunk of a file (JSON chunkRec)
@@ -49,6 +50,7 @@ const (
 var (
 	keySchema   = []byte("v/schema")
 	keyCounters = []byte("v/counters")
+	keyCapKeys  = []byte("v/capkeys")
 )
 
 // schemaVersion is bumped on incompatible changes to the key space.

@@ -232,6 +232,7 @@ func (s *Service) mintLayout(client ids.ClientID, rights capability.Rights, p *l
 			Off:    0,
 			Len:    uint64(unitLen),
 			Expiry: expiry,
+			Issued: p.at,
 			Epoch:  p.epoch,
 		}
 		if err := cp.SetReplicas(c.rec.Nodes); err != nil {

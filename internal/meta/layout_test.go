@@ -111,7 +111,7 @@ func TestLayoutAllocates(t *testing.T) {
 		}
 		want := capability.Capability{
 			Rights: capability.Read | capability.Write, KeyID: keys.CurrentKey(), Client: 7, Ino: ino,
-			Chunk: c.Chunk, Off: 0, Len: cs, Expiry: now.Add(10 * time.Minute).UnixNano(), Epoch: r.Epoch,
+			Chunk: c.Chunk, Off: 0, Len: cs, Expiry: now.Add(10 * time.Minute).UnixNano(), Issued: now.UnixNano(), Epoch: r.Epoch,
 		}
 		want.SetReplicas(repIDs)
 		want.MAC = cp.MAC

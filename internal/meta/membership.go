@@ -129,7 +129,8 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 			s.repairs.nodeBack()
 			s.log.Info("storage node registered", "node", id, "addr", rec.Addr, "domain", rec.Domain, "epoch", tx.ctr.Epoch)
 		})
-		out = metaapi.RegisterResp{ID: id, Epoch: tx.ctr.Epoch, HeartbeatInterval: int64(s.opts.HeartbeatInterval)}
+		out = metaapi.RegisterResp{ID: id, Epoch: tx.ctr.Epoch, HeartbeatInterval: int64(s.opts.HeartbeatInterval),
+			CapKeys: s.capKeysLocked(tx.now)}
 		return nil
 	})
 	return out, err
@@ -211,6 +212,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 			}
 			out.Nodes = s.nodeInfosLocked()
 			out.Epoch = tx.ctr.Epoch
+			out.CapKeys = s.capKeysLocked(tx.now)
 		})
 		return nil
 	})
@@ -304,6 +306,7 @@ func (s *Service) sweeper() {
 			s.Sweep()
 			s.SweepOrphans()
 			s.SweepLocks()
+			s.tickCapKeys()
 		}
 	}
 }

@@ -67,6 +67,7 @@ type Options struct {
 	HeartbeatInterval time.Duration // told to nodes; default 1s
 	NodeTimeout       time.Duration // node marked down after this silence; default 10s
 	CapabilityTTL     time.Duration // default 10m
+	CapKeyRotate      time.Duration // > CapabilityTTL; default DefaultCapKeyRotate, negative: never (capkeys.go)
 	DefaultReplicas   int           // root policy on first start; default 3
 	ChunkSize         int64         // chunk size of new files; default metaapi.DefaultChunkSize
 	MetaAddr          string        // reported by Status; see also SetMetaAddr
@@ -120,7 +121,10 @@ func (o *Options) setDefaults() {
 		o.NodeTimeout = 10 * time.Second
 	}
 	if o.CapabilityTTL <= 0 {
-		o.CapabilityTTL = 10 * time.Minute
+		o.CapabilityTTL = DefaultCapabilityTTL
+	}
+	if o.CapKeyRotate == 0 {
+		o.CapKeyRotate = DefaultCapKeyRotate
 	}
 	if o.DefaultReplicas <= 0 {
 		o.DefaultReplicas = 3
@@ -171,6 +175,7 @@ type Service struct {
 	mu       sync.RWMutex
 	closed   bool
 	ctr      counters
+	capKeys  capKeyState // capkeys.go
 	nodes    map[ids.NodeID]*member
 	rng      *rand.Rand // under mu (write)
 	minFree  placement.MinFree
@@ -258,6 +263,10 @@ func Open(opts Options) (*Service, error) {
 	}
 	s.dur.init()
 	if err := s.load(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("meta: %w", err)
+	}
+	if err := s.openCapKeys(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("meta: %w", err)
 	}

@@ -386,5 +386,5 @@ func (s *Service) AdminCredentialDerived() bool {
 }
 
 // revokeCapabilities makes nodes refuse the capabilities minted for
-// client before now. (Filled in by capability revocation.)
-func (s *Service) revokeCapabilities(client ids.ClientID) error { return nil }
+// client before now (capkeys.go).
+func (s *Service) revokeCapabilities(client ids.ClientID) error { return s.RevokeCapabilities(client) }

@@ -204,6 +204,9 @@ type RegisterResp struct {
 	ID                ids.NodeID `json:"id"`
 	Epoch             uint64     `json:"epoch"`
 	HeartbeatInterval int64      `json:"heartbeat_interval"` // nanoseconds
+	// CapKeys: what the node accepts from now on (nil from a meta that
+	// does not say: keep what it knows).
+	CapKeys *CapKeys `json:"cap_keys,omitempty"`
 }
 
 // HeartbeatReq reports a node's liveness and usage, and acknowledges
@@ -285,4 +288,6 @@ type HeartbeatResp struct {
 	// every block against its checksum (sluice check --verify).
 	Inventory bool `json:"inventory,omitempty"`
 	Verify    bool `json:"verify,omitempty"`
+	// CapKeys: as in RegisterResp.
+	CapKeys *CapKeys `json:"cap_keys,omitempty"`
 }

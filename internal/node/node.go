@@ -85,6 +85,7 @@ type Node struct {
 	pol    *policy.Policies
 	meta   *metaapi.Client
 	creds  credentials
+	keys   *capability.Keyring // swapped as meta says (capkeys.go)
 	addr   string
 	id     atomic.Uint32 // ids.NodeID; 0 until registered
 	cancel context.CancelFunc
@@ -107,6 +108,7 @@ type Node struct {
 	inventoryNow chan struct{} // meta asked for an inventory round
 	verifyNext   atomic.Bool   // ... reading every block
 	lastSweep    time.Time     // of expired tombstones (control loop only)
+	capKeysMu    sync.Mutex    // one change of the keyring (and its file) at a time
 }
 
 type identity struct {
@@ -170,6 +172,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	n.keys = n.newKeyring()
 	n.store, err = store.Open(store.Options{Dir: filepath.Join(opts.DataDir, "store"), BlockSize: opts.BlockSize, Logger: opts.Logger,
 		OnCorrupt: func(id ids.ChunkID, version uint64, bad extent.List) { n.reportCorrupt(id, 0, version, bad) },
 		OnNoSpace: n.reportSoon})
@@ -223,7 +226,7 @@ func (n *Node) serve() error {
 	eopts.OnEvent = n.onEvent
 	n.pol = policy.New(policy.Deps{
 		Self:           n.ID,
-		Keys:           capability.NewKeyring(n.creds.secret),
+		Keys:           n.keys,
 		Store:          n.store,
 		Forward:        n.pool,
 		ForwardQuota:   n.ep.Options().Quota,
@@ -368,19 +371,27 @@ func loadIdentity(dir string) (ids.NodeID, error) {
 
 func saveIdentity(dir string, id ids.NodeID) error {
 	raw, _ := json.Marshal(identity{ID: id})
-	tmp := filepath.Join(dir, identityFile+".tmp")
+	if err := saveFile(dir, identityFile, raw); err != nil {
+		return fmt.Errorf("node: saving identity: %w", err)
+	}
+	return nil
+}
+
+// saveFile replaces dir/name by raw, durably and all at once.
+func saveFile(dir, name string, raw []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, privfs.FileMode)
 	if err != nil {
-		return fmt.Errorf("node: saving identity: %w", err)
+		return err
 	}
 	if _, err := f.Write(raw); err == nil {
 		err = f.Sync()
 	}
 	f.Close()
 	if err != nil {
-		return fmt.Errorf("node: saving identity: %w", err)
+		return err
 	}
-	return os.Rename(tmp, filepath.Join(dir, identityFile))
+	return os.Rename(tmp, filepath.Join(dir, name))
 }
 
 // usage is what the node reports of its space: its file system's size,
@@ -442,6 +453,7 @@ func (n *Node) register(ctx context.Context) error {
 	if d := time.Duration(resp.HeartbeatInterval); d > 0 {
 		n.interval.Store(int64(min(max(d, 10*time.Millisecond), time.Minute)))
 	}
+	n.applyCapKeys(resp.CapKeys)
 	n.registered.Store(true)
 	return nil
 }
@@ -524,6 +536,7 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		peers[p.ID] = p.Addr
 	}
 	n.peers.Store(&peers)
+	n.applyCapKeys(resp.CapKeys)
 	if resp.Inventory {
 		n.askInventory(resp.Verify)
 	}
