@@ -237,8 +237,9 @@ func TestFloodNFSGateway(t *testing.T) {
 	waitNodesUp(t, c.conf, 1, 15*time.Second)
 	mustRun(t, c.conf, nil, "policy", "set", "/", "--replicas", "1")
 	data := randomBytes(t, 1<<20)
+	// Readable by all: the gateway squashes root (its default export).
 	src := filepath.Join(c.dir, "src.bin")
-	if err := os.WriteFile(src, data, 0o600); err != nil {
+	if err := os.WriteFile(src, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	mustRun(t, c.conf, nil, "put", src, "/f")
