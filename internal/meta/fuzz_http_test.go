@@ -57,7 +57,7 @@ func FuzzHTTP(f *testing.F) {
 	fx := newFixture(f)
 	s := fx.s
 	h := s.Handler()
-	clientAuth := metaapi.ClientAuth(1, s.sec.ClientCredential(1))
+	clientAuth := metaapi.ClientAuth(1, s.credKey.ClientCredential(1))
 	// Node calls carry node 1's certificate, as the TLS layer verified it.
 	tok, err := s.NewJoinToken(time.Hour, 0)
 	if err != nil {

@@ -33,7 +33,7 @@ func TestHTTPAuth(t *testing.T) {
 	f, srv := newHTTP(t)
 	sec := f.s.Secret()
 	ctx := context.Background()
-	good := client(t, srv, metaapi.ClientAuth(1, sec.ClientCredential(1)))
+	good := client(t, srv, metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)))
 	node, id := joinedClient(t, f, srv)
 	for _, tc := range []struct {
 		name string
@@ -44,15 +44,15 @@ func TestHTTPAuth(t *testing.T) {
 	}{
 		{"no credential", "", metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
 		{"wrong credential", metaapi.ClientAuth(1, strings.Repeat("0", 64)), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
-		{"credential of another id", metaapi.ClientAuth(2, sec.ClientCredential(1)), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
-		{"malformed bearer", "Bearer " + sec.ClientCredential(1), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
-		{"non-numeric id", metaapi.ClientAuth(1, sec.ClientCredential(1))[:7] + "x:" + sec.ClientCredential(1), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
+		{"credential of another id", metaapi.ClientAuth(2, f.s.credKey.ClientCredential(1)), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
+		{"malformed bearer", "Bearer " + f.s.credKey.ClientCredential(1), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
+		{"non-numeric id", metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1))[:7] + "x:" + f.s.credKey.ClientCredential(1), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
 		{"basic auth", "Basic dXNlcjpwYXNz", metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
 		{"node token (no longer a credential)", "Node " + sec.NodeToken(), metaapi.OpHeartbeat, metaapi.HeartbeatReq{ID: 1}, metaapi.EAUTH},
-		{"client credential on Register", metaapi.ClientAuth(1, sec.ClientCredential(1)), metaapi.OpRegister, metaapi.RegisterReq{Addr: "h:1"}, metaapi.EAUTH},
-		{"client credential on Heartbeat", metaapi.ClientAuth(1, sec.ClientCredential(1)), metaapi.OpHeartbeat, metaapi.HeartbeatReq{ID: 1}, metaapi.EAUTH},
-		{"client id 2, no such principal", metaapi.ClientAuth(2, sec.ClientCredential(2)), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
-		{"admin", metaapi.ClientAuth(1, sec.ClientCredential(1)), metaapi.OpStatus, struct{}{}, ""},
+		{"client credential on Register", metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)), metaapi.OpRegister, metaapi.RegisterReq{Addr: "h:1"}, metaapi.EAUTH},
+		{"client credential on Heartbeat", metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)), metaapi.OpHeartbeat, metaapi.HeartbeatReq{ID: 1}, metaapi.EAUTH},
+		{"client id 2, no such principal", metaapi.ClientAuth(2, f.s.credKey.ClientCredential(2)), metaapi.OpStatus, struct{}{}, metaapi.EAUTH},
+		{"admin", metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)), metaapi.OpStatus, struct{}{}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := client(t, srv, tc.auth).Call(ctx, tc.op, tc.req, nil)
@@ -80,7 +80,7 @@ func TestHTTPAuth(t *testing.T) {
 
 func TestHTTPProtocol(t *testing.T) {
 	f, srv := newHTTP(t)
-	auth := metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1))
+	auth := metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1))
 	for _, tc := range []struct {
 		name   string
 		method string

@@ -57,6 +57,10 @@ import (
 // File names inside the data directory.
 const (
 	SecretFile = "cluster.secret"
+	// CredKeyFile holds the key meta derives its own clients'
+	// credentials from (principal.go). Unlike the cluster secret, it has
+	// never left meta: holding a node's disk does not make one admin.
+	CredKeyFile = "credential.key"
 	DBDir      = "meta.db"
 )
 
@@ -167,6 +171,7 @@ type Service struct {
 	log   *slog.Logger
 	db    *pebble.DB
 	sec   secret.Secret
+	credKey secret.Secret // meta-only: its clients' credentials (CredKeyFile)
 	keys  *capability.Keyring
 	ca    *pki.CA
 	dur   durability
@@ -233,6 +238,10 @@ func Open(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
+	credKey, err := secret.LoadOrCreate(filepath.Join(opts.Dir, CredKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("meta: %w", err)
+	}
 	ca, err := pki.LoadOrCreateCA(opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
@@ -250,6 +259,7 @@ func Open(opts Options) (*Service, error) {
 		log:      opts.Logger,
 		db:       db,
 		sec:      sec,
+		credKey:  credKey,
 		keys:     capability.NewKeyring(sec),
 		ca:       ca,
 		nodes:    make(map[ids.NodeID]*member),
@@ -353,15 +363,14 @@ func (s *Service) Secret() secret.Secret { return s.sec }
 // ClientConf returns the operator's client configuration at addr: the
 // admin principal with the credential meta derives (see AdminID).
 func (s *Service) ClientConf(addr string) config.ClientConf {
-	return config.ClientConf{Meta: addr, ClientID: uint64(AdminID), Credential: s.sec.ClientCredential(uint64(AdminID)), Principal: AdminName, CA: string(s.ca.CertPEM)}
+	return config.ClientConf{Meta: addr, ClientID: uint64(AdminID), Credential: s.credKey.ClientCredential(uint64(AdminID)), Principal: AdminName, CA: string(s.ca.CertPEM)}
 }
 
 // SystemConf returns the configuration of meta's own clients (its repair
-// worker): the system principal, which only holders of the cluster
-// secret can present, so rotating or removing operators' principals
-// never stops repair.
+// worker): the system principal, whose credential only meta knows, so
+// rotating or removing operators' principals never stops repair.
 func (s *Service) SystemConf(addr string) config.ClientConf {
-	return config.ClientConf{Meta: addr, ClientID: uint64(SystemID), Credential: s.sec.ClientCredential(uint64(SystemID)), Principal: systemName, CA: string(s.ca.CertPEM)}
+	return config.ClientConf{Meta: addr, ClientID: uint64(SystemID), Credential: s.credKey.ClientCredential(uint64(SystemID)), Principal: systemName, CA: string(s.ca.CertPEM)}
 }
 
 // WriteClientConf writes the operator's DIR/client.conf for clients

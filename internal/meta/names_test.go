@@ -43,7 +43,7 @@ func byteNames() []string {
 func httpFixture(t *testing.T) (*fixture, func(op string, req, resp any) error) {
 	f := newFixture(t)
 	srv := tlsServer(t, f, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.s.Handler().ServeHTTP(w, r) }))
-	c := client(t, srv, metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1)))
+	c := client(t, srv, metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)))
 	return f, func(op string, req, resp any) error { return c.Call(context.Background(), op, req, resp) }
 }
 
@@ -290,7 +290,7 @@ func TestRecordsKeepTheirFormat(t *testing.T) {
 // EINVAL; nothing is created under a name with U+FFFD in it.
 func TestInexactNamesRefused(t *testing.T) {
 	f, srv := newHTTP(t)
-	auth := metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1))
+	auth := metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1))
 	for _, body := range []string{
 		`{"parent":1,"name":"caf\udce9.txt","type":"file","mode":420}`,
 		"{\"parent\":1,\"name\":\"caf\xe9.txt\",\"type\":\"file\",\"mode\":420}",

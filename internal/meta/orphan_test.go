@@ -543,8 +543,7 @@ func TestOrphanSurvivesRestart(t *testing.T) {
 
 func TestOrphanHTTP(t *testing.T) {
 	f, srv := newHTTP(t)
-	sec := f.s.Secret()
-	c := client(t, srv, metaapi.ClientAuth(1, sec.ClientCredential(1)))
+	c := client(t, srv, metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)))
 	ctx := context.Background()
 	f.tree("/f", "/a", "/b")
 	ino, b := f.ino("/f"), f.ino("/b")

@@ -25,9 +25,8 @@ import (
 const pPrincipal = 'p'
 
 // AdminID is the operator's principal, made on first start. Its first
-// credential derives from the cluster secret, so client.conf files written
-// before principals existed keep working, and meta can rewrite its own
-// client.conf until the operator rotates it.
+// credential derives from meta's credential key (CredKeyFile), so meta can
+// rewrite its own client.conf until the operator rotates it.
 const AdminID ids.ClientID = 1
 
 // AdminName is the operator principal's name.
@@ -35,7 +34,7 @@ const AdminName = "admin"
 
 // SystemID is the principal of meta's own clients (SystemConf): an admin
 // that is never stored, listed or removed, whose credential derives from
-// the cluster secret.
+// meta's credential key, which never leaves meta.
 const SystemID ids.ClientID = 1 << 62
 
 const systemName = "meta-internal"
@@ -169,11 +168,28 @@ func (s *Service) loadPrincipals() error {
 	if err != nil {
 		return fmt.Errorf("loading principals: %w", err)
 	}
+	if p, ok := set.byID[AdminID]; ok && p.matches(s.sec.ClientCredential(uint64(AdminID))) {
+		// A credential derived from the cluster secret, which storage
+		// nodes held (before principals and TLS): whoever has a node's
+		// disk could present it. Meta's own key replaces it, and meta
+		// writes the new one to its client.conf at start.
+		rec := p.rec
+		rec.Hash, rec.Rotated = hashCredential(s.credKey.ClientCredential(uint64(AdminID))), s.opts.Now().UnixNano()
+		if err := s.db.Set(principalKey(AdminID), mustJSON(&rec), pebble.Sync); err != nil {
+			return fmt.Errorf("replacing the operator's credential: %w", err)
+		}
+		np, err := newPrincipal(rec)
+		if err != nil {
+			return err
+		}
+		set.byID[AdminID], set.byName[rec.Name] = np, np
+		s.log.Warn("the operator's credential derived from the cluster secret, which nodes held: replaced; copies of the old client.conf stop working")
+	}
 	if len(set.byID) == 0 {
 		rec := principalRec{
 			Principal: metaapi.Principal{ID: AdminID, Name: AdminName, Rights: metaapi.Rights{Path: "/", Admin: true},
 				Root: ids.RootIno, Created: s.opts.Now().UnixNano()},
-			Hash: hashCredential(s.sec.ClientCredential(uint64(AdminID))),
+			Hash: hashCredential(s.credKey.ClientCredential(uint64(AdminID))),
 		}
 		if err := s.db.Set(principalKey(AdminID), mustJSON(&rec), pebble.Sync); err != nil {
 			return fmt.Errorf("creating the operator's principal: %w", err)
@@ -187,7 +203,7 @@ func (s *Service) loadPrincipals() error {
 	}
 	sys, err := newPrincipal(principalRec{
 		Principal: metaapi.Principal{ID: SystemID, Name: systemName, Rights: metaapi.Rights{Path: "/", Admin: true}, Root: ids.RootIno},
-		Hash:      hashCredential(s.sec.ClientCredential(uint64(SystemID))),
+		Hash:      hashCredential(s.credKey.ClientCredential(uint64(SystemID))),
 	})
 	if err != nil {
 		return err
@@ -382,7 +398,7 @@ func (s *Service) ListPrincipals() (metaapi.AuthListResp, error) {
 // has the credential meta derives (so meta may write its client.conf).
 func (s *Service) AdminCredentialDerived() bool {
 	p, ok := s.principalSet().byID[AdminID]
-	return ok && p.matches(s.sec.ClientCredential(uint64(AdminID)))
+	return ok && p.matches(s.credKey.ClientCredential(uint64(AdminID)))
 }
 
 // revokeCapabilities makes nodes refuse the capabilities minted for

@@ -215,3 +215,28 @@ func TestLinkIndexBuiltOnUpgrade(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterSecretGrantsNoPrincipal: the cluster secret (which storage
+// nodes held) derives no credential meta accepts, and a database whose
+// operator credential was derived from it gets a new one at open.
+func TestClusterSecretGrantsNoPrincipal(t *testing.T) {
+	f, srv := newHTTP(t)
+	ctx := context.Background()
+	legacy := func(id ids.ClientID) *metaapi.Client {
+		return client(t, srv, metaapi.ClientAuth(uint64(id), f.s.Secret().ClientCredential(uint64(id))))
+	}
+	for _, id := range []ids.ClientID{AdminID, SystemID} {
+		wantCode(t, legacy(id).Call(ctx, metaapi.OpStatus, struct{}{}, nil), metaapi.EAUTH)
+	}
+	// An operator principal from before: its hash is of the legacy
+	// credential.
+	rec := f.s.principalSet().byID[AdminID].rec
+	rec.Hash = hashCredential(f.s.Secret().ClientCredential(uint64(AdminID)))
+	if err := f.s.db.Set(principalKey(AdminID), mustJSON(&rec), nil); err != nil {
+		t.Fatal(err)
+	}
+	f.reopen()
+	if p := f.s.principalSet().byID[AdminID]; p.matches(f.s.Secret().ClientCredential(uint64(AdminID))) || !f.s.AdminCredentialDerived() {
+		t.Fatal("the legacy operator credential survived a restart")
+	}
+}

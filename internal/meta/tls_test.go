@@ -282,7 +282,7 @@ func TestJoinTokenNeedsAClient(t *testing.T) {
 	err = client(t, srv, metaapi.ClientAuth(uint64(bob.Principal.ID), bob.Credential)).Call(context.Background(), metaapi.OpJoinToken, metaapi.JoinTokenReq{}, nil)
 	wantCode(t, err, metaapi.EPERM)
 	var resp metaapi.JoinTokenResp
-	cl := client(t, srv, metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1)))
+	cl := client(t, srv, metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)))
 	if err := cl.Call(context.Background(), metaapi.OpJoinToken, metaapi.JoinTokenReq{TTL: int64(time.Minute)}, &resp); err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +367,7 @@ func TestForeignCertificates(t *testing.T) {
 	}
 	// A client with another cluster's CA (a client.conf of another
 	// cluster) does not trust this meta, and says so.
-	wrong := metaapi.NewClient(addrOf(srv), metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1)), clientTLS(otherSrv))
+	wrong := metaapi.NewClient(addrOf(srv), metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)), clientTLS(otherSrv))
 	defer wrong.Close()
 	err = wrong.Call(context.Background(), metaapi.OpStatus, struct{}{}, nil)
 	if !errors.As(err, &te) || !strings.Contains(err.Error(), "not signed by the cluster CA") {
