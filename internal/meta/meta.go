@@ -61,7 +61,7 @@ const (
 	// credentials from (principal.go). Unlike the cluster secret, it has
 	// never left meta: holding a node's disk does not make one admin.
 	CredKeyFile = "credential.key"
-	DBDir      = "meta.db"
+	DBDir       = "meta.db"
 )
 
 // Options configure a Service. Zero values take the defaults.
@@ -167,15 +167,15 @@ func (o *Options) setDefaults() {
 // concurrent use; each returns *metaapi.Error for every failure a caller
 // can act on (other errors are internal and map to EIO).
 type Service struct {
-	opts  Options
-	log   *slog.Logger
-	db    *pebble.DB
-	sec   secret.Secret
+	opts    Options
+	log     *slog.Logger
+	db      *pebble.DB
+	sec     secret.Secret
 	credKey secret.Secret // meta-only: its clients' credentials (CredKeyFile)
-	keys  *capability.Keyring
-	ca    *pki.CA
-	dur   durability
-	princ atomic.Pointer[principalSet]
+	keys    *capability.Keyring
+	ca      *pki.CA
+	dur     durability
+	princ   atomic.Pointer[principalSet]
 
 	mu       sync.RWMutex
 	closed   bool
