@@ -6,7 +6,9 @@ import "github.com/sluicefs/sluice/internal/metaapi"
 // (drain or remove nodes, set policies outside its path, manage
 // principals, issue join tokens, run checks).
 func (s *Service) requireAdmin(c caller) error {
-	if c.kind != callerClient || c.p == nil || !c.p.rec.Rights.Admin {
+	// An admin confined to a path is no admin: managing principals, it
+	// could give itself any path (validRights refuses making one).
+	if c.kind != callerClient || c.p == nil || !c.p.rec.Rights.Admin || c.p.scoped() {
 		name := ""
 		if c.p != nil {
 			name = c.p.rec.Name

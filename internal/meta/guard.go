@@ -20,6 +20,9 @@ var writeOps = map[string]bool{
 	metaapi.OpCreate: true, metaapi.OpLink: true, metaapi.OpRemove: true, metaapi.OpRename: true,
 	metaapi.OpSetXattr: true, metaapi.OpRmXattr: true, metaapi.OpSetAttr: true, metaapi.OpSetPolicy: true,
 	metaapi.OpCommit: true, metaapi.OpDegraded: true,
+	// Release frees a removed file kept open, or keeps it; Reconcile
+	// makes a repair happen.
+	metaapi.OpRelease: true, metaapi.OpReconcile: true,
 }
 
 // adminOps need a principal with the admin right.
@@ -75,6 +78,9 @@ func (s *Service) admitReq(c caller, sh reqShape, req any) error {
 	if c.kind != callerClient {
 		return nil
 	}
+	if err := s.current(c); err != nil {
+		return err
+	}
 	p := c.p
 	v := reflect.ValueOf(req).Elem()
 	for _, i := range sh.who {
@@ -94,18 +100,32 @@ func (s *Service) admitReq(c caller, sh reqShape, req any) error {
 		if r.Write && p.rec.Rights.ReadOnly {
 			return metaapi.Errorf(metaapi.EROFS, "principal %q may only read", p.rec.Name)
 		}
+	case *metaapi.LockReq:
+		// A POSIX write lock needs a descriptor open for writing, which
+		// a read-only mount cannot have.
+		if !r.Flock && r.Type == metaapi.LockWrite && p.rec.Rights.ReadOnly {
+			return metaapi.Errorf(metaapi.EROFS, "principal %q may only read", p.rec.Name)
+		}
+	case *metaapi.ReconcileReq:
+		// Rebuilding whole members or the gather baseline are benchmarks'.
+		if len(r.Rebuild) > 0 || r.Gather {
+			if err := s.requireAdmin(c); err != nil {
+				return err
+			}
+		}
 	}
 	if !p.scoped() || len(sh.inos) == 0 {
 		return nil
 	}
 	root := p.root()
 	return s.read(func(vw view) error {
+		gen := s.scopeGen.Load() // stable: moves happen under the write lock
 		for _, i := range sh.inos {
 			ino := ids.Ino(v.Field(i).Uint())
 			if ino == 0 {
 				continue
 			}
-			ok, err := within(vw, ino, root)
+			ok, err := within(vw, ino, root, p.scope, gen)
 			if err != nil {
 				return err
 			}
@@ -115,4 +135,18 @@ func (s *Service) admitReq(c caller, sh reqShape, req any) error {
 		}
 		return nil
 	})
+}
+
+// current refuses a client whose principal was rotated or removed since
+// its credential was checked: a request's body may arrive long after its
+// headers, and what it asks must not be done for a credential no longer
+// valid. Calls that mint capabilities check again under meta's lock.
+func (s *Service) current(c caller) error {
+	if c.kind != callerClient || c.p == nil {
+		return nil
+	}
+	if s.principalSet().byID[c.client] != c.p {
+		return metaapi.Errorf(metaapi.EAUTH, "principal %q was rotated or removed during the call", c.p.rec.Name)
+	}
+	return nil
 }

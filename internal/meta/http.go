@@ -148,7 +148,7 @@ var ops = map[string]op{
 		return s.GetPolicy(r)
 	}),
 	metaapi.OpLayout: endpoint(true, false, func(s *Service, c caller, r metaapi.LayoutReq) (metaapi.LayoutResp, error) {
-		return s.Layout(c.client, r)
+		return s.layout(c.client, r, func() error { return s.current(c) })
 	}),
 	metaapi.OpCommit: endpoint(true, false, func(s *Service, _ caller, r metaapi.CommitReq) (metaapi.AttrResp, error) {
 		return attrResp(s.Commit(r))
@@ -198,17 +198,17 @@ var ops = map[string]op{
 	metaapi.OpStrays: endpoint(true, false, func(s *Service, _ caller, r metaapi.StraysReq) (metaapi.StraysResp, error) {
 		return s.Strays(r)
 	}),
-	metaapi.OpAuthAdd: endpoint(true, false, func(s *Service, _ caller, r metaapi.AuthAddReq) (metaapi.AuthCredResp, error) {
-		return s.AddPrincipal(r)
+	metaapi.OpAuthAdd: endpoint(true, false, func(s *Service, c caller, r metaapi.AuthAddReq) (metaapi.AuthCredResp, error) {
+		return s.addPrincipal(r, func() error { return s.current(c) })
 	}),
 	metaapi.OpAuthList: endpoint(true, false, func(s *Service, _ caller, _ empty) (metaapi.AuthListResp, error) {
 		return s.ListPrincipals()
 	}),
-	metaapi.OpAuthRotate: endpoint(true, false, func(s *Service, _ caller, r metaapi.AuthNameReq) (metaapi.AuthCredResp, error) {
-		return s.RotatePrincipal(r.Name)
+	metaapi.OpAuthRotate: endpoint(true, false, func(s *Service, c caller, r metaapi.AuthNameReq) (metaapi.AuthCredResp, error) {
+		return s.rotatePrincipal(r.Name, func() error { return s.current(c) })
 	}),
-	metaapi.OpAuthRemove: endpoint(true, false, func(s *Service, _ caller, r metaapi.AuthNameReq) (empty, error) {
-		return empty{}, s.RemovePrincipal(r.Name)
+	metaapi.OpAuthRemove: endpoint(true, false, func(s *Service, c caller, r metaapi.AuthNameReq) (empty, error) {
+		return empty{}, s.removePrincipal(r.Name, func() error { return s.current(c) })
 	}),
 	metaapi.OpWhoami: endpoint(true, false, func(s *Service, c caller, _ empty) (metaapi.Principal, error) {
 		return c.p.rec.Principal, nil

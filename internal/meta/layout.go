@@ -84,6 +84,14 @@ type layoutPlan struct {
 // ones. At most MaxLayoutChunks chunks are returned; More says the range
 // continues (ask again from the chunk after the last one returned).
 func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.LayoutResp, error) {
+	return s.layout(client, req, nil)
+}
+
+// layout is Layout for a caller whose credential valid checks under
+// meta's lock, where the capabilities' issue time is taken: a revocation
+// covers every capability issued before it, and none is issued after it
+// to a credential it revoked.
+func (s *Service) layout(client ids.ClientID, req metaapi.LayoutReq, valid func() error) (metaapi.LayoutResp, error) {
 	if req.Off < 0 || req.Len < 0 {
 		return metaapi.LayoutResp{}, metaapi.Errorf(metaapi.EINVAL, "negative layout range off=%d len=%d", req.Off, req.Len)
 	}
@@ -111,6 +119,9 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 	var p layoutPlan
 	complete := false
 	err := s.read(func(v view) error {
+		if err := check(valid); err != nil {
+			return err
+		}
 		in, err := fileForData(v, req.Ino, req.Who, want)
 		if err != nil {
 			return err
@@ -138,6 +149,9 @@ func (s *Service) Layout(client ids.ClientID, req metaapi.LayoutReq) (metaapi.La
 	if !complete {
 		s.Sweep() // place on the freshest view of which nodes are live
 		err = s.update(func(tx *txn) error {
+			if err := check(valid); err != nil {
+				return err
+			}
 			in, err := fileForData(tx, req.Ino, req.Who, want)
 			if err != nil {
 				return err

@@ -136,9 +136,21 @@ func checkLockReq(req metaapi.LockReq) error {
 }
 
 // lockAccess lets whoever could have opened the file lock it: its owner,
-// root, or anyone who may read or write it.
-func lockAccess(in *inode, w metaapi.Who) error {
-	if w.UID != 0 && w.UID != in.UID && access(in, w, mayRead) != nil && access(in, w, mayWrite) != nil {
+// root, or anyone who may read or write it. A POSIX write lock needs a
+// descriptor open for writing (fcntl(2): EBADF otherwise), so write
+// access; flock(2) takes any descriptor.
+func lockAccess(in *inode, req metaapi.LockReq) error {
+	w := req.Who
+	if w.UID == 0 || w.UID == in.UID {
+		return nil
+	}
+	if !req.Flock && req.Type == metaapi.LockWrite {
+		if access(in, w, mayWrite) != nil {
+			return metaapi.Errorf(metaapi.EACCES, "write-locking inode %d: uid %d may not write it", in.Ino, w.UID)
+		}
+		return nil
+	}
+	if access(in, w, mayRead) != nil && access(in, w, mayWrite) != nil {
 		return metaapi.Errorf(metaapi.EACCES, "locking inode %d: no access to it", in.Ino)
 	}
 	return nil
@@ -217,7 +229,7 @@ func (s *Service) lockState(r pebble.Reader, n ns, req metaapi.LockReq, kind byt
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	if err := lockAccess(in, req.Who); err != nil {
+	if err := lockAccess(in, req); err != nil {
 		return nil, nil, 0, err
 	}
 	all, err := locksOn(r, req.Ino)

@@ -176,6 +176,8 @@ type Service struct {
 	ca      *pki.CA
 	dur     durability
 	princ   atomic.Pointer[principalSet]
+	// scopeGen counts moves of directories (scope.go's caches).
+	scopeGen atomic.Uint64
 
 	mu       sync.RWMutex
 	closed   bool
@@ -540,6 +542,9 @@ func (s *Service) update(fn func(tx *txn) error) error {
 		return metaapi.Errorf(metaapi.EIO, "committing: %v", err)
 	}
 	s.ctr = tx.ctr
+	if tx.movedDir {
+		s.scopeGen.Add(1) // every principal's scope cache starts over
+	}
 	for _, f := range tx.after {
 		f()
 	}

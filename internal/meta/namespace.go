@@ -442,6 +442,7 @@ func (s *Service) rename(req metaapi.RenameReq) (metaapi.DirsResp, error) {
 			op.Nlink--
 			np.Nlink++
 			src.Parent = np.Ino
+			tx.movedDir = true
 		}
 		src.Ctime = tx.now
 		tx.dirty(src)

@@ -186,6 +186,7 @@ func linkOrphans(tx *txn, fixes []orphanFix) (fixed, changed int64, err error) {
 		}
 		if in.isDir() {
 			in.Parent = lf.Ino
+			tx.movedDir = true
 			lf.Nlink++
 		} else {
 			in.Nlink, in.Linkable = 1, false

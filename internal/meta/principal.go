@@ -50,13 +50,14 @@ func principalKey(id ids.ClientID) []byte {
 
 // principal is a loaded principal; immutable once published.
 type principal struct {
-	rec  principalRec
-	hash [sha256.Size]byte
-	gids metaapi.IDRanges // the gids it may act with (see Rights.GIDs)
+	rec   principalRec
+	hash  [sha256.Size]byte
+	gids  metaapi.IDRanges // the gids it may act with (see Rights.GIDs)
+	scope *scopeCache      // directories judged beneath its root
 }
 
 func newPrincipal(rec principalRec) (*principal, error) {
-	p := &principal{rec: rec, gids: rec.Rights.GIDs}
+	p := &principal{rec: rec, gids: rec.Rights.GIDs, scope: &scopeCache{}}
 	raw, err := hex.DecodeString(rec.Hash)
 	if err != nil || len(raw) != sha256.Size {
 		return nil, fmt.Errorf("principal %d: credential hash is not %d hex bytes", rec.ID, sha256.Size)
@@ -96,6 +97,9 @@ func (p *principal) root() ids.Ino {
 // the principal's rights say, and refused if it claims a uid or group
 // the principal may not act as.
 func (p *principal) mapWho(w metaapi.Who) (metaapi.Who, error) {
+	if len(w.GIDs) > maxGroups {
+		return w, metaapi.Errorf(metaapi.EINVAL, "%d supplementary groups, at most %d allowed", len(w.GIDs), maxGroups)
+	}
 	r := p.rec.Rights
 	anon := metaapi.Who{UID: metaapi.AnonUID, GID: metaapi.AnonGID}
 	switch r.Squash {
@@ -129,6 +133,9 @@ func (p *principal) mapWho(w metaapi.Who) (metaapi.Who, error) {
 	}
 	return w, nil
 }
+
+// maxGroups is Linux's NGROUPS_MAX.
+const maxGroups = 65536
 
 func dropGroup(gids []uint32, g uint32) []uint32 {
 	out := gids[:0:0]
@@ -263,6 +270,10 @@ func validRights(r metaapi.Rights) error {
 	if r.Path != "" && !strings.HasPrefix(r.Path, "/") {
 		return metaapi.Errorf(metaapi.EINVAL, "path %q is not absolute", r.Path)
 	}
+	if r.Admin && strings.Trim(r.Path, "/") != "" {
+		// An admin manages principals, so it could give itself any path.
+		return metaapi.Errorf(metaapi.EINVAL, "an admin principal cannot be confined to a path (%s)", r.Path)
+	}
 	return nil
 }
 
@@ -276,6 +287,12 @@ func newCredential() (string, error) {
 
 // AddPrincipal creates a principal and returns its credential.
 func (s *Service) AddPrincipal(req metaapi.AuthAddReq) (metaapi.AuthCredResp, error) {
+	return s.addPrincipal(req, nil)
+}
+
+// addPrincipal is AddPrincipal for a caller whose credential valid
+// checks, under meta's lock.
+func (s *Service) addPrincipal(req metaapi.AuthAddReq, valid func() error) (metaapi.AuthCredResp, error) {
 	var out metaapi.AuthCredResp
 	if err := validPrincipalName(req.Name); err != nil {
 		return out, err
@@ -291,15 +308,15 @@ func (s *Service) AddPrincipal(req metaapi.AuthAddReq) (metaapi.AuthCredResp, er
 		return out, err
 	}
 	err = s.update(func(tx *txn) error {
+		if err := check(valid); err != nil {
+			return err
+		}
 		if _, taken := s.principalSet().byName[req.Name]; taken {
 			return metaapi.Errorf(metaapi.EEXIST, "a principal named %q exists", req.Name)
 		}
-		dir, err := resolve(tx, req.Rights.Path, true, ids.RootIno)
+		dir, err := resolveNoLinks(tx, req.Rights.Path)
 		if err != nil {
 			return err
-		}
-		if !dir.isDir() {
-			return metaapi.Errorf(metaapi.ENOTDIR, "path %q is not a directory", req.Rights.Path)
 		}
 		if tx.ctr.NextPrincipal <= AdminID {
 			tx.ctr.NextPrincipal = AdminID + 1
@@ -323,6 +340,10 @@ func (s *Service) AddPrincipal(req metaapi.AuthAddReq) (metaapi.AuthCredResp, er
 // RotatePrincipal gives a principal a new credential; the old one stops
 // working at once, and so do capabilities minted under it.
 func (s *Service) RotatePrincipal(name string) (metaapi.AuthCredResp, error) {
+	return s.rotatePrincipal(name, nil)
+}
+
+func (s *Service) rotatePrincipal(name string, valid func() error) (metaapi.AuthCredResp, error) {
 	var out metaapi.AuthCredResp
 	cred, err := newCredential()
 	if err != nil {
@@ -330,6 +351,9 @@ func (s *Service) RotatePrincipal(name string) (metaapi.AuthCredResp, error) {
 	}
 	var id ids.ClientID
 	err = s.update(func(tx *txn) error {
+		if err := check(valid); err != nil {
+			return err
+		}
 		old, ok := s.principalSet().byName[name]
 		if !ok {
 			return metaapi.Errorf(metaapi.ENOENT, "no principal named %q", name)
@@ -355,8 +379,15 @@ func (s *Service) RotatePrincipal(name string) (metaapi.AuthCredResp, error) {
 // once, and so do capabilities minted under it. The last admin cannot be
 // removed (nobody could manage the cluster).
 func (s *Service) RemovePrincipal(name string) error {
+	return s.removePrincipal(name, nil)
+}
+
+func (s *Service) removePrincipal(name string, valid func() error) error {
 	var id ids.ClientID
 	err := s.update(func(tx *txn) error {
+		if err := check(valid); err != nil {
+			return err
+		}
 		set := s.principalSet()
 		p, ok := set.byName[name]
 		if !ok {
@@ -404,3 +435,41 @@ func (s *Service) AdminCredentialDerived() bool {
 // revokeCapabilities makes nodes refuse the capabilities minted for
 // client before now (capkeys.go).
 func (s *Service) revokeCapabilities(client ids.ClientID) error { return s.RevokeCapabilities(client) }
+
+// resolveNoLinks resolves a principal's path with no symbolic link in
+// it (whoever may change a link along it would choose the principal's
+// root), no "." or "..", to a directory.
+func resolveNoLinks(v ns, path string) (*inode, error) {
+	cur, err := v.inode(ids.RootIno)
+	if err != nil {
+		return nil, err
+	}
+	for _, comp := range strings.Split(path, "/") {
+		if comp == "" {
+			continue
+		}
+		if comp == "." || comp == ".." {
+			return nil, metaapi.Errorf(metaapi.EINVAL, "path %q: give it without . or ..", path)
+		}
+		_, next, err := child(v, cur.Ino, comp)
+		if err != nil {
+			return nil, err
+		}
+		if next.Type == metaapi.TypeSymlink {
+			return nil, metaapi.Errorf(metaapi.EINVAL, "path %q: %q is a symbolic link; give the directory's own path", path, comp)
+		}
+		if !next.isDir() {
+			return nil, metaapi.Errorf(metaapi.ENOTDIR, "path %q: %q is not a directory", path, comp)
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// check runs valid if there is one.
+func check(valid func() error) error {
+	if valid == nil {
+		return nil
+	}
+	return valid()
+}

@@ -29,6 +29,7 @@ func TestMapWho(t *testing.T) {
 		{"gid outside uid ranges refused", metaapi.Rights{UIDs: r(1000, 1999)}, metaapi.Who{UID: 1000, GID: 0}, metaapi.Who{}, metaapi.EPERM},
 		{"groups outside dropped", metaapi.Rights{UIDs: r(1000, 1999)}, metaapi.Who{UID: 1000, GID: 1000, GIDs: []uint32{0, 1001, 42}}, metaapi.Who{UID: 1000, GID: 1000, GIDs: []uint32{1001}}, ""},
 		{"explicit gids", metaapi.Rights{UIDs: r(1000, 1000), GIDs: r(100, 100)}, metaapi.Who{UID: 1000, GID: 100}, metaapi.Who{UID: 1000, GID: 100}, ""},
+		{"too many groups", metaapi.Rights{}, metaapi.Who{UID: 1, GID: 1, GIDs: make([]uint32, maxGroups+1)}, metaapi.Who{}, metaapi.EINVAL},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := newPrincipal(principalRec{Principal: metaapi.Principal{Name: "p", Rights: tc.rights}, Hash: hashCredential("x")})
@@ -204,7 +205,7 @@ func TestLinkIndexBuiltOnUpgrade(t *testing.T) {
 	f.reopen()
 	for path, want := range map[string]bool{"/proj/f": true, "/g": false} {
 		err := f.s.read(func(v view) error {
-			ok, err := within(v, f.ino(path), f.ino("/proj"))
+			ok, err := within(v, f.ino(path), f.ino("/proj"), nil, 0)
 			if err == nil && ok != want {
 				t.Errorf("%s within /proj: %v, want %v", path, ok, want)
 			}

@@ -3,6 +3,8 @@ package meta
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -28,11 +30,6 @@ const (
 // maxScopeDepth bounds the walk up a directory chain (a cycle would be a
 // corrupt database, which must not hang a call).
 const maxScopeDepth = 4096
-
-// maxScopeLinks bounds the names of one file examined for a scope check
-// (past them it counts as outside: a file with that many names in other
-// directories is not worth a long walk).
-const maxScopeLinks = 256
 
 func linkKey(ino, parent ids.Ino, name string) []byte {
 	k := make([]byte, 0, 17+len(name))
@@ -62,6 +59,9 @@ func (tx *txn) indexLink(parent ids.Ino, name string, d dirent, del bool) error 
 	if err := tx.b.Delete(linkKey(d.Ino, parent, name), nil); err != nil {
 		return err
 	}
+	if tx.freed[d.Ino] {
+		return nil // freed already (a rename over it): nothing to remember
+	}
 	return tx.setLastParent(d.Ino, parent)
 }
 
@@ -69,8 +69,9 @@ func (tx *txn) setLastParent(ino, parent ids.Ino) error {
 	return tx.b.Set(lastParentKey(ino), binary.BigEndian.AppendUint64(nil, uint64(parent)), nil)
 }
 
-// within reports whether ino lies beneath directory root (see above).
-func within(v ns, ino, root ids.Ino) (bool, error) {
+// within reports whether ino lies beneath directory root (see above),
+// remembering in sc (if not nil) the directories it judged.
+func within(v ns, ino, root ids.Ino, sc *scopeCache, gen uint64) (bool, error) {
 	if root == ids.RootIno || ino == root {
 		return true, nil
 	}
@@ -79,58 +80,120 @@ func within(v ns, ino, root ids.Ino) (bool, error) {
 		return false, err
 	}
 	if in.isDir() {
-		return dirWithin(v, in, root)
+		return dirWithin(v, in, root, sc, gen)
 	}
-	var parents []ids.Ino
+	// Each directory naming the file, once: its names in one directory
+	// are skipped over with one seek.
 	prefix := linkPrefix(ino)
-	err = scan(v.reader(), prefix, prefixEnd(prefix), func(k, _ []byte) (bool, error) {
-		if len(k) < 17 {
-			return false, fmt.Errorf("link index key %x too short", k)
-		}
-		p := ids.Ino(binary.BigEndian.Uint64(k[9:17]))
-		if len(parents) == 0 || parents[len(parents)-1] != p {
-			parents = append(parents, p)
-		}
-		return len(parents) < maxScopeLinks, nil
-	})
+	it, err := v.reader().NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
 	if err != nil {
 		return false, err
 	}
-	if len(parents) == 0 {
-		raw, found, err := getRaw(v.reader(), lastParentKey(ino))
-		if err != nil || !found || len(raw) != 8 {
-			return false, err
+	defer it.Close()
+	named := false
+	for valid := it.First(); valid; {
+		k := it.Key()
+		if len(k) < 17 {
+			return false, fmt.Errorf("link index key %x too short", k)
 		}
-		parents = append(parents, ids.Ino(binary.BigEndian.Uint64(raw)))
+		named = true
+		p := ids.Ino(binary.BigEndian.Uint64(k[9:17]))
+		if dir, err := v.inode(p); err == nil {
+			if ok, err := dirWithin(v, dir, root, sc, gen); ok || err != nil {
+				return ok, err
+			}
+		}
+		if p == ^ids.Ino(0) {
+			break
+		}
+		valid = it.SeekGE(binary.BigEndian.AppendUint64(slices.Clone(prefix), uint64(p+1)))
 	}
-	for _, p := range parents {
-		dir, err := v.inode(p)
-		if err != nil {
-			continue // a directory removed since: not a way in
-		}
-		if ok, err := dirWithin(v, dir, root); ok || err != nil {
-			return ok, err
-		}
+	if err := it.Error(); err != nil {
+		return false, err
 	}
-	return false, nil
+	if named {
+		return false, nil
+	}
+	raw, found, err := getRaw(v.reader(), lastParentKey(ino))
+	if err != nil || !found || len(raw) != 8 {
+		return false, err
+	}
+	dir, err := v.inode(ids.Ino(binary.BigEndian.Uint64(raw)))
+	if err != nil {
+		return false, nil // its last directory is gone too
+	}
+	return dirWithin(v, dir, root, sc, gen)
 }
 
-// dirWithin walks dir's chain of parents looking for root.
-func dirWithin(v ns, dir *inode, root ids.Ino) (bool, error) {
+// dirWithin walks dir's chain of parents looking for root, stopping at a
+// directory sc already judged.
+func dirWithin(v ns, dir *inode, root ids.Ino, sc *scopeCache, gen uint64) (bool, error) {
+	var walked []ids.Ino
+	result := false
 	for range maxScopeDepth {
 		if dir.Ino == root {
-			return true, nil
+			result = true
+			break
 		}
 		if dir.Ino == ids.RootIno || !dir.isDir() {
-			return false, nil
+			break
 		}
+		if known, ok := sc.get(dir.Ino, gen); ok {
+			result = known
+			break
+		}
+		walked = append(walked, dir.Ino)
 		next, err := v.inode(dir.Parent)
 		if err != nil {
 			return false, err
 		}
 		dir = next
 	}
-	return false, fmt.Errorf("directory %d: parent chain longer than %d", dir.Ino, maxScopeDepth)
+	if len(walked) == maxScopeDepth {
+		return false, metaapi.Errorf(metaapi.EACCES, "directory %d lies more than %d levels below any directory judged: cannot tell whether it is within reach", walked[0], maxScopeDepth)
+	}
+	sc.put(walked, result, gen)
+	return result, nil
+}
+
+// scopeCache remembers, for one principal, which directories lie beneath
+// its root. A directory's ancestry changes only when a directory is moved
+// (rename, or the namespace check linking one into lost+found), which
+// bumps meta's scope generation and so empties every cache.
+type scopeCache struct {
+	mu  sync.Mutex
+	gen uint64
+	in  map[ids.Ino]bool
+}
+
+// maxScopeCache bounds a principal's cache (it starts over when full).
+const maxScopeCache = 1 << 16
+
+func (c *scopeCache) get(ino ids.Ino, gen uint64) (bool, bool) {
+	if c == nil {
+		return false, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen != gen {
+		return false, false
+	}
+	v, ok := c.in[ino]
+	return v, ok
+}
+
+func (c *scopeCache) put(inos []ids.Ino, within bool, gen uint64) {
+	if c == nil || len(inos) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.in == nil || c.gen != gen || len(c.in)+len(inos) > maxScopeCache {
+		c.gen, c.in = gen, make(map[ids.Ino]bool)
+	}
+	for _, ino := range inos {
+		c.in[ino] = within
+	}
 }
 
 // indexLinks brings a database of schema 2 to 3: it builds the link

@@ -77,6 +77,8 @@ type txn struct {
 	goneUntil int64
 	// touched are the directories whose entries changed (see touchDir).
 	touched []*inode
+	// movedDir: a directory changed parents (scope.go's caches).
+	movedDir bool
 }
 
 func (tx *txn) reader() pebble.Reader { return tx.b }
