@@ -357,6 +357,6 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)
-	cmd.AddCommand(a.drainCmd())
+	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd())
 	return cmd
 }
