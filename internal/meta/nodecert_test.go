@@ -3,6 +3,7 @@ package meta
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -248,7 +249,11 @@ func TestRefusalsLogBounded(t *testing.T) {
 	})
 	h := f.s.Handler()
 	tok, _ := jointoken.New(pki.Fingerprint(f.s.CA().Cert)) // never issued
-	join := `{"token":"` + tok.String() + `"}`
+	_, csr, err := pki.NewNodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	join, _ := json.Marshal(metaapi.JoinReq{Token: tok.String(), CSR: csr})
 	lines.mu.Lock()
 	lines.n = 0
 	lines.mu.Unlock()
@@ -259,7 +264,7 @@ func TestRefusalsLogBounded(t *testing.T) {
 			r = httptest.NewRequest("POST", "/v1/Status", strings.NewReader("{}"))
 			r.Header.Set("Authorization", "Bearer 1:wrong")
 		} else {
-			r = httptest.NewRequest("POST", "/v1/Join", strings.NewReader(join))
+			r = httptest.NewRequest("POST", "/v1/Join", bytes.NewReader(join))
 		}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
