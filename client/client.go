@@ -190,6 +190,12 @@ func (c *Client) WaitRepaired(ctx context.Context, since time.Time) (metaapi.Sta
 	}
 }
 
+// RevokeNode has meta refuse every certificate of node from now on
+// (admins only).
+func (c *Client) RevokeNode(ctx context.Context, node ids.NodeID) error {
+	return c.meta.Call(ctx, metaapi.OpRevokeNode, metaapi.RevokeNodeReq{Node: node}, nil)
+}
+
 // Drain has meta move every chunk off node (cancel: stop doing so).
 func (c *Client) Drain(ctx context.Context, node ids.NodeID, cancel bool) error {
 	return c.meta.Call(ctx, metaapi.OpDrain, metaapi.DrainReq{Node: node, Cancel: cancel, Who: c.whoOf(ctx)}, nil)

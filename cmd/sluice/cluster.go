@@ -275,6 +275,31 @@ func parseNodeID(s string) (ids.NodeID, error) {
 	return ids.NodeID(n), nil
 }
 
+func (a *app) revokeNodeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "revoke NODE",
+		Short: "Retire a storage node's identity: meta refuses its certificate from now on (admin)",
+		Long: "Retire a storage node's identity: meta refuses every certificate naming the node (a stolen key\n" +
+			"included) and takes it for down at once, so its data is repaired elsewhere after --repair-grace.\n" +
+			"Drain it first to keep full redundancy throughout. It may join again, keeping its id, with a token\n" +
+			"from `sluice join-token --node NODE`.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseNodeID(args[0])
+			if err != nil {
+				return err
+			}
+			return a.withClient(func(c *client.Client) error {
+				if err := c.RevokeNode(cmd.Context(), id); err != nil {
+					return fmt.Errorf("revoke %v: %w", id, err)
+				}
+				fmt.Fprintf(a.stdout, "sluice: %v's identity is revoked: meta refuses its certificates\n", id)
+				return nil
+			})
+		},
+	}
+}
+
 func (a *app) drainCmd() *cobra.Command {
 	var cancel, noWait bool
 	cmd := &cobra.Command{

@@ -239,8 +239,8 @@ func (a *app) metaCmd() *cobra.Command {
 			}
 			fmt.Fprintf(a.stdout, "sluice: meta listening on %s\n", addr)
 			fmt.Fprintf(a.stdout, "sluice: cluster secret %s, client config %s\n", filepath.Join(dir, "cluster.secret"), conf)
-			fmt.Fprintf(a.stdout, "sluice: cluster CA %s; add storage nodes with: sluice node --meta %s --join \"$(SLUICE_CONF=%s sluice join-token)\"\n",
-				filepath.Join(dir, pki.CACertFile), addr, conf)
+			fmt.Fprintf(a.stdout, "sluice: cluster CA %s; add storage nodes with: %s=\"$(SLUICE_CONF=%s sluice join-token)\" sluice node --meta %s --data DIR\n",
+				filepath.Join(dir, pki.CACertFile), envJoin, conf, addr)
 			errc := make(chan error, 1)
 			go func() { errc <- ms.Serve(ln) }()
 			select {
@@ -326,6 +326,8 @@ func (a *app) nodeCmd() *cobra.Command {
 			}
 			if joinToken == "" {
 				joinToken = os.Getenv(envJoin)
+			} else {
+				fmt.Fprintf(a.stderr, "sluice: warning: the join token given with --join is visible to other users of this host (ps) while the node runs; pass it in $%s instead\n", envJoin)
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
 				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
@@ -347,7 +349,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&dir, "data", "", "data directory")
 	cmd.Flags().StringVar(&metaAddr, "meta", "", "meta service address")
-	cmd.Flags().StringVar(&joinToken, "join", "", "join token for a new node, from `sluice join-token` (default $"+envJoin+"; a node that has joined needs none)")
+	cmd.Flags().StringVar(&joinToken, "join", "", "join token for a new node, from `sluice join-token` (default $"+envJoin+", which other users of the host cannot read, unlike the command line; a node that has joined needs none)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "fabric listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address registered with meta (default: the listen address)")
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
@@ -357,6 +359,6 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)
-	cmd.AddCommand(a.drainCmd())
+	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd())
 	return cmd
 }

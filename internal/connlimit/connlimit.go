@@ -13,6 +13,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/sluicefs/sluice/internal/lograte"
 )
 
 // Defaults of the storage node's fabric and of meta: one host may take a
@@ -33,9 +35,8 @@ type Limiter struct {
 	total int
 	hosts map[netip.Prefix]int
 	// Refusals are reported at most once a second (a flood would
-	// otherwise flood the log too): the count since the last report.
-	refused    int
-	lastReport time.Time
+	// otherwise flood the log too).
+	report lograte.Limiter
 }
 
 // New returns a limiter admitting at most max connections in all and at
@@ -101,11 +102,7 @@ func (l *Limiter) Admit(remote net.Addr) (release func(), err error) {
 		r = &Refused{Host: h, PerHost: true, Limit: l.perHost}
 	}
 	if r != nil {
-		l.refused++
-		if now := time.Now(); now.Sub(l.lastReport) >= time.Second {
-			r.Report, r.Suppressed = true, l.refused-1
-			l.refused, l.lastReport = 0, now
-		}
+		r.Report, r.Suppressed = l.report.Allow(time.Now())
 		return nil, r
 	}
 	l.total++

@@ -56,8 +56,9 @@ func (s *Service) authenticate(h string) caller {
 
 // An op is one /v1/<Op> endpoint.
 type op struct {
-	clients, nodes bool // which callers may use it
-	anyone         bool // callers without a credential too (Join: the token is one)
+	clients, nodes bool  // which callers may use it
+	anyone         bool  // callers without a credential too (Join: the token is one)
+	maxBody        int64 // bound on the request body; 0: metaapi.MaxBodyBytes
 	serve          func(s *Service, c caller, body io.Reader) (any, error)
 }
 
@@ -113,6 +114,9 @@ var ops = map[string]op{
 	}),
 	metaapi.OpDrain: endpoint(true, false, func(s *Service, _ caller, r metaapi.DrainReq) (empty, error) {
 		return empty{}, s.Drain(r)
+	}),
+	metaapi.OpRevokeNode: endpoint(true, false, func(s *Service, _ caller, r metaapi.RevokeNodeReq) (empty, error) {
+		return empty{}, s.RevokeNode(r)
 	}),
 	metaapi.OpReconcile: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReconcileReq) (metaapi.ReconcileResp, error) {
 		return s.Reconcile(r)
@@ -189,7 +193,7 @@ var ops = map[string]op{
 		}
 		return s.NewJoinToken(time.Duration(r.TTL), r.Node)
 	}),
-	metaapi.OpJoin: {anyone: true, clients: true, nodes: true, serve: endpoint(false, false, func(s *Service, _ caller, r metaapi.JoinReq) (metaapi.JoinResp, error) {
+	metaapi.OpJoin: {anyone: true, clients: true, nodes: true, maxBody: maxJoinBody, serve: endpoint(false, false, func(s *Service, _ caller, r metaapi.JoinReq) (metaapi.JoinResp, error) {
 		return s.Join(r)
 	}).serve},
 	metaapi.OpCheck: endpoint(true, false, func(s *Service, _ caller, r metaapi.CheckReq) (metaapi.CheckResp, error) {
@@ -232,7 +236,11 @@ func (s *Service) Handler() http.Handler {
 func (s *Service) serveOp(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	name := r.PathValue("op")
-	c := s.authenticateNode(r.TLS)
+	c, err := s.authenticateNode(r.TLS)
+	if err != nil {
+		s.writeError(w, r, name, err, 0)
+		return
+	}
 	if c.kind == callerNone {
 		c = s.authenticate(r.Header.Get("Authorization"))
 	}
@@ -262,7 +270,11 @@ func (s *Service) serveOp(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, name, err, 0)
 		return
 	}
-	resp, err := o.serve(s, c, http.MaxBytesReader(w, r.Body, metaapi.MaxBodyBytes))
+	limit := o.maxBody
+	if limit == 0 {
+		limit = metaapi.MaxBodyBytes
+	}
+	resp, err := o.serve(s, c, http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		s.writeError(w, r, name, err, 0)
 		return
@@ -287,7 +299,13 @@ func (s *Service) writeError(w http.ResponseWriter, r *http.Request, op string, 
 	if !errors.As(err, &me) {
 		s.log.Error("internal error", "op", op, "err", err)
 		me = metaapi.Errorf(metaapi.EIO, "internal error in %s: %v", op, err)
-	} else if me.Code == metaapi.EIO || me.Code == metaapi.EAUTH {
+	} else if me.Code == metaapi.EAUTH {
+		// Anyone may be refused, as often as they like: at most one
+		// refusal a second is logged, with the count of the others.
+		if ok, skipped := s.refusals.Allow(time.Now()); ok {
+			s.log.Warn("meta call refused", "op", op, "remote", r.RemoteAddr, "err", me.Message, "also_refused_since_last_report", skipped)
+		}
+	} else if me.Code == metaapi.EIO {
 		s.log.Warn("meta call failed", "op", op, "code", me.Code, "remote", r.RemoteAddr, "err", me.Message)
 	} else {
 		s.log.Debug("meta call failed", "op", op, "code", me.Code, "err", me.Message)

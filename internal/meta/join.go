@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/jointoken"
 	"github.com/sluicefs/sluice/internal/metaapi"
@@ -92,8 +93,16 @@ func (s *Service) NewJoinToken(ttl time.Duration, node ids.NodeID) (metaapi.Join
 // never issued, already used or forged: which one is nobody's business.
 var errNoToken = metaapi.Errorf(metaapi.EAUTH, "join token not valid: already used, or not issued by this cluster")
 
+// maxJoinBody bounds a Join request: a token and a certificate request
+// of at most metaapi.MaxCSRBytes, base64 in JSON. Anyone may send one,
+// so it is refused before a large body is even read.
+const maxJoinBody = 16 << 10
+
 // Join admits a new storage node holding a valid join token. A refused
 // join changes nothing: the token stays as it was and no id is used.
+// Anyone may call it, so a token meta does not hold is refused under the
+// read lock, before the certificate request's signature is checked or
+// the write lock taken; the check is done again in the update.
 func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 	var out metaapi.JoinResp
 	tok, err := jointoken.Parse(req.Token)
@@ -106,29 +115,21 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 	if len(req.CSR) > metaapi.MaxCSRBytes {
 		return out, metaapi.Errorf(metaapi.EINVAL, "certificate request of %d bytes, at most %d", len(req.CSR), metaapi.MaxCSRBytes)
 	}
+	err = s.read(func(v view) error {
+		_, err := checkJoinToken(v.reader(), tok, req.ID, s.opts.Now().UnixNano())
+		return err
+	})
+	if err != nil {
+		return out, err
+	}
 	csr, err := pki.CheckCSR(req.CSR)
 	if err != nil {
 		return out, metaapi.Errorf(metaapi.EINVAL, "%v", err)
 	}
 	err = s.update(func(tx *txn) error {
-		var r joinRec
-		found, err := getJSON(tx.b, joinKey(tok.ID), &r)
+		r, err := checkJoinToken(tx.b, tok, req.ID, tx.now)
 		if err != nil {
 			return err
-		}
-		h := tok.Hash()
-		if !found || subtle.ConstantTimeCompare(r.Hash, h[:]) != 1 {
-			return errNoToken
-		}
-		if r.Expires <= tx.now {
-			return metaapi.Errorf(metaapi.EAUTH, "join token expired at %s: create a new one with `sluice join-token`",
-				time.Unix(0, r.Expires).UTC().Format(time.RFC3339))
-		}
-		switch {
-		case r.Node != req.ID && r.Node == 0:
-			return metaapi.Errorf(metaapi.EAUTH, "join token admits a new node, not node %v: create one with `sluice join-token --node %v`", req.ID, req.ID)
-		case r.Node != req.ID:
-			return metaapi.Errorf(metaapi.EAUTH, "join token admits node %v only", r.Node)
 		}
 		id := r.Node
 		if id == 0 {
@@ -142,6 +143,9 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 		if err := tx.b.Delete(joinKey(tok.ID), nil); err != nil {
 			return err
 		}
+		if err := s.recordNodeCert(tx, id, cert); err != nil {
+			return err
+		}
 		out = metaapi.JoinResp{ID: id, Cert: string(cert), CA: string(s.ca.CertPEM), Secret: s.sec.String()}
 		return nil
 	})
@@ -150,4 +154,29 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 	}
 	s.log.Info("storage node joined", "node", out.ID, "again", req.ID != 0)
 	return out, nil
+}
+
+// checkJoinToken returns the stored token tok names, if its secret
+// matches, it has not expired and it admits node id (0: a new node).
+func checkJoinToken(r pebble.Reader, tok jointoken.Token, id ids.NodeID, now int64) (joinRec, error) {
+	var rec joinRec
+	found, err := getJSON(r, joinKey(tok.ID), &rec)
+	if err != nil {
+		return rec, err
+	}
+	h := tok.Hash()
+	if !found || subtle.ConstantTimeCompare(rec.Hash, h[:]) != 1 {
+		return rec, errNoToken
+	}
+	if rec.Expires <= now {
+		return rec, metaapi.Errorf(metaapi.EAUTH, "join token expired at %s: create a new one with `sluice join-token`",
+			time.Unix(0, rec.Expires).UTC().Format(time.RFC3339))
+	}
+	switch {
+	case rec.Node != id && rec.Node == 0:
+		return rec, metaapi.Errorf(metaapi.EAUTH, "join token admits a new node, not node %v: create one with `sluice join-token --node %v`", id, id)
+	case rec.Node != id:
+		return rec, metaapi.Errorf(metaapi.EAUTH, "join token admits node %v only", rec.Node)
+	}
+	return rec, nil
 }

@@ -34,6 +34,7 @@ import (
 //	q <ino:8>                         the directory of a nameless file's last name (scope.go)
 //	p <id:8>                          principal (JSON principalRec, principal.go)
 //	j <token:8>                       join token: JSON joinRec (join.go)
+//	C <node:4>                        the node's current certificate: JSON nodeCertRec (nodecert.go)
 const (
 	pInode   = 'i'
 	pDirent  = 'd'

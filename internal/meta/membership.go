@@ -81,6 +81,22 @@ func validNodeAddr(addr string) error {
 	return nil
 }
 
+// addrInUse refuses node id taking addr while another node that is up
+// holds it: a fabric dialler accepts the certificate of any node the
+// cluster map places at the address it dials, so a node registering
+// another's address could pass for it. A down node's address may be
+// taken (a host rebuilt as a new node); the down node is then refused
+// the address until the other goes down or it moves. up says whether a
+// node is up (silent ones not yet marked down are not).
+func addrInUse(nodes map[ids.NodeID]*member, id ids.NodeID, addr string, up func(*member) bool) error {
+	for _, m := range nodes {
+		if m.rec.ID != id && m.rec.Addr == addr && up(m) {
+			return metaapi.Errorf(metaapi.EEXIST, "address %s is node %v's, which is up: node %v may not register it", addr, m.rec.ID, id)
+		}
+	}
+	return nil
+}
+
 // Register records a storage node, assigning an id on its first start.
 func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error) {
 	var out metaapi.RegisterResp
@@ -107,6 +123,9 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 			// id out again. (An id Join handed out is below NextNode.)
 			s.log.Warn("registering node with an id meta does not know", "node", id, "addr", req.Addr)
 			tx.ctr.NextNode = id + 1
+		}
+		if err := addrInUse(s.nodes, id, req.Addr, s.upAt(tx.now)); err != nil {
+			return err
 		}
 		rec := nodeRec{
 			ID: id, Addr: req.Addr, Domain: req.Domain,
@@ -169,6 +188,9 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 		rec.LastHeartbeat = tx.now
 		persist := false
 		if req.Addr != "" && req.Addr != rec.Addr {
+			if err := addrInUse(s.nodes, rec.ID, req.Addr, s.upAt(tx.now)); err != nil {
+				return err
+			}
 			rec.Addr = req.Addr
 			tx.ctr.Epoch++
 			persist = true
@@ -243,6 +265,11 @@ func (s *Service) Sweep() {
 	if err := s.update(func(tx *txn) error { s.sweepTx(tx, 0); return nil }); err != nil && err != errClosed {
 		s.log.Error("marking silent nodes down", "err", err)
 	}
+}
+
+// upAt says whether a node is up at now: marked so and not silent.
+func (s *Service) upAt(now int64) func(*member) bool {
+	return func(m *member) bool { return m.state == metaapi.NodeUp && !s.silent(m, now) }
 }
 
 func (s *Service) silent(m *member, now int64) bool {

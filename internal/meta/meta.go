@@ -47,6 +47,7 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/lograte"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/pki"
 	"github.com/sluicefs/sluice/internal/placement"
@@ -178,16 +179,20 @@ type Service struct {
 	princ   atomic.Pointer[principalSet]
 	// scopeGen counts moves of directories (scope.go's caches).
 	scopeGen atomic.Uint64
+	// refusals rate-limits the logging of refused calls (http.go).
+	refusals lograte.Limiter
 
-	mu       sync.RWMutex
-	closed   bool
-	ctr      counters
-	capKeys  capKeyState // capkeys.go
-	nodes    map[ids.NodeID]*member
-	rng      *rand.Rand // under mu (write)
-	minFree  placement.MinFree
-	metaAddr string
-	openedAt time.Time
+	mu      sync.RWMutex
+	closed  bool
+	ctr     counters
+	capKeys capKeyState // capkeys.go
+	nodes   map[ids.NodeID]*member
+	// nodeCerts is each node id's current certificate (nodecert.go).
+	nodeCerts map[ids.NodeID]nodeCertRec
+	rng       *rand.Rand // under mu (write)
+	minFree   placement.MinFree
+	metaAddr  string
+	openedAt  time.Time
 
 	srvMu sync.Mutex
 	srv   *http.Server
@@ -302,6 +307,7 @@ func (s *Service) load() error {
 		if err := s.initDB(); err != nil {
 			return err
 		}
+		s.nodeCerts = make(map[ids.NodeID]nodeCertRec)
 		return s.loadPrincipals()
 	}
 	if string(raw) == "1" {
@@ -322,6 +328,9 @@ func (s *Service) load() error {
 	}
 	if err := s.loadPrincipals(); err != nil {
 		return err
+	}
+	if err := s.loadNodeCerts(); err != nil {
+		return fmt.Errorf("reading node certificates: %w", err)
 	}
 	return scan(s.db, []byte{pNode}, []byte{pNode + 1}, func(k, v []byte) (bool, error) {
 		m := new(member)

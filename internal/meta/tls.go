@@ -59,18 +59,23 @@ func (s *Service) serverNames(addr net.Addr, metaAddr string) []string {
 
 // authenticateNode identifies a storage node by the certificate it
 // presented on the connection, which the TLS layer verified against the
-// cluster CA; callerNone if it presented none.
-func (s *Service) authenticateNode(cs *tls.ConnectionState) caller {
+// cluster CA; callerNone if it presented none. A certificate that is not
+// its node's current one (nodecert.go) is refused.
+func (s *Service) authenticateNode(cs *tls.ConnectionState) (caller, error) {
 	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
-		return caller{}
+		return caller{}, nil
 	}
-	id, err := pki.NodeID(cs.VerifiedChains[0][0])
+	cert := cs.VerifiedChains[0][0]
+	id, err := pki.NodeID(cert)
 	if err != nil {
 		// Signed by the CA but no node's: meta's own certificate, say.
 		s.log.Warn("refusing a certificate that names no node", "err", err)
-		return caller{}
+		return caller{}, nil
 	}
-	return caller{kind: callerNode, node: id}
+	if err := s.checkNodeCert(id, cert); err != nil {
+		return caller{}, err
+	}
+	return caller{kind: callerNode, node: id}, nil
 }
 
 // actsAs refuses a node acting as another than its certificate names.

@@ -46,6 +46,12 @@ type DrainReq struct {
 	Who    Who        `json:"who"`
 }
 
+// RevokeNodeReq retires a node's identity: meta refuses every
+// certificate naming it until it joins again. Admins only.
+type RevokeNodeReq struct {
+	Node ids.NodeID `json:"node"`
+}
+
 type StatusResp struct {
 	MetaAddr string     `json:"meta_addr"`
 	Epoch    uint64     `json:"epoch"`

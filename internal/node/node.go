@@ -302,7 +302,7 @@ func (n *Node) refreshMap() {
 }
 
 // errRefused: meta does not accept this node's credential.
-var errRefused = errors.New("meta refused this node's certificate (a node of another cluster?)")
+var errRefused = errors.New("meta refused this node's certificate (revoked or replaced, or a node of another cluster?)")
 
 // Fatal yields an error when the node cannot go on by itself (meta
 // refuses its credential); the process should stop.
@@ -486,6 +486,12 @@ func (n *Node) controlLoop(ctx context.Context) {
 				n.log.Error("registration failed", "err", err)
 			}
 		} else if err := n.heartbeat(ctx); err != nil && ctx.Err() == nil {
+			if metaapi.IsCode(err, metaapi.EAUTH) {
+				// Revoked while running (sluice node revoke, or joined
+				// again elsewhere): as at registration, retrying cannot help.
+				n.fatal <- fmt.Errorf("node: %w: %w", errRefused, err)
+				return
+			}
 			n.log.Warn("heartbeat to meta failed", "err", err)
 		}
 		n.expireTombstones(time.Now())
