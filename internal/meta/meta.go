@@ -250,7 +250,7 @@ func Open(opts Options) (*Service, error) {
 		log:      opts.Logger,
 		db:       db,
 		sec:      sec,
-		keys:     capability.NewKeyring(sec),
+		keys:     capability.NewKeyring(), // openCapKeys sets it
 		ca:       ca,
 		nodes:    make(map[ids.NodeID]*member),
 		rng:      rand.New(rand.NewPCG(seed, seed^0x5eed)),
