@@ -380,3 +380,7 @@ func (s *Service) RevokeCapabilities(client ids.ClientID) error {
 func (s *Service) capKeysLocked(now int64) *metaapi.CapKeys {
 	return metaapi.CapKeysOf(s.capKeys.accepted(now, s.opts.CapKeyRotate > 0))
 }
+
+// Keyring is the ring meta mints with (for in-process harnesses and
+// tests that mint capabilities as meta does).
+func (s *Service) Keyring() *capability.Keyring { return s.keys }
