@@ -1,7 +1,9 @@
 package capability
 
 import (
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,10 +16,8 @@ func testKeys(seed byte, keyIDs ...uint32) []Key {
 	out := make([]Key, len(keyIDs))
 	for i, id := range keyIDs {
 		out[i].ID = id
-		for j := range KeySize {
-			out[i].MAC[j] = seed ^ byte(id) ^ byte(j) ^ 0x5a
-			out[i].Seal[j] = seed ^ byte(id) ^ byte(j) ^ 0xa5
-		}
+		out[i].MAC = sha256.Sum256(fmt.Appendf(nil, "mac %d %d", seed, id))
+		out[i].Seal = sha256.Sum256(fmt.Appendf(nil, "seal %d %d", seed, id))
 	}
 	return out
 }

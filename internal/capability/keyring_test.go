@@ -234,3 +234,64 @@ func BenchmarkOpenRevocations(b *testing.B) {
 		}
 	}
 }
+
+// TestSealAcrossRotation: a node that heard of a rotation seals with the
+// new key, which a peer that has not heard holds as next; a peer that
+// heard accepts the seal of one that has not (the old key, retired). A
+// key that does not seal (an earlier version's derived key) is never
+// used for a seal, and a ring with no key accepts no seal.
+func TestSealAcrossRotation(t *testing.T) {
+	body := []byte("forwarded header")
+	before := NewKeyring(testKeys(1, 2, 1)...) // current 1, next 2
+	after := NewKeyring(testKeys(1, 1, 3, 2)...)
+	for _, c := range []struct {
+		name     string
+		from, to *Keyring
+	}{{"new to old", after, before}, {"old to new", before, after}} {
+		if seal := c.from.Seal(body); !c.to.CheckSeal(body, seal[:]) {
+			t.Errorf("%s: seal refused", c.name)
+		}
+	}
+	other := NewKeyring(testKeys(2, 1)...)
+	if seal := other.Seal(body); before.CheckSeal(body, seal[:]) {
+		t.Error("another cluster's seal accepted")
+	}
+	if seal := before.Seal(body); before.CheckSeal([]byte("forwarded headeR"), seal[:]) {
+		t.Error("a seal over other bytes accepted")
+	}
+	legacy := testKeys(1, 7)[0]
+	legacy.Seal = [KeySize]byte{}
+	macOnly := NewKeyring(testKeys(1, 1)[0], legacy) // current: a key that does not seal
+	if seal := macOnly.Seal(body); !before.CheckSeal(body, seal[:]) {
+		t.Error("a ring whose current key does not seal: seal not under its sealing key")
+	}
+	var zero [MACSize]byte
+	if seal := NewKeyring(legacy).Seal(body); seal != zero || NewKeyring(legacy).CheckSeal(body, zero[:]) {
+		t.Error("a key that does not seal sealed, or a zero seal was accepted")
+	}
+	empty := NewKeyring()
+	if seal := before.Seal(body); empty.CheckSeal(body, seal[:]) {
+		t.Error("a ring with no keys accepted a seal")
+	}
+	var c Capability
+	if _, err := empty.Open(before.Mint(new(sample())), time.Now().UnixNano(), &c); !errors.Is(err, ErrUnknownKey) {
+		t.Errorf("a ring with no keys: %v, want ErrUnknownKey", err)
+	}
+}
+
+// TestSealDoesNotAllocate: sealing and checking a forwarded header, on
+// every hop of every replicated write, allocates nothing.
+func TestSealDoesNotAllocate(t *testing.T) {
+	k := NewKeyring(testKeys(1, 1, 3, 2)...)
+	old := NewKeyring(testKeys(1, 1)...) // checked against its retired key: the slowest accepting path
+	body := make([]byte, 200)
+	seal := old.Seal(body)
+	if n := testing.AllocsPerRun(200, func() {
+		s := k.Seal(body)
+		if !k.CheckSeal(body, s[:]) || !k.CheckSeal(body, seal[:]) {
+			t.Fatal("seal refused")
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per seal and check", n)
+	}
+}
