@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +19,7 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -139,8 +142,8 @@ func TestCapKeysRotateUnderLoad(t *testing.T) {
 			if err := json.Unmarshal(raw, &ck); err != nil {
 				return false, err.Error()
 			}
-			return slices.Contains(ck.Keys, cur) && slices.Contains(ck.Keys, cur+1),
-				fmt.Sprintf("node %v accepts %v; the current key is %d", id, ck.Keys, cur)
+			return slices.Contains(ck.IDs(), cur) && slices.Contains(ck.IDs(), cur+1),
+				fmt.Sprintf("node %v accepts %v; the current key is %d", id, ck.IDs(), cur)
 		})
 	}
 }
@@ -180,5 +183,125 @@ func TestAuthRmRevokesCapabilities(t *testing.T) {
 	t.Logf("a node refused the removed principal's capability %s after `sluice auth rm` began", time.Since(start).Round(time.Millisecond))
 	if s, msg := stat(adminLayout[0]); s != wire.StatusOK {
 		t.Fatalf("the admin's capability after carol's removal: %v %s", s, msg)
+	}
+}
+
+// nodeKeyring is the keyring the storage node with data directory dir
+// last heard of from meta (its capkeys.json): tests mint capabilities the
+// node accepts with it, as only meta or the node's owner could.
+func nodeKeyring(t *testing.T, dir string) *capability.Keyring {
+	t.Helper()
+	var ck metaapi.CapKeys
+	eventually(t, 15*time.Second, 50*time.Millisecond, func() (bool, string) {
+		raw, err := os.ReadFile(filepath.Join(dir, "capkeys.json"))
+		if err == nil {
+			err = json.Unmarshal(raw, &ck)
+		}
+		return err == nil, fmt.Sprintf("%s: capability keys: %v", dir, err)
+	})
+	a, err := ck.Accepted()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := capability.NewKeyring()
+	if err := k.Set(a); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// TestNodesHoldNoClusterSecret: a joined node's data directory holds
+// neither the cluster secret nor anything an earlier version saved of
+// it, and whoever holds the secret (meta's disk, or a node's disk before)
+// cannot compute a capability a node accepts.
+func TestNodesHoldNoClusterSecret(t *testing.T) {
+	c := threeNodes(t, nil, nil)
+	data := randomBytes(t, 64<<10)
+	mustRun(t, c.conf, bytes.NewReader(data), "put", "-", "/f")
+	if got := mustRun(t, c.conf, nil, "cat", "/f").stdout; !bytes.Equal(got, data) {
+		t.Fatal("read back differs")
+	}
+	raw, err := os.ReadFile(c.secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, err := secret.Parse(string(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hexSec := strings.TrimSpace(string(raw))
+	for id, n := range c.nodes {
+		err := filepath.WalkDir(n.dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			if d.Name() == "cluster.secret" {
+				t.Errorf("node %v: %s", id, p)
+			}
+			b, err := os.ReadFile(p)
+			if err == nil && bytes.Contains(b, []byte(hexSec)) {
+				t.Errorf("node %v: %s holds the cluster secret", id, p)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A capability under a key derived from the secret (as every key was)
+	// is refused for its MAC; the same under the node's real key is not.
+	_, layout := layoutOf(t, metaClient(t, c.conf), "/f")
+	l := layout[0]
+	var n *nodeProc
+	for _, p := range c.nodes {
+		if p.id == l.Replicas[0].Node {
+			n = p
+		}
+	}
+	real := nodeKeyring(t, n.dir)
+	stat := func(keys *capability.Keyring) (wire.Status, string) {
+		var cp capability.Capability
+		if _, err := capability.Decode(l.Cap, &cp); err != nil {
+			t.Fatal(err)
+		}
+		r := dialRaw(t, n.addr)
+		defer r.c.Close()
+		h, err := wire.AppendRead(nil, &wire.ReadHeader{Chunk: l.Chunk, Cap: keys.Mint(&cp)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.packet(pkSend, flFirst|flLast, 1, h)
+		rep, msg := r.reply(1)
+		return rep.Status, msg
+	}
+	if s, msg := stat(real); s != wire.StatusOK {
+		t.Fatalf("under the node's own key: %v %s", s, msg)
+	}
+	for _, id := range real.Accepted().Keys {
+		derived := capability.Key{ID: id.ID}
+		copy(derived.MAC[:], sec.Derive(secret.PurposeCapability, uint64(id.ID)))
+		if s, msg := stat(capability.NewKeyring(derived)); s != wire.StatusAuth || !strings.Contains(msg, "MAC") {
+			t.Errorf("under key %d derived from the cluster secret: %v %s, want a MAC refusal", id.ID, s, msg)
+		}
+	}
+
+	// A node an earlier version joined kept the secret: it is deleted at
+	// start, and the node works on.
+	n.proc.stop(t, 10*time.Second)
+	old := filepath.Join(n.dir, "cluster.secret")
+	if err := os.WriteFile(old, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again := c.startNodeIn(t, "again", n.dir)
+	if _, err := os.Stat(old); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s after a restart: %v", old, err)
+	}
+	if !strings.Contains(again.proc.stderrText(), "removed the cluster secret") {
+		t.Errorf("no log line of the removal: %s", again.proc.stderrText())
+	}
+	waitNodesUp(t, c.conf, 3, 15*time.Second)
+	if got := mustRun(t, c.conf, nil, "cat", "/f").stdout; !bytes.Equal(got, data) {
+		t.Fatal("read back differs after the restart")
 	}
 }

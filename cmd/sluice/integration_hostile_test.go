@@ -16,7 +16,6 @@ import (
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/ids"
-	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -407,15 +406,11 @@ func TestHostileDataPlane(t *testing.T) {
 		r.expectStatus(14, wire.StatusAuth, "key")
 	})
 
-	// The same checks with capabilities minted under the real cluster key
-	// (read from meta's secret file, as only meta could): this proves the
-	// requests above were refused for their MAC, not for a mistake in
-	// this test's encoding.
-	sec, err := secret.Load(filepath.Join(dir, "meta", "cluster.secret"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := capability.NewKeyring(sec)
+	// The same checks with capabilities minted under the real key (read
+	// from the node's data directory, as only its owner could): this
+	// proves the requests above were refused for their MAC, not for a
+	// mistake in this test's encoding.
+	keys := nodeKeyring(t, dirs[head])
 	const ctrlChunk = ids.ChunkID(0x5eed0000)
 	t.Run("genuine capabilities", func(t *testing.T) {
 		r := dialRaw(t, addr)
@@ -623,7 +618,7 @@ func TestHostileDataPlane(t *testing.T) {
 	// every client and peer replica out of the node.
 	time.Sleep(time.Until(lorisSince.Add(3 * time.Second)))
 	loris.c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	_, err = loris.c.Read(make([]byte, 1))
+	_, err := loris.c.Read(make([]byte, 1))
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		t.Errorf("a connection stalled inside a packet is still open after %s (idle timeout 1 s): the node never times out a partial packet",

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"github.com/sluicefs/sluice/internal/capability"
-	"github.com/sluicefs/sluice/internal/secret"
 	"io"
 	"net"
 	"os"
@@ -15,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicefs/sluice/internal/capability"
 
 	"github.com/sluicefs/sluice/internal/ids"
 )
@@ -229,11 +229,11 @@ func TestClientKilledMidPut(t *testing.T) {
 		if len(layout) != 1 {
 			t.Errorf("temporary has %d chunks, want 1", len(layout))
 		}
-		sec, err := secret.Load(filepath.Join(dir, "meta", "cluster.secret"))
-		if err != nil {
-			t.Fatal(err)
+		var keys *capability.Keyring
+		for _, n := range c.nodes {
+			keys = nodeKeyring(t, n.dir)
+			break
 		}
-		keys := capability.NewKeyring(sec)
 		for _, l := range layout {
 			var length uint64
 			eventually(t, 10*time.Second, 100*time.Millisecond, func() (bool, string) {

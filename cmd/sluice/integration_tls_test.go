@@ -52,7 +52,7 @@ func TestJoinAndTLS(t *testing.T) {
 	}
 	// Each node's credentials are private and its certificate names it.
 	for id, n := range c.nodes {
-		for _, f := range []string{"node.key", "node.crt", "ca.crt", "cluster.secret"} {
+		for _, f := range []string{"node.key", "node.crt", "ca.crt", "capkeys.json"} {
 			fi, err := os.Stat(filepath.Join(n.dir, f))
 			if err != nil || fi.Mode().Perm() != 0o600 {
 				t.Errorf("node %v: %s: %v %v", id, f, fi, err)

@@ -18,7 +18,6 @@ import (
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
-	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -42,11 +41,11 @@ func threeNodes(t *testing.T, metaArgs, nodeArgs []string) *splitCluster {
 
 func (c *splitCluster) keys(t *testing.T) *capability.Keyring {
 	t.Helper()
-	sec, err := secret.Load(c.secretFile)
-	if err != nil {
-		t.Fatal(err)
+	for _, n := range c.nodes {
+		return nodeKeyring(t, n.dir)
 	}
-	return capability.NewKeyring(sec)
+	t.Fatal("no node to read capability keys from")
+	return nil
 }
 
 // chunkHolders lists the nodes (data directories by id) holding a chunk

@@ -3,8 +3,8 @@
 // the client, the inode and chunk, a byte range within the chunk, the
 // rights granted, when it was issued and when it expires, the layout
 // epoch and the replica set the layout was planned on, sealed with a
-// truncated HMAC-SHA256 under a key derived from the cluster secret and
-// named by a key id (which rotates: docs/capkeys.md).
+// truncated HMAC-SHA256 under a random key meta makes and hands to
+// storage nodes, named by a key id (which rotates: docs/capkeys.md).
 //
 // Verification needs no round trip and no per-client state on the node:
 // the header handler decodes the record in place, recomputes the MAC and

@@ -1,32 +1,23 @@
 package capability
 
 import (
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
-	"github.com/sluicefs/sluice/internal/secret"
 )
 
-func testSecret(t testing.TB, seed byte) secret.Secret {
-	t.Helper()
-	b := make([]byte, secret.Size)
-	for i := range b {
-		b[i] = seed + byte(i)
-	}
-	s, err := secret.Parse(string(hexOf(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func hexOf(b []byte) []byte {
-	const digits = "0123456789abcdef"
-	out := make([]byte, 0, 2*len(b))
-	for _, c := range b {
-		out = append(out, digits[c>>4], digits[c&15])
+// testKeys are fixed keys for ids, distinct per seed (as two clusters'
+// keys are).
+func testKeys(seed byte, keyIDs ...uint32) []Key {
+	out := make([]Key, len(keyIDs))
+	for i, id := range keyIDs {
+		out[i].ID = id
+		out[i].MAC = sha256.Sum256(fmt.Appendf(nil, "mac %d %d", seed, id))
+		out[i].Seal = sha256.Sum256(fmt.Appendf(nil, "seal %d %d", seed, id))
 	}
 	return out
 }
@@ -39,7 +30,7 @@ func sample() Capability {
 }
 
 func TestMintOpenRoundTrip(t *testing.T) {
-	k := NewKeyring(testSecret(t, 1))
+	k := NewKeyring(testKeys(1, 1)...)
 	c := sample()
 	raw := k.Mint(&c)
 	if len(raw) != c.Size() {
@@ -64,7 +55,7 @@ func TestMintOpenRoundTrip(t *testing.T) {
 // TestSeal: a seal checks only with the secret it was made with, and
 // only for the bytes it was made over.
 func TestSeal(t *testing.T) {
-	k, other := NewKeyring(testSecret(t, 1)), NewKeyring(testSecret(t, 2))
+	k, other := NewKeyring(testKeys(1, 1)...), NewKeyring(testKeys(2, 1)...)
 	body := []byte("forwarded header")
 	s := k.Seal(body)
 	if !k.CheckSeal(body, s[:]) {
@@ -85,7 +76,7 @@ func TestSeal(t *testing.T) {
 }
 
 func TestOpenRefusesEveryBitFlip(t *testing.T) {
-	k := NewKeyring(testSecret(t, 1))
+	k := NewKeyring(testKeys(1, 1)...)
 	c := sample()
 	raw := k.Mint(&c)
 	now := time.Now().UnixNano()
@@ -102,8 +93,8 @@ func TestOpenRefusesEveryBitFlip(t *testing.T) {
 }
 
 func TestOpenErrors(t *testing.T) {
-	k := NewKeyring(testSecret(t, 1))
-	other := NewKeyring(testSecret(t, 2))
+	k := NewKeyring(testKeys(1, 1)...)
+	other := NewKeyring(testKeys(2, 1)...)
 	c := sample()
 	raw := k.Mint(&c)
 	now := time.Now().UnixNano()
@@ -118,11 +109,11 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := k.Open(raw[:len(raw)-1], now, &got); !errors.Is(err, ErrMalformed) {
 		t.Errorf("truncated: %v, want ErrMalformed", err)
 	}
-	rotated := NewKeyring(testSecret(t, 1), 2)
+	rotated := NewKeyring(testKeys(1, 2)...)
 	if _, err := rotated.Open(raw, now, &got); !errors.Is(err, ErrUnknownKey) {
 		t.Errorf("key id 1 on a ring of {2}: %v, want ErrUnknownKey", err)
 	}
-	both := NewKeyring(testSecret(t, 1), 1, 2)
+	both := NewKeyring(testKeys(1, 1, 2)...)
 	if _, err := both.Open(raw, now, &got); err != nil {
 		t.Errorf("ring {1,2} must still accept key 1: %v", err)
 	}
@@ -164,7 +155,7 @@ func TestOpenDoesNotAllocate(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not meaningful under the race detector")
 	}
-	k := NewKeyring(testSecret(t, 1))
+	k := NewKeyring(testKeys(1, 1)...)
 	c := sample()
 	raw := k.Mint(&c)
 	now := time.Now().UnixNano()
@@ -181,7 +172,7 @@ func TestOpenDoesNotAllocate(t *testing.T) {
 }
 
 func BenchmarkOpen(b *testing.B) {
-	k := NewKeyring(testSecret(b, 1))
+	k := NewKeyring(testKeys(1, 1)...)
 	c := sample()
 	raw := k.Mint(&c)
 	now := time.Now().UnixNano()
@@ -195,7 +186,7 @@ func BenchmarkOpen(b *testing.B) {
 }
 
 func FuzzDecode(f *testing.F) {
-	k := NewKeyring(secret.Secret{})
+	k := NewKeyring(testKeys(0, 1)...)
 	c := sample()
 	f.Add(k.Mint(&c))
 	ec := sample()

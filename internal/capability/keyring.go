@@ -2,6 +2,7 @@ package capability
 
 import (
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
 	"hash"
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
-	"github.com/sluicefs/sluice/internal/secret"
 )
 
 // Bounds on what a Keyring holds (they come from meta over the network).
@@ -20,28 +20,75 @@ const (
 	MaxRevocations = 4096
 )
 
-// Keyring holds the MAC keys by id and the revocations to enforce. Meta
+// KeySize is the length of a capability or forward-seal key.
+const KeySize = 32
+
+// Key is one key id's material: the key that MACs capabilities and the
+// key that seals headers nodes forward. Meta makes both at random
+// (GenerateKey) and hands them to storage nodes over their mutual-TLS
+// connection (docs/capkeys.md); nothing else can compute them.
+type Key struct {
+	ID  uint32
+	MAC [KeySize]byte
+	// Seal is zero for a key that seals nothing: one derived from the
+	// cluster secret by an earlier version, accepted for capabilities
+	// only until they expire.
+	Seal [KeySize]byte
+}
+
+// Seals reports whether k seals forwarded headers.
+func (k *Key) Seals() bool { return k.Seal != [KeySize]byte{} }
+
+// GenerateKey makes a random key with id.
+func GenerateKey(id uint32) (Key, error) {
+	k := Key{ID: id}
+	if _, err := rand.Read(k.MAC[:]); err != nil {
+		return k, fmt.Errorf("capability: generating key %d: %w", id, err)
+	}
+	if _, err := rand.Read(k.Seal[:]); err != nil {
+		return k, fmt.Errorf("capability: generating key %d: %w", id, err)
+	}
+	return k, nil
+}
+
+// Keyring holds the keys by id and the revocations to enforce. Meta
 // mints with the current key; nodes accept any key on the ring, so keys
 // rotate by adding a new id, minting with it, and dropping the old one
-// once everything it signed has expired (docs/capkeys.md). Keys are
-// derived from the cluster secret: only key ids ever travel.
+// once everything it signed has expired (docs/capkeys.md).
 //
-// Set replaces the keys and revocations while checks run: Open and Mint
-// read one immutable set through an atomic pointer, so a check takes no
-// lock and allocates nothing. A Keyring is safe for concurrent use.
+// Set replaces the keys and revocations while checks run: Open, Mint,
+// Seal and CheckSeal read one immutable set through an atomic pointer,
+// so a check takes no lock and allocates nothing. A Keyring is safe for
+// concurrent use.
 type Keyring struct {
-	sec   secret.Secret
-	set   atomic.Pointer[keySet]
-	mu    sync.Mutex // serialises Set
-	seals sync.Pool  // of *macState, under the forward-seal key
+	set atomic.Pointer[keySet]
+	mu  sync.Mutex // serialises Set
 }
 
 // keySet is one immutable generation of what a Keyring accepts.
 type keySet struct {
-	acc     Accepted               // as given (copied)
-	current uint32                 // the key Mint uses
-	macs    map[uint32]*sync.Pool  // of *macState; HMAC state is reused, not rebuilt per check
+	acc     Accepted // as given (copied)
+	current uint32   // the key Mint uses
+	macs    map[uint32]*keyState
+	// seals are the keys that seal, the current one first: a node seals
+	// with it, and checks a seal against each (a node that heard of a
+	// rotation before its peer seals with a key the peer has as next).
+	seals   []*keyState
 	revoked map[ids.ClientID]int64 // client -> refuse what was issued at or before
+}
+
+// keyState is one key's pooled HMAC states: built once per key, not per
+// check.
+type keyState struct {
+	key        Key
+	mac, seals sync.Pool // of *macState
+}
+
+func newKeyState(k Key) *keyState {
+	ks := &keyState{key: k}
+	ks.mac.New = func() any { return &macState{h: hmac.New(sha256.New, ks.key.MAC[:])} }
+	ks.seals.New = func() any { return &macState{h: hmac.New(sha256.New, ks.key.Seal[:])} }
+	return ks
 }
 
 // Revocation refuses Client's capabilities issued at or before Before
@@ -53,8 +100,8 @@ type Revocation struct {
 
 // Accepted is what a Keyring accepts.
 type Accepted struct {
-	// Keys are the key ids accepted; the last is the one Mint uses.
-	Keys    []uint32
+	// Keys are the keys accepted; the last is the one Mint uses.
+	Keys    []Key
 	Revoked []Revocation
 	// RevokedBefore, if not 0, refuses every client's capabilities issued
 	// at or before it (what meta falls back to when too many clients were
@@ -75,9 +122,12 @@ func (a Accepted) Validate() error {
 	if len(a.Revoked) > MaxRevocations {
 		return fmt.Errorf("capability: %d revocations, at most %d", len(a.Revoked), MaxRevocations)
 	}
-	for i, id := range a.Keys {
-		if slices.Contains(a.Keys[:i], id) {
-			return fmt.Errorf("capability: key id %d given twice", id)
+	for i, k := range a.Keys {
+		if slices.ContainsFunc(a.Keys[:i], func(o Key) bool { return o.ID == k.ID }) {
+			return fmt.Errorf("capability: key id %d given twice", k.ID)
+		}
+		if k.MAC == [KeySize]byte{} {
+			return fmt.Errorf("capability: key %d is all zeros", k.ID)
 		}
 	}
 	if a.RevokedBefore < 0 {
@@ -93,17 +143,17 @@ type macState struct {
 	out [sha256.Size]byte
 }
 
-// NewKeyring derives the keys with the given ids from the cluster secret;
-// the last id is the one Mint uses (default: key 1 alone).
-func NewKeyring(s secret.Secret, keyIDs ...uint32) *Keyring {
-	if len(keyIDs) == 0 {
-		keyIDs = []uint32{1}
+// NewKeyring returns a ring accepting keys; the last is the one Mint
+// uses. With none it accepts nothing (a node that has not heard from
+// meta yet) until Set.
+func NewKeyring(keys ...Key) *Keyring {
+	k := &Keyring{}
+	if len(keys) == 0 {
+		k.set.Store(&keySet{})
+		return k
 	}
-	k := &Keyring{sec: s}
-	fwd := s.Derive(secret.PurposeForward, 0)
-	k.seals.New = func() any { return &macState{h: hmac.New(sha256.New, fwd)} }
-	if err := k.Set(Accepted{Keys: keyIDs}); err != nil {
-		panic(err) // a program's own constant list of ids
+	if err := k.Set(Accepted{Keys: keys}); err != nil {
+		panic(err) // a program's own keys
 	}
 	return k
 }
@@ -120,16 +170,19 @@ func (k *Keyring) Set(a Accepted) error {
 	old := k.set.Load()
 	ns := &keySet{
 		acc:     Accepted{Keys: slices.Clone(a.Keys), Revoked: slices.Clone(a.Revoked), RevokedBefore: a.RevokedBefore},
-		current: a.Keys[len(a.Keys)-1],
-		macs:    make(map[uint32]*sync.Pool, len(a.Keys)),
+		current: a.Keys[len(a.Keys)-1].ID,
+		macs:    make(map[uint32]*keyState, len(a.Keys)),
 	}
-	for _, id := range a.Keys {
-		if old != nil && old.macs[id] != nil {
-			ns.macs[id] = old.macs[id]
-			continue
+	for i := len(a.Keys) - 1; i >= 0; i-- { // current first
+		key := a.Keys[i]
+		ks := newKeyState(key)
+		if old != nil && old.macs[key.ID] != nil && old.macs[key.ID].key == key {
+			ks = old.macs[key.ID]
 		}
-		key := k.sec.Derive(secret.PurposeCapability, uint64(id))
-		ns.macs[id] = &sync.Pool{New: func() any { return &macState{h: hmac.New(sha256.New, key)} }}
+		ns.macs[key.ID] = ks
+		if key.Seals() {
+			ns.seals = append(ns.seals, ks)
+		}
 	}
 	if len(a.Revoked) > 0 {
 		ns.revoked = make(map[ids.ClientID]int64, len(a.Revoked))
@@ -148,38 +201,50 @@ func (k *Keyring) Accepted() Accepted {
 }
 
 // Seal returns the MAC a node puts on a request it forwards to another
-// node, so the receiver knows a node (not a client, which never holds the
-// cluster secret) produced it. The seal key does not rotate with the
-// capability keys: it only ever covers a request in flight between nodes.
+// node, so the receiver knows a node (not a client, which never holds a
+// seal key) produced it. It uses the newest key that seals; a ring with
+// none gives a seal no ring accepts.
 func (k *Keyring) Seal(body []byte) [MACSize]byte {
-	m := k.seals.Get().(*macState)
-	m.h.Reset()
-	m.h.Write(body)
 	var out [MACSize]byte
-	copy(out[:], m.h.Sum(m.out[:0]))
-	k.seals.Put(m)
+	if s := k.set.Load(); len(s.seals) > 0 {
+		s.seals[0].seal(body, &out)
+	}
 	return out
 }
 
-// CheckSeal reports whether seal is Seal(body).
+// CheckSeal reports whether seal is Seal(body) under a key on the ring.
 func (k *Keyring) CheckSeal(body, seal []byte) bool {
-	want := k.Seal(body)
-	return hmac.Equal(want[:], seal)
+	var want [MACSize]byte
+	for _, ks := range k.set.Load().seals {
+		ks.seal(body, &want)
+		if hmac.Equal(want[:], seal) {
+			return true
+		}
+	}
+	return false
+}
+
+func (ks *keyState) seal(body []byte, out *[MACSize]byte) {
+	m := ks.seals.Get().(*macState)
+	m.h.Reset()
+	m.h.Write(body)
+	copy(out[:], m.h.Sum(m.out[:0]))
+	ks.seals.Put(m)
 }
 
 // CurrentKey is the key id Mint uses.
 func (k *Keyring) CurrentKey() uint32 { return k.set.Load().current }
 
 func (s *keySet) sum(keyID uint32, body []byte, out *[MACSize]byte) bool {
-	p, ok := s.macs[keyID]
+	ks, ok := s.macs[keyID]
 	if !ok {
 		return false
 	}
-	m := p.Get().(*macState)
+	m := ks.mac.Get().(*macState)
 	m.h.Reset()
 	m.h.Write(body)
 	copy(out[:], m.h.Sum(m.out[:0]))
-	p.Put(m)
+	ks.mac.Put(m)
 	return true
 }
 

@@ -139,7 +139,6 @@ func TestHTTPProtocol(t *testing.T) {
 func TestHTTPEndToEnd(t *testing.T) {
 	f, srv := newHTTP(t)
 	f.addNodes(3)
-	sec := f.s.Secret()
 	added, err := f.s.AddPrincipal(metaapi.AuthAddReq{Name: "carol"})
 	if err != nil || added.Principal.ID != 2 {
 		t.Fatalf("adding a principal: %+v %v", added, err)
@@ -173,7 +172,7 @@ func TestHTTPEndToEnd(t *testing.T) {
 		t.Fatalf("layout %+v", lr)
 	}
 	var cp capability.Capability
-	if _, err := capability.NewKeyring(sec).Open(lr.Chunks[0].Cap, f.clk.Now().UnixNano(), &cp); err != nil || cp.Client != 2 {
+	if _, err := f.s.keys.Open(lr.Chunks[0].Cap, f.clk.Now().UnixNano(), &cp); err != nil || cp.Client != 2 {
 		t.Fatalf("capability over HTTP: client %v, %v", cp.Client, err)
 	}
 	call(metaapi.OpCommit, metaapi.CommitReq{Ino: file, Size: 10, Chunks: []metaapi.ChunkVersion{{Index: 0, Chunk: lr.Chunks[0].Chunk, Version: 1}}}, &a)

@@ -22,7 +22,7 @@ func TestGoneOutlivesCapabilities(t *testing.T) {
 	f.tree("/a")
 	l := f.layout("/a", 0, 1, true).Chunks[0]
 	var c capability.Capability
-	if _, err := capability.NewKeyring(f.s.Secret()).Open(l.Cap, f.clk.Now().UnixNano(), &c); err != nil {
+	if _, err := f.s.keys.Open(l.Cap, f.clk.Now().UnixNano(), &c); err != nil {
 		t.Fatal(err)
 	}
 	f.clk.Advance(3 * time.Minute)

@@ -15,8 +15,8 @@ import (
 
 // Joining: an admin creates a one-time join token (NewJoinToken); a new
 // storage node presents it over TLS with a certificate request (Join),
-// and gets a new node id, a certificate naming it, the CA and the
-// cluster secret. Meta keeps only a hash of each token's secret, under
+// and gets a new node id, a certificate naming it and the CA (never the
+// cluster secret: docs/capkeys.md). Meta keeps only a hash of each token's secret, under
 // j <token id:8>, until it is used or, expired, swept; using it deletes
 // it in the same batch that hands out the node id, so a token joins
 // exactly one node.
@@ -146,7 +146,7 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 		if err := s.recordNodeCert(tx, id, cert); err != nil {
 			return err
 		}
-		out = metaapi.JoinResp{ID: id, Cert: string(cert), CA: string(s.ca.CertPEM), Secret: s.sec.String()}
+		out = metaapi.JoinResp{ID: id, Cert: string(cert), CA: string(s.ca.CertPEM)}
 		return nil
 	})
 	if err != nil {

@@ -78,7 +78,7 @@ func TestLayoutAllocates(t *testing.T) {
 	for _, n := range st.Nodes {
 		addr[n.ID] = n.Addr
 	}
-	keys := capability.NewKeyring(f.s.Secret())
+	keys := f.s.keys
 	now := f.clk.Now()
 	seen := map[ids.ChunkID]bool{}
 	for i, c := range r.Chunks {

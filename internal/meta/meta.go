@@ -267,7 +267,7 @@ func Open(opts Options) (*Service, error) {
 		db:       db,
 		sec:      sec,
 		credKey:  credKey,
-		keys:     capability.NewKeyring(sec),
+		keys:     capability.NewKeyring(), // openCapKeys sets it
 		ca:       ca,
 		nodes:    make(map[ids.NodeID]*member),
 		rng:      rand.New(rand.NewPCG(seed, seed^0x5eed)),

@@ -121,8 +121,8 @@ func TestJoin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.ID != 1 || resp.Secret != f.s.Secret().String() || resp.CA != string(f.s.CA().CertPEM) {
-		t.Fatalf("join: id %v, secret given %v, CA given %v", resp.ID, resp.Secret == f.s.Secret().String(), resp.CA == string(f.s.CA().CertPEM))
+	if resp.ID != 1 || resp.CA != string(f.s.CA().CertPEM) {
+		t.Fatalf("join: id %v, CA given %v", resp.ID, resp.CA == string(f.s.CA().CertPEM))
 	}
 	cert, err := pki.ParseCert([]byte(resp.Cert))
 	if err != nil {

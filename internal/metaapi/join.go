@@ -29,13 +29,13 @@ type JoinReq struct {
 }
 
 // JoinResp gives a joined node its id, its certificate naming that id
-// and the cluster CA (PEM), and the cluster secret (hex), which it keeps
-// private: it derives the keys capabilities are checked with.
+// and the cluster CA (PEM). Nothing else: the keys it checks capabilities
+// with come with its registration and heartbeats (docs/capkeys.md), and
+// the cluster secret never leaves meta.
 type JoinResp struct {
-	ID     ids.NodeID `json:"id"`
-	Cert   string     `json:"cert"`
-	CA     string     `json:"ca"`
-	Secret string     `json:"secret"`
+	ID   ids.NodeID `json:"id"`
+	Cert string     `json:"cert"`
+	CA   string     `json:"ca"`
 }
 
 // Bounds of join requests and tokens.

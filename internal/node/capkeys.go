@@ -12,18 +12,19 @@ import (
 )
 
 // Capability keys (docs/capkeys.md): meta tells the node, with its
-// registration and every heartbeat, which key ids to accept and which
-// clients' capabilities are revoked. The node swaps its keyring at once
+// registration and every heartbeat, which keys to accept (the random keys
+// themselves: the node derives nothing) and which clients' capabilities
+// are revoked. The node swaps its keyring at once
 // (checks in flight keep the set they loaded) and keeps a copy in its
 // data directory, so after a restart it accepts what it last knew until
 // meta tells it again.
 
 const capKeysFile = "capkeys.json"
 
-// newKeyring is the node's keyring as it last knew it (key 1 alone, what
-// meta starts with, if it never heard).
+// newKeyring is the node's keyring as it last knew it (accepting nothing
+// if it never heard from meta: it does at registration).
 func (n *Node) newKeyring() *capability.Keyring {
-	k := capability.NewKeyring(n.creds.secret)
+	k := capability.NewKeyring()
 	raw, err := os.ReadFile(filepath.Join(n.opts.DataDir, capKeysFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return k
@@ -32,8 +33,12 @@ func (n *Node) newKeyring() *capability.Keyring {
 	if err == nil {
 		err = json.Unmarshal(raw, &ck)
 	}
+	var a capability.Accepted
 	if err == nil {
-		err = k.Set(ck.Accepted())
+		a, err = ck.Accepted()
+	}
+	if err == nil {
+		err = k.Set(a)
 	}
 	if err != nil {
 		// Meta tells it again at registration, a moment from now.
@@ -48,7 +53,11 @@ func (n *Node) applyCapKeys(ck *metaapi.CapKeys) {
 	if ck == nil {
 		return
 	}
-	a := ck.Accepted()
+	a, err := ck.Accepted()
+	if err != nil {
+		n.log.Error("capability keys from meta refused", "err", err)
+		return
+	}
 	n.capKeysMu.Lock()
 	defer n.capKeysMu.Unlock()
 	if a.Equal(n.keys.Accepted()) {
@@ -58,7 +67,7 @@ func (n *Node) applyCapKeys(ck *metaapi.CapKeys) {
 		n.log.Error("capability keys from meta refused", "err", err)
 		return
 	}
-	n.log.Debug("capability keys", "keys", a.Keys, "revoked", len(a.Revoked), "revoked_before", a.RevokedBefore)
+	n.log.Debug("capability keys", "keys", ck.IDs(), "revoked", len(a.Revoked), "revoked_before", a.RevokedBefore)
 	raw, err := json.Marshal(ck)
 	if err == nil {
 		err = saveFile(n.opts.DataDir, capKeysFile, raw)

@@ -18,26 +18,28 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/pki"
 	"github.com/sluicefs/sluice/internal/privfs"
-	"github.com/sluicefs/sluice/internal/secret"
 )
 
 // A node's credentials, in its data directory (0600): its key and the
-// certificate naming its id, the cluster CA, and the cluster secret.
-// It gets them by joining with a one-time token (meta's join.go) and
+// certificate naming its id, and the cluster CA. It gets them by joining with a one-time token (meta's join.go) and
 // authenticates to meta with the certificate from then on; node.json,
 // its id, is written last, so a node whose join did not complete is new.
 const (
-	keyFile    = "node.key"
-	certFile   = "node.crt"
-	caFile     = "ca.crt"
-	secretFile = "cluster.secret"
+	keyFile  = "node.key"
+	certFile = "node.crt"
+	caFile   = "ca.crt"
 )
+
+// oldSecretFile is where an earlier version kept the cluster secret meta
+// gave it at its join. A node needs it no more (its capability keys come
+// from meta, docs/capkeys.md) and a copy on every node's disk is a copy
+// to steal: removeOldSecret deletes it.
+const oldSecretFile = "cluster.secret"
 
 // credentials are what a joined node holds.
 type credentials struct {
 	id                     ids.NodeID
 	keyPEM, certPEM, caPEM []byte
-	secret                 secret.Secret
 }
 
 // tlsConfig is the node's TLS configuration towards meta.
@@ -58,7 +60,6 @@ func loadCredentials(dir string, id ids.NodeID) (c credentials, ok bool, err err
 		return b
 	}
 	c.keyPEM, c.certPEM, c.caPEM = read(keyFile), read(certFile), read(caFile)
-	sec := read(secretFile)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return c, false, nil
@@ -66,9 +67,6 @@ func loadCredentials(dir string, id ids.NodeID) (c credentials, ok bool, err err
 		return c, false, fmt.Errorf("node: reading credentials: %w", err)
 	case id == 0:
 		return c, false, fmt.Errorf("node: %s has credentials but no %s: it did not finish joining; use a fresh data directory", dir, identityFile)
-	}
-	if c.secret, err = secret.Parse(string(sec)); err != nil {
-		return c, false, fmt.Errorf("node: %s: %w", filepath.Join(dir, secretFile), err)
 	}
 	if err := c.check(id); err != nil {
 		return c, false, fmt.Errorf("node: credentials in %s: %w", dir, err)
@@ -97,8 +95,8 @@ func (c *credentials) check(id ids.NodeID) error {
 
 // join has meta admit this new node with a join token: over a TLS
 // connection verified against the CA the token pins, it sends a
-// certificate request and gets its id, certificate, the CA and the
-// cluster secret, which it saves. It retries while meta cannot be
+// certificate request and gets its id, certificate and the CA, which it
+// saves. It retries while meta cannot be
 // reached, until ctx ends; a refusal is final.
 func join(ctx context.Context, dir, metaAddr, token string, id ids.NodeID, log *slog.Logger) (credentials, error) {
 	var c credentials
@@ -138,16 +136,13 @@ func join(ctx context.Context, dir, metaAddr, token string, id ids.NodeID, log *
 	if ca, err := pki.ParseCert(c.caPEM); err != nil || pki.Fingerprint(ca) != tok.Pin {
 		return c, fmt.Errorf("node: joining: meta sent a CA the token does not pin")
 	}
-	if c.secret, err = secret.Parse(resp.Secret); err != nil {
-		return c, fmt.Errorf("node: joining: %w", err)
-	}
 	if err := c.check(resp.ID); err != nil {
 		return c, fmt.Errorf("node: joining: meta sent a bad certificate: %w", err)
 	}
 	for _, f := range []struct {
 		name string
 		data []byte
-	}{{keyFile, c.keyPEM}, {certFile, c.certPEM}, {caFile, c.caPEM}, {secretFile, []byte(c.secret.String() + "\n")}} {
+	}{{keyFile, c.keyPEM}, {certFile, c.certPEM}, {caFile, c.caPEM}} {
 		if err := privfs.WriteFile(filepath.Join(dir, f.name), f.data); err != nil {
 			return c, fmt.Errorf("node: saving credentials: %w", err)
 		}
@@ -159,6 +154,20 @@ func join(ctx context.Context, dir, metaAddr, token string, id ids.NodeID, log *
 	}
 	log.Info("joined the cluster", "node", c.id, "meta", metaAddr)
 	return c, nil
+}
+
+// removeOldSecret deletes the cluster secret an earlier version saved in
+// dir, saying so.
+func removeOldSecret(dir string, log *slog.Logger) error {
+	err := os.Remove(filepath.Join(dir, oldSecretFile))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("node: removing the cluster secret an earlier version saved: %w", err)
+	}
+	log.Info("removed the cluster secret an earlier version saved: a node no longer needs it", "file", filepath.Join(dir, oldSecretFile))
+	return nil
 }
 
 // Joined reports whether the node with data directory dir has joined a

@@ -155,6 +155,9 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if n.creds, joined, err = loadCredentials(opts.DataDir, id); err != nil {
 		return nil, err
 	}
+	if err := removeOldSecret(opts.DataDir, n.log); err != nil {
+		return nil, err
+	}
 	if !joined {
 		switch {
 		case opts.Join == "" && id == 0:

@@ -14,7 +14,6 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/policy"
-	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -28,11 +27,11 @@ type doubtNode struct {
 	close func() // shuts the node down in a node's order (idempotent)
 }
 
-func startDoubtNode(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*policy.Deps)) *doubtNode {
-	return startDoubtNodeWith(t, id, sec, tweak, engine.Options{})
+func startDoubtNode(t *testing.T, id ids.NodeID, key capability.Key, tweak func(*policy.Deps)) *doubtNode {
+	return startDoubtNodeWith(t, id, key, tweak, engine.Options{})
 }
 
-func startDoubtNodeWith(t *testing.T, id ids.NodeID, sec secret.Secret, tweak func(*policy.Deps), eopts engine.Options) *doubtNode {
+func startDoubtNodeWith(t *testing.T, id ids.NodeID, key capability.Key, tweak func(*policy.Deps), eopts engine.Options) *doubtNode {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(store.Options{Dir: dir})
@@ -43,7 +42,7 @@ func startDoubtNodeWith(t *testing.T, id ids.NodeID, sec secret.Secret, tweak fu
 	fwd, _ := fabric.NewEndpoint(fabric.Options{})
 	pool := fabric.NewPool(fwd, 4)
 	d := policy.Deps{
-		Self: func() ids.NodeID { return id }, Keys: capability.NewKeyring(sec), Store: st,
+		Self: func() ids.NodeID { return id }, Keys: capability.NewKeyring(key), Store: st,
 		Forward: pool, ForwardQuota: ep.Options().Quota, ReplyTimeout: 5 * time.Second,
 	}
 	if tweak != nil {
@@ -87,10 +86,10 @@ func newDoubtEnv(t *testing.T, n int, tweak func(*policy.Deps)) *doubtEnv {
 }
 
 func newDoubtEnvWith(t *testing.T, n int, tweak func(*policy.Deps), eopts engine.Options) *doubtEnv {
-	sec, _ := secret.Generate()
-	e := &doubtEnv{keys: capability.NewKeyring(sec)}
+	key, _ := capability.GenerateKey(1)
+	e := &doubtEnv{keys: capability.NewKeyring(key)}
 	for i := 0; i < n; i++ {
-		e.nodes = append(e.nodes, startDoubtNodeWith(t, ids.NodeID(i+1), sec, tweak, eopts))
+		e.nodes = append(e.nodes, startDoubtNodeWith(t, ids.NodeID(i+1), key, tweak, eopts))
 	}
 	ep, _ := fabric.NewEndpoint(fabric.Options{})
 	t.Cleanup(func() { ep.Close() })

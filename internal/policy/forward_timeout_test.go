@@ -10,7 +10,6 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/policy"
-	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -22,7 +21,7 @@ type miniNode struct {
 
 // startMini runs one storage node's data path (store, engine with the
 // policies, fabric) with the given reply timeout.
-func startMini(t *testing.T, id ids.NodeID, sec secret.Secret, replyTimeout time.Duration) *miniNode {
+func startMini(t *testing.T, id ids.NodeID, key capability.Key, replyTimeout time.Duration) *miniNode {
 	t.Helper()
 	st, err := store.Open(store.Options{Dir: t.TempDir()})
 	if err != nil {
@@ -32,7 +31,7 @@ func startMini(t *testing.T, id ids.NodeID, sec secret.Secret, replyTimeout time
 	fwd, _ := fabric.NewEndpoint(fabric.Options{})
 	pool := fabric.NewPool(fwd, 4)
 	eng, err := engine.New(engine.Options{}, policy.Contexts(policy.Deps{
-		Self: func() ids.NodeID { return id }, Keys: capability.NewKeyring(sec), Store: st,
+		Self: func() ids.NodeID { return id }, Keys: capability.NewKeyring(key), Store: st,
 		Forward: pool, ForwardQuota: ep.Options().Quota, ReplyTimeout: replyTimeout,
 	})...)
 	if err != nil {
@@ -64,10 +63,10 @@ func startMini(t *testing.T, id ids.NodeID, sec secret.Secret, replyTimeout time
 // since the head assigns v again next time and the downstream wants v+1,
 // every later write to the chunk is refused as stale.
 func TestForwardReplyTimeoutCountsFromReply(t *testing.T) {
-	sec, _ := secret.Generate()
-	keys := capability.NewKeyring(sec)
-	a := startMini(t, 1, sec, time.Second)
-	b := startMini(t, 2, sec, time.Second)
+	key, _ := capability.GenerateKey(1)
+	keys := capability.NewKeyring(key)
+	a := startMini(t, 1, key, time.Second)
+	b := startMini(t, 2, key, time.Second)
 	c := capability.Capability{Rights: capability.Write, Client: 1, Ino: 1, Chunk: 30, Len: 1 << 20, Expiry: time.Now().Add(time.Minute).UnixNano()}
 	c.SetReplicas([]ids.NodeID{1, 2})
 	cp := keys.Mint(&c)

@@ -41,7 +41,7 @@ func newEnv(t *testing.T, eopts engine.Options) *env {
 	}
 	ep, _ := fabric.NewEndpoint(fabric.Options{})
 	t.Cleanup(func() { ep.Close(); c.Close() })
-	return &env{c: c, keys: capability.NewKeyring(c.Meta.Secret()), pool: fabric.NewPool(ep, 4)}
+	return &env{c: c, keys: c.Meta.Keyring(), pool: fabric.NewPool(ep, 4)}
 }
 
 // mint makes a capability for chunk over all three nodes (rank order n1,

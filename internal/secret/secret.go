@@ -1,8 +1,10 @@
 // Package secret manages the cluster secret: the 32 random bytes meta
-// creates on first start and storage nodes load from a file. Every other
-// key in the cluster (capability MAC keys, the node token, client
-// credentials) is derived from it with HMAC-SHA256 and a purpose label, so
-// the secret itself never crosses the network and clients never see it.
+// creates on first start and keeps to itself (storage nodes no longer
+// receive it). Keys derived from it with HMAC-SHA256 and a purpose label
+// are what meta's own credentials rest on; capability and forward-seal
+// keys were derived from it by earlier versions, and meta derives them
+// now only to keep accepting, until they expire, what those versions
+// minted (docs/capkeys.md).
 package secret
 
 import (
