@@ -127,7 +127,7 @@ func TestRevokeNode(t *testing.T) {
 		t.Fatalf("refused revocations revoked: %v", err)
 	}
 	before, _ := f.s.Status()
-	admin := client(t, srv, metaapi.ClientAuth(1, f.s.Secret().ClientCredential(1)))
+	admin := client(t, srv, metaapi.ClientAuth(1, f.s.credKey.ClientCredential(1)))
 	if err := admin.Call(ctx, metaapi.OpRevokeNode, req, nil); err != nil {
 		t.Fatal(err)
 	}
