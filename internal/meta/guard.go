@@ -150,3 +150,21 @@ func (s *Service) current(c caller) error {
 	}
 	return nil
 }
+
+// clampToRoot names a confined caller's root instead of a directory above
+// it (where a policy it inherits was set): it sees nothing outside.
+func (s *Service) clampToRoot(c caller, ino ids.Ino) (ids.Ino, error) {
+	if c.kind != callerClient || !c.p.scoped() {
+		return ino, nil
+	}
+	var ok bool
+	err := s.read(func(v view) error {
+		var err error
+		ok, err = within(v, ino, c.p.root(), c.p.scope, s.scopeGen.Load())
+		return err
+	})
+	if err != nil || ok {
+		return ino, err
+	}
+	return c.p.root(), nil
+}

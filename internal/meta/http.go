@@ -148,8 +148,12 @@ var ops = map[string]op{
 	metaapi.OpSetPolicy: endpoint(true, false, func(s *Service, _ caller, r metaapi.SetPolicyReq) (metaapi.PolicyResp, error) {
 		return s.SetPolicy(r)
 	}),
-	metaapi.OpGetPolicy: endpoint(true, false, func(s *Service, _ caller, r metaapi.GetPolicyReq) (metaapi.PolicyResp, error) {
-		return s.GetPolicy(r)
+	metaapi.OpGetPolicy: endpoint(true, false, func(s *Service, c caller, r metaapi.GetPolicyReq) (metaapi.PolicyResp, error) {
+		resp, err := s.GetPolicy(r)
+		if err == nil {
+			resp.From, err = s.clampToRoot(c, resp.From)
+		}
+		return resp, err
 	}),
 	metaapi.OpLayout: endpoint(true, false, func(s *Service, c caller, r metaapi.LayoutReq) (metaapi.LayoutResp, error) {
 		return s.layout(c.client, r, func() error { return s.current(c) })

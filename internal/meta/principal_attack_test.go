@@ -240,8 +240,9 @@ func TestSoundJSON(t *testing.T) {
 	}
 }
 
-// Info: GetPolicy's From names a directory outside the principal's path.
-func TestInfoGetPolicyFrom(t *testing.T) {
+// GetPolicy's From named a directory outside the principal's path: it
+// names the principal's root instead.
+func TestAttackGetPolicyFrom(t *testing.T) {
 	f := newFixture(t)
 	f.tree("/proj/")
 	a, _ := addP(t, f, "alice", metaapi.Rights{Path: "/proj"})
@@ -250,7 +251,7 @@ func TestInfoGetPolicyFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.From != f.ino("/proj") {
-		t.Logf("GetPolicy From = %d (outside alice's path; her root is %d)", r.From, f.ino("/proj"))
+		t.Errorf("GetPolicy From = %d (outside alice's path; her root is %d)", r.From, f.ino("/proj"))
 	}
 }
 
