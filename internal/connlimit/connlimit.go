@@ -34,6 +34,7 @@ type Limiter struct {
 	mu    sync.Mutex
 	total int
 	hosts map[netip.Prefix]int
+	peers map[netip.Prefix]bool // see SetPeers
 	// Refusals are reported at most once a second (a flood would
 	// otherwise flood the log too).
 	report lograte.Limiter
@@ -96,7 +97,7 @@ func (l *Limiter) Admit(remote net.Addr) (release func(), err error) {
 	defer l.mu.Unlock()
 	var r *Refused
 	switch {
-	case l.max > 0 && l.total >= l.max:
+	case l.max > 0 && l.total >= l.max && !l.peers[h]:
 		r = &Refused{Host: h, Limit: l.max}
 	case l.perHost > 0 && l.hosts[h] >= l.perHost:
 		r = &Refused{Host: h, PerHost: true, Limit: l.perHost}
@@ -109,6 +110,26 @@ func (l *Limiter) Admit(remote net.Addr) (release func(), err error) {
 	l.hosts[h]++
 	var once sync.Once
 	return func() { once.Do(func() { l.release(h) }) }, nil
+}
+
+// SetPeers names the hosts of the cluster's own members (storage nodes,
+// from addresses "ip:port"): their connections are admitted past the
+// total bound — only their own host's bound applies — so strangers from
+// many hosts filling every slot cannot cut the cluster's replica traffic
+// or nodes' heartbeats. (Telling a peer by its address is as good as the
+// network's routing: the connection itself is authenticated later.)
+func (l *Limiter) SetPeers(addrs []string) {
+	peers := make(map[netip.Prefix]bool, len(addrs))
+	for _, a := range addrs {
+		ap, err := netip.ParseAddrPort(a)
+		if err != nil {
+			continue // a host name: not a peer by address
+		}
+		peers[Host(net.TCPAddrFromAddrPort(ap))] = true
+	}
+	l.mu.Lock()
+	l.peers = peers
+	l.mu.Unlock()
 }
 
 func (l *Limiter) release(h netip.Prefix) {

@@ -126,3 +126,36 @@ func TestListener(t *testing.T) {
 		t.Fatal("closing the admitted connection freed no slot")
 	}
 }
+
+// TestPeersPastTheTotal: strangers from many hosts fill every slot; a
+// cluster member's host is still admitted (up to its own host's bound),
+// and a stranger, or a host no longer a member, is not.
+func TestPeersPastTheTotal(t *testing.T) {
+	l := New(4, 3)
+	l.SetPeers([]string{"10.0.9.9:7701", "node.example:7701"})
+	for i, a := range []string{"10.0.0.1:1", "10.0.0.1:2", "10.0.0.2:1", "10.0.0.2:2"} {
+		if _, err := l.Admit(tcp(a)); err != nil {
+			t.Fatalf("stranger %d: %v", i, err)
+		}
+	}
+	if _, err := l.Admit(tcp("10.0.0.3:1")); err == nil {
+		t.Fatal("a stranger past the total was admitted")
+	}
+	var rel []func()
+	for i := range 3 {
+		r, err := l.Admit(tcp("10.0.9.9:5000"))
+		if err != nil {
+			t.Fatalf("peer connection %d with every slot taken: %v", i, err)
+		}
+		rel = append(rel, r)
+	}
+	var ref *Refused
+	if _, err := l.Admit(tcp("10.0.9.9:5001")); !errors.As(err, &ref) || !ref.PerHost {
+		t.Fatalf("a peer past its host's bound: %v, want a per-host refusal", err)
+	}
+	l.SetPeers(nil)
+	rel[0]()
+	if _, err := l.Admit(tcp("10.0.9.9:5002")); !errors.As(err, &ref) || ref.PerHost {
+		t.Fatalf("a former peer with every slot taken: %v, want refused for the total", err)
+	}
+}

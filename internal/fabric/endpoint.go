@@ -377,6 +377,10 @@ func (e *Endpoint) forget(c *Conn) {
 	}
 }
 
+// SetPeers names the cluster's members' addresses, whose connections are
+// admitted past MaxConns (connlimit.Limiter.SetPeers).
+func (e *Endpoint) SetPeers(addrs []string) { e.admit.SetPeers(addrs) }
+
 // Close stops listening and closes every connection.
 func (e *Endpoint) Close() error {
 	e.mu.Lock()

@@ -17,5 +17,24 @@ import (
 // up after 30 s).
 func (s *Service) limitConns(ln net.Listener) net.Listener {
 	lim := connlimit.New(cmp.Or(s.opts.MaxConns, connlimit.DefaultMax), cmp.Or(s.opts.MaxConnsPerHost, connlimit.DefaultPerHost))
+	s.connLim.Store(lim)
+	s.admitPeers()
 	return connlimit.NewListener(ln, lim, s.log, "meta")
+}
+
+// admitPeers lets the storage nodes' hosts past the total bound (the
+// sweeper keeps it current), so strangers filling every slot cannot stop
+// nodes' heartbeats.
+func (s *Service) admitPeers() {
+	lim := s.connLim.Load()
+	if lim == nil {
+		return
+	}
+	s.mu.RLock()
+	addrs := make([]string, 0, len(s.nodes))
+	for _, a := range s.addrsLocked() {
+		addrs = append(addrs, a)
+	}
+	s.mu.RUnlock()
+	lim.SetPeers(addrs)
 }

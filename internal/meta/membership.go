@@ -334,6 +334,7 @@ func (s *Service) sweeper() {
 			s.SweepOrphans()
 			s.SweepLocks()
 			s.tickCapKeys()
+			s.admitPeers()
 		}
 	}
 }

@@ -46,6 +46,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/lograte"
 	"github.com/sluicefs/sluice/internal/metaapi"
@@ -179,6 +180,7 @@ type Service struct {
 	princ   atomic.Pointer[principalSet]
 	// scopeGen counts moves of directories (scope.go's caches).
 	scopeGen atomic.Uint64
+	connLim  atomic.Pointer[connlimit.Limiter] // Serve's (conns.go)
 	// refusals rate-limits the logging of refused calls (http.go).
 	refusals lograte.Limiter
 

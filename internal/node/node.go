@@ -541,10 +541,13 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		n.mu.Unlock()
 	}
 	peers := make(map[ids.NodeID]string, len(resp.Nodes))
+	addrs := make([]string, 0, len(resp.Nodes)+1)
 	for _, p := range resp.Nodes {
 		peers[p.ID] = p.Addr
+		addrs = append(addrs, p.Addr)
 	}
 	n.peers.Store(&peers)
+	n.ep.SetPeers(addrs) // strangers filling every slot cannot cut replica traffic
 	n.applyCapKeys(resp.CapKeys)
 	if resp.Inventory {
 		n.askInventory(resp.Verify)
