@@ -89,12 +89,24 @@ func flood(t *testing.T, addr string, n int, first []byte, settle time.Duration)
 		t.Fatalf("flood: only %d of %d connections made: %v", len(conns), n, dialErr)
 	}
 	time.Sleep(settle)
-	for _, c := range conns {
-		if open(c) {
-			held = append(held, c)
-		} else {
-			refused = append(refused, c)
+	held = conns
+	// A loaded server may still be accepting (and refusing) what waits in
+	// its backlog: look again until a pass finds none closed.
+	for pass := 0; pass < 10; pass++ {
+		var still []net.Conn
+		for _, c := range held {
+			if open(c) {
+				still = append(still, c)
+			} else {
+				refused = append(refused, c)
+			}
 		}
+		stable := len(still) == len(held)
+		held = still
+		if stable && pass > 0 {
+			break
+		}
+		time.Sleep(settle)
 	}
 	return held, refused
 }

@@ -324,10 +324,9 @@ func (a *app) nodeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if joinToken == "" {
+			onCmdLine := joinToken != ""
+			if !onCmdLine {
 				joinToken = os.Getenv(envJoin)
-			} else {
-				fmt.Fprintf(a.stderr, "sluice: warning: the join token given with --join is visible to other users of this host (ps) while the node runs; pass it in $%s instead\n", envJoin)
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
 				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
@@ -336,6 +335,10 @@ func (a *app) nodeCmd() *cobra.Command {
 			})
 			if err != nil {
 				return err
+			}
+			if onCmdLine {
+				// Said once it runs: a refusal to start has its own line.
+				fmt.Fprintf(a.stderr, "sluice: warning: the join token given with --join is visible to other users of this host (ps) while the node runs; pass it in $%s instead\n", envJoin)
 			}
 			fmt.Fprintf(a.stdout, "sluice: storage node %v listening on %s\n", n.ID(), n.Addr())
 			select {
