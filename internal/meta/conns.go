@@ -38,3 +38,17 @@ func (s *Service) admitPeers() {
 	s.mu.RUnlock()
 	lim.SetPeers(addrs)
 }
+
+// AdvertiseAddr turns a listen address into one clients can dial: an
+// unspecified host (":7000", "0.0.0.0:7000", "[::]:7000") becomes
+// loopback.
+func AdvertiseAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}

@@ -462,20 +462,6 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	return srv.Shutdown(ctx)
 }
 
-// AdvertiseAddr turns a listen address into one clients can dial: an
-// unspecified host (":7000", "0.0.0.0:7000", "[::]:7000") becomes
-// loopback.
-func AdvertiseAddr(listen string) string {
-	host, port, err := net.SplitHostPort(listen)
-	if err != nil {
-		return listen
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "127.0.0.1"
-	}
-	return net.JoinHostPort(host, port)
-}
-
 // Close stops the service and closes the database. Calls after Close fail
 // with EAGAIN (meta is restarting, from the caller's point of view).
 func (s *Service) Close() error {
@@ -522,7 +508,7 @@ func (s *Service) update(fn func(tx *txn) error) error {
 		freed:  make(map[ids.Ino]bool),
 	}
 	tx.goneUntil = tx.now + int64(s.opts.CapabilityTTL+tombstoneSlack)
-	err := fn(tx)
+	err := contained(func() error { return fn(tx) })
 	if err == nil {
 		err = tx.flush()
 	}
@@ -575,15 +561,13 @@ func (s *Service) update(fn func(tx *txn) error) error {
 	return nil
 }
 
-// read runs fn over committed state under the read lock and returns once
-// everything fn could have observed is durable.
 func (s *Service) read(fn func(v view) error) error {
 	s.mu.RLock()
 	if s.closed {
 		s.mu.RUnlock()
 		return errClosed
 	}
-	err := fn(view{s.db})
+	err := contained(func() error { return fn(view{s.db}) })
 	seen := s.dur.committed()
 	s.mu.RUnlock()
 	// Errors are observations too (ENOENT for a name whose removal is

@@ -241,3 +241,24 @@ func TestClusterSecretGrantsNoPrincipal(t *testing.T) {
 		t.Fatal("the legacy operator credential survived a restart")
 	}
 }
+
+// TestPanicContained: a bug that panics inside a read or a mutation is an
+// internal error for that call; meta's lock is released and nothing of
+// the mutation is applied.
+func TestPanicContained(t *testing.T) {
+	f := newFixture(t)
+	if err := f.s.read(func(view) error { panic("a bug") }); err == nil {
+		t.Fatal("a panicking read returned no error")
+	}
+	err := f.s.update(func(tx *txn) error {
+		tx.b.Set([]byte("zz-half"), nil, nil)
+		panic("a bug")
+	})
+	if err == nil {
+		t.Fatal("a panicking mutation returned no error")
+	}
+	f.tree("/after") // would wait forever on a lock left held
+	if _, found, _ := getRaw(f.s.db, []byte("zz-half")); found {
+		t.Fatal("half of a panicking mutation was applied")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"runtime/debug"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -241,4 +242,18 @@ func (tx *txn) flush() error {
 		return tx.setJSON(keyCounters, &tx.ctr)
 	}
 	return nil
+}
+
+// read runs fn over committed state under the read lock and returns once
+// everything fn could have observed is durable.
+// contained runs fn, turning a panic into an internal error: a bug met by
+// one call must not leave meta's lock held (every later call would wait
+// forever) or apply half a mutation (its batch is dropped).
+func contained(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return fn()
 }
