@@ -51,7 +51,9 @@ func (a *app) rootCmd() *cobra.Command {
 		Short:         "Sluice: a distributed file system whose storage nodes enforce policy as packets stream through them",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version, // --version
 	}
+	root.SetVersionTemplate(versionString())
 	root.PersistentFlags().StringVar(&a.confPath, "conf", "", "client config file (default $"+config.EnvConf+", else ./"+config.DefaultPath+")")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().BoolVar(&a.fabricTLS, "fabric-tls", false, "run the data path (the fabric between clients and nodes and among nodes) over TLS 1.3; nodes and their clients must agree (docs/tls.md)")
@@ -68,7 +70,7 @@ func (a *app) rootCmd() *cobra.Command {
 	}
 	root.AddCommand(a.upCmd(), a.metaCmd(), a.nodeCmd(), a.benchCmd())
 	root.AddCommand(a.putCmd(), a.getCmd(), a.catCmd(), a.lsCmd(), a.statCmd(), a.mkdirCmd(), a.rmCmd(), a.mvCmd(), a.policyCmd(), a.repairCmd(), a.statusCmd(), a.checkCmd(), a.authCmd(), a.joinTokenCmd())
-	root.AddCommand(a.mountCmd(), a.umountCmd(), a.nfsCmd(), a.nfsGetCmd(), a.nfsPutCmd())
+	root.AddCommand(a.mountCmd(), a.umountCmd(), a.nfsCmd(), a.nfsGetCmd(), a.nfsPutCmd(), a.versionCmd())
 	return root
 }
 
