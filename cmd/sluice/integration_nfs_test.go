@@ -290,3 +290,16 @@ func TestNFSFabricTuning(t *testing.T) {
 		t.Fatalf("--chunk-min 0 accepted: %d %q", r.code, r.stderr)
 	}
 }
+
+// TestNFSClientErrorsNamed: nfs-get says what went wrong in words — a
+// missing file, a directory not exported, an address that is no NFS
+// gateway — not a bare status number or "EOF".
+func TestNFSClientErrorsNamed(t *testing.T) {
+	c := startMeta(t, baseDir(t))
+	c.startNode(t, "n1")
+	waitNodesUp(t, c.conf, 1, 15*time.Second)
+	addr, _ := nfsGateway(t, c.conf)
+	mustFail(t, c.conf, []string{`no such file or directory`}, "nfs-get", "--server", addr, "/missing", "-")
+	mustFail(t, c.conf, []string{`no such directory under the export`}, "nfs-get", "--server", addr, "--mount", "/nope", "/f", "-")
+	mustFail(t, c.conf, []string{`is this the address of an NFS gateway`}, "nfs-get", "--server", c.meta, "/f", "-")
+}

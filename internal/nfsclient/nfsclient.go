@@ -77,12 +77,28 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("nfs %s: status %d", e.Op, e.Status)
 }
 
-// statusMeaning explains the statuses an export's refusals give.
+// statusMeaning explains the statuses a gateway answers.
 var statusMeaning = map[nfs3.Status]string{
-	nfs3.ErrPerm:  "not permitted: a secure export refuses calls from unprivileged ports",
-	nfs3.ErrAcces: "permission denied: by the file's mode for the identity the export maps the caller to, or the export is not exported to this address",
-	nfs3.ErrRofs:  "the export is read-only",
-	nfs3.ErrStale: "stale file handle",
+	nfs3.ErrNoent:       "no such file or directory",
+	nfs3.ErrIO:          "I/O error at the gateway (a storage node failed the data)",
+	nfs3.ErrExist:       "file exists",
+	nfs3.ErrXdev:        "cross-device link (two exports)",
+	nfs3.ErrNotdir:      "not a directory",
+	nfs3.ErrIsdir:       "is a directory",
+	nfs3.ErrInval:       "invalid argument",
+	nfs3.ErrFbig:        "file too large",
+	nfs3.ErrNospc:       "no space left: no storage nodes can take the data",
+	nfs3.ErrMlink:       "too many links",
+	nfs3.ErrNametoolong: "name too long",
+	nfs3.ErrNotempty:    "directory not empty",
+	nfs3.ErrBadhandle:   "bad file handle",
+	nfs3.ErrNotsupp:     "operation not supported",
+	nfs3.ErrServerfault: "the gateway failed",
+	nfs3.ErrJukebox:     "try again later: the cluster's meta service is unreachable from the gateway",
+	nfs3.ErrPerm:        "not permitted: a secure export refuses calls from unprivileged ports",
+	nfs3.ErrAcces:       "permission denied: by the file's mode for the identity the export maps the caller to, or the export is not exported to this address",
+	nfs3.ErrRofs:        "the export is read-only",
+	nfs3.ErrStale:       "stale file handle",
 }
 
 // Mount mounts export (MOUNT v3 on the same caller) and returns a client
@@ -98,12 +114,22 @@ func Mount(ctx context.Context, rpc Caller, export string, opts Options) (*Clien
 	w.String(export)
 	r, err := rpc.Call(ctx, nfs3.ProgMount, nfs3.Version, nfs3.MountMnt, opts.Cred, &w, nil)
 	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, oncrpc.ErrRecordTooLarge) {
+			// What a server that is not an NFS gateway looks like: it
+			// hangs up on an RPC record, or answers something else.
+			return nil, fmt.Errorf("mounting %s: %w (is this the address of an NFS gateway, `sluice nfs --listen`? not meta's or a storage node's)", export, err)
+		}
 		return nil, fmt.Errorf("mounting %s: %w", export, err)
 	}
 	if st := r.Uint32(); st != 0 {
 		msg := ""
-		if st == 13 {
+		switch st {
+		case 13:
 			msg = " (access denied: not exported to this address, or a call from an unprivileged port to a secure export)"
+		case 2:
+			msg = " (no such directory under the export)"
+		case 20:
+			msg = " (not a directory)"
 		}
 		return nil, fmt.Errorf("mounting %s: mount status %d%s", export, st, msg)
 	}
