@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -167,6 +168,7 @@ func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf 
 func (a *app) metaCmd() *cobra.Command {
 	var (
 		dir, listen string
+		advertise   string
 		nodeTimeout time.Duration
 		lockLease   time.Duration
 		repairGrace time.Duration
@@ -210,6 +212,9 @@ func (a *app) metaCmd() *cobra.Command {
 			if err := cf.check(); err != nil {
 				return err
 			}
+			if _, err := advertiseAddr(advertise, &net.TCPAddr{}); err != nil {
+				return err // before anything is made
+			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
 				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace,
 				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost,
@@ -222,7 +227,15 @@ func (a *app) metaCmd() *cobra.Command {
 				ms.Close()
 				return fmt.Errorf("meta: listening on %s: %w", listen, err)
 			}
-			addr := meta.AdvertiseAddr(ln.Addr().String())
+			addr, err := advertiseAddr(advertise, ln.Addr())
+			if err != nil {
+				ln.Close()
+				ms.Close()
+				return err
+			}
+			if advertise == "" && isUnspecified(ln.Addr()) {
+				fmt.Fprintf(a.stderr, "sluice: warning: listening on every interface, but client.conf names %s: give --advertise an address other hosts reach meta at\n", addr)
+			}
 			ms.SetMetaAddr(addr)
 			conf, err := ms.WriteClientConf(addr)
 			if err != nil {
@@ -263,6 +276,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
 	cmd.Flags().DurationVar(&capTTL, "cap-ttl", meta.DefaultCapabilityTTL, "capabilities (the tickets storage nodes check) expire this long after meta mints them")
 	cmd.Flags().DurationVar(&capRotate, "cap-key-rotate", meta.DefaultCapKeyRotate, "rotate the key that signs capabilities this often (longer than --cap-ttl; 0: never)")
+	cmd.Flags().StringVar(&advertise, "advertise", "", "HOST or HOST:PORT that clients and nodes reach meta at: written into client.conf and named by meta's certificate (default: the listen address; every interface becomes 127.0.0.1)")
 	cmd.Flags().StringSliceVar(&tlsNames, "tls-san", nil, "more host names or addresses meta's TLS certificate names (besides loopback, this host's name and the listen address)")
 	sf.add(cmd)
 	cf.add(cmd, connlimit.DefaultMax, connlimit.DefaultPerHost, 0)
@@ -364,4 +378,34 @@ func (a *app) nodeCmd() *cobra.Command {
 	ef.add(cmd)
 	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd())
 	return cmd
+}
+
+// advertiseAddr is the address meta tells clients: the --advertise value
+// (its port defaulting to the one meta listens on), else the listen
+// address (meta.AdvertiseAddr).
+func advertiseAddr(advertise string, ln net.Addr) (string, error) {
+	if advertise == "" {
+		return meta.AdvertiseAddr(ln.String()), nil
+	}
+	_, lport, _ := net.SplitHostPort(ln.String())
+	host, port, err := net.SplitHostPort(advertise)
+	if err != nil {
+		host, port = advertise, lport // a host alone
+	}
+	if port == "" || port == "0" {
+		port = lport
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return "", fmt.Errorf("--advertise %q: give an address other hosts can reach meta at, not an unspecified one", advertise)
+	}
+	if strings.ContainsAny(host, "/ ") {
+		return "", fmt.Errorf("--advertise %q: not a host name or address", advertise)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// isUnspecified reports whether a listener listens on every interface.
+func isUnspecified(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsUnspecified()
 }
