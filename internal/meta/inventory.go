@@ -175,42 +175,49 @@ func (s *Service) Strays(req metaapi.StraysReq) (metaapi.StraysResp, error) {
 }
 
 // indexChunkIDs brings a database of schema 1 to 2: it indexes every
-// chunk record by id (idempotent, so an interrupted run is simply
-// repeated), then records the new schema.
+// chunk record by id.
 func (s *Service) indexChunkIDs() error {
-	b := s.db.NewBatch()
-	n := 0
-	flush := func() error {
-		err := b.Commit(pebble.Sync)
-		b.Close()
-		b = s.db.NewBatch()
-		return err
-	}
-	err := scan(s.db, []byte{pChunk}, []byte{pChunk + 1}, func(k, v []byte) (bool, error) {
+	return s.buildIndex(pChunk, "2", "chunk records by id", func(b *pebble.Batch, k, v []byte) (bool, error) {
 		var rec chunkRec
 		if len(k) != 17 || json.Unmarshal(v, &rec) != nil {
 			// Left out of the index (so never judged stray-making);
 			// sluice check reports the record. Meta must still open.
 			s.log.Error("indexing chunk records: a record does not decode; left out", "key", fmt.Sprintf("%x", k))
-			return true, nil
+			return false, nil
 		}
-		if err := b.Set(chunkIDKey(rec.ID), encodeChunkRef(ids.Ino(beUint64(k[1:])), int64(beUint64(k[9:]))), nil); err != nil {
-			return false, err
+		return true, b.Set(chunkIDKey(rec.ID), encodeChunkRef(ids.Ino(beUint64(k[1:])), int64(beUint64(k[9:]))), nil)
+	})
+}
+
+// buildIndex brings the database to schema: it runs index over every
+// record under prefix (idempotent, so an interrupted run is simply
+// repeated), committing every 4096 records indexed, then records the
+// new schema.
+func (s *Service) buildIndex(prefix byte, schema, what string, index func(b *pebble.Batch, k, v []byte) (bool, error)) error {
+	b := s.db.NewBatch()
+	n := 0
+	err := scan(s.db, []byte{prefix}, []byte{prefix + 1}, func(k, v []byte) (bool, error) {
+		did, err := index(b, k, v)
+		if err != nil || !did {
+			return err == nil, err
 		}
 		if n++; n%4096 == 0 {
-			return true, flush()
+			err := b.Commit(pebble.Sync)
+			b.Close()
+			b = s.db.NewBatch()
+			return err == nil, err
 		}
 		return true, nil
 	})
 	if err == nil {
-		err = b.Set(keySchema, []byte("2"), nil)
+		err = b.Set(keySchema, []byte(schema), nil)
 	}
 	if err == nil {
 		err = b.Commit(pebble.Sync)
 	}
 	b.Close()
 	if err == nil {
-		s.log.Info("indexed chunk records by id", "chunks", n, "schema", "2")
+		s.log.Info("indexed "+what, "records", n, "schema", schema)
 	}
 	return err
 }

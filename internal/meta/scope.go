@@ -197,43 +197,17 @@ func (c *scopeCache) put(inos []ids.Ino, within bool, gen uint64) {
 }
 
 // indexLinks brings a database of schema 2 to 3: it builds the link
-// index from every directory entry (idempotent, so an interrupted run is
-// simply repeated), then records the new schema.
+// index from every directory entry.
 func (s *Service) indexLinks() error {
-	b := s.db.NewBatch()
-	n := 0
-	flush := func() error {
-		err := b.Commit(pebble.Sync)
-		b.Close()
-		b = s.db.NewBatch()
-		return err
-	}
-	err := scan(s.db, []byte{pDirent}, []byte{pDirent + 1}, func(k, v []byte) (bool, error) {
+	return s.buildIndex(pDirent, schemaVersion, "the names of files", func(b *pebble.Batch, k, v []byte) (bool, error) {
 		d, err := decodeDirent(v)
 		if len(k) < 9 || err != nil {
 			s.log.Error("indexing names: an entry does not decode; left out", "key", fmt.Sprintf("%x", k))
-			return true, nil
+			return false, nil
 		}
 		if d.Type == metaapi.TypeDir {
-			return true, nil
+			return false, nil
 		}
-		if err := b.Set(linkKey(d.Ino, ids.Ino(beUint64(k[1:9])), string(k[9:])), nil, nil); err != nil {
-			return false, err
-		}
-		if n++; n%4096 == 0 {
-			return true, flush()
-		}
-		return true, nil
+		return true, b.Set(linkKey(d.Ino, ids.Ino(beUint64(k[1:9])), string(k[9:])), nil, nil)
 	})
-	if err == nil {
-		err = b.Set(keySchema, []byte(schemaVersion), nil)
-	}
-	if err == nil {
-		err = b.Commit(pebble.Sync)
-	}
-	b.Close()
-	if err == nil {
-		s.log.Info("indexed the names of files", "names", n, "schema", schemaVersion)
-	}
-	return err
 }
