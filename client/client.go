@@ -53,6 +53,12 @@ type Options struct {
 	// ECMode is how erasure-coded writes are encoded (for benchmarks):
 	// ECStream (default), ECPerChunk or ECCentral.
 	ECMode string
+	// OpTimeout bounds how long a call to meta is retried while meta
+	// cannot be reached (a restart); default 15 s. Before meta has ever
+	// answered, retries stop after 2 s (a wrong address fails fast)
+	// unless WaitForMeta is set.
+	OpTimeout   time.Duration
+	WaitForMeta bool
 	// FabricTLS reaches nodes over TLS, checking each is the node meant
 	// (fabrictls.go); the nodes must run with it too.
 	FabricTLS bool
@@ -124,6 +130,12 @@ func New(opts Options) (*Client, error) {
 		layouts: newLayoutCache(),
 	}
 	nodes.status = c.statusMap
+	if opts.OpTimeout > 0 {
+		c.meta.RetryFor = opts.OpTimeout
+		if opts.WaitForMeta {
+			c.meta.FirstContactRetry = opts.OpTimeout
+		}
+	}
 	c.bufs = newBufferPool(ep, opts.ReadReq+2*maxBlockSize)
 	if opts.Who != nil {
 		c.who = *opts.Who
