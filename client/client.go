@@ -295,7 +295,8 @@ func IsNotExist(err error) bool { return metaapi.IsCode(err, metaapi.ENOENT) }
 // IsExist reports whether err says a path already exists.
 func IsExist(err error) bool { return metaapi.IsCode(err, metaapi.EEXIST) }
 
-func (c *Client) create(ctx context.Context, p string, typ metaapi.FileType, mode uint32, target string, exclusive bool) (metaapi.Attr, error) {
+// create creates p as req asks (its Parent, Name and Who are filled in).
+func (c *Client) create(ctx context.Context, p string, req metaapi.CreateReq) (metaapi.Attr, error) {
 	dir, name, err := split(p)
 	if err != nil {
 		return metaapi.Attr{}, err
@@ -305,15 +306,14 @@ func (c *Client) create(ctx context.Context, p string, typ metaapi.FileType, mod
 		return metaapi.Attr{}, err
 	}
 	var resp metaapi.AttrResp
-	err = c.meta.Call(ctx, metaapi.OpCreate, metaapi.CreateReq{
-		Parent: parent.Ino, Name: metaapi.ByteString(name), Type: typ, Mode: mode, Target: metaapi.ByteString(target), Exclusive: exclusive, Who: c.whoOf(ctx),
-	}, &resp)
+	req.Parent, req.Name, req.Who = parent.Ino, metaapi.ByteString(name), c.whoOf(ctx)
+	err = c.meta.Call(ctx, metaapi.OpCreate, req, &resp)
 	return resp.Attr, pathErr("create", p, err)
 }
 
 // Mkdir creates directory p.
 func (c *Client) Mkdir(ctx context.Context, p string, mode uint32) error {
-	_, err := c.create(ctx, p, metaapi.TypeDir, mode, "", true)
+	_, err := c.create(ctx, p, metaapi.CreateReq{Type: metaapi.TypeDir, Mode: mode, Exclusive: true})
 	return err
 }
 
@@ -344,7 +344,7 @@ func (c *Client) MkdirAll(ctx context.Context, p string, mode uint32) error {
 
 // Symlink creates a symbolic link at p pointing to target.
 func (c *Client) Symlink(ctx context.Context, target, p string) error {
-	_, err := c.create(ctx, p, metaapi.TypeSymlink, 0o777, target, true)
+	_, err := c.create(ctx, p, metaapi.CreateReq{Type: metaapi.TypeSymlink, Mode: 0o777, Target: metaapi.ByteString(target), Exclusive: true})
 	return err
 }
 

@@ -128,6 +128,9 @@ func (a *app) statusCmd() *cobra.Command {
 					return enc.Encode(st)
 				}
 				fmt.Fprintf(a.stdout, "meta: %s  epoch: %d  files: %d  dirs: %d  chunks: %d\n", st.MetaAddr, st.Epoch, st.Files, st.Dirs, st.Chunks)
+				if st.TempFiles > 0 {
+					fmt.Fprintf(a.stdout, "temporary files of puts: %d holding up to %s (a writer that died leaves its file until meta's --temp-grace)\n", st.TempFiles, human(st.TempBytes))
+				}
 				if st.Degraded > 0 {
 					fmt.Fprintf(a.stdout, "degraded stripe groups: %d (sluice repair --degraded)\n", st.Degraded)
 				}

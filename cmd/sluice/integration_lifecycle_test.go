@@ -76,3 +76,103 @@ func TestCLIMetaRestart(t *testing.T) {
 		t.Errorf("with --op-timeout 3s, gave up after %s", took)
 	}
 }
+
+// allChunkFiles is the set of chunk files on every node.
+func (c *splitCluster) allChunkFiles(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, n := range c.nodes {
+		for name := range chunkFiles(t, filepath.Join(n.dir, "store", "chunks")) {
+			out[name] = true
+		}
+	}
+	return out
+}
+
+// TestPutKilledLeavesNothing: a put killed with -9 leaves its temporary
+// file and chunks only until its session has lapsed for --temp-grace;
+// a put that is merely slow (alive, renewing) keeps its file throughout.
+func TestPutKilledLeavesNothing(t *testing.T) {
+	c := threeNodes(t, []string{"--lock-lease", "2s", "--temp-grace", "2s"}, nil)
+	tmpRe := regexp.MustCompile(`(?m)^\.(slow|x)\.sluice-put-[0-9a-f]+$`)
+
+	// A slow put: a little data every half second for three times the
+	// lease and the grace together.
+	slow := startProcStdin(t, c.dir, "put-slow", "--conf", c.conf, "put", "-", "/slow")
+	var sent []byte
+	for i := 0; i < 24; i++ {
+		chunk := randomBytes(t, 1024)
+		if _, err := slow.stdin.Write(chunk); err != nil {
+			t.Fatalf("feeding the slow put: %v\n%s", err, slow.stderrText())
+		}
+		sent = append(sent, chunk...)
+		if i == 4 {
+			if ls := string(mustRun(t, c.conf, nil, "ls", "/").stdout); !tmpRe.MatchString(ls) {
+				t.Errorf("during the slow put, ls / = %q: want its temporary file", ls)
+			}
+			if st := status(t, c.conf); st.TempFiles != 1 {
+				t.Errorf("during the slow put, status counts %d temporary files, want 1", st.TempFiles)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	slow.stdin.Close()
+	select {
+	case <-slow.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("slow put still running 30 s after its input ended")
+	}
+	if slow.waitErr != nil {
+		t.Fatalf("slow put: %v\n%s", slow.waitErr, slow.stderrText())
+	}
+	if got := mustRun(t, c.conf, nil, "cat", "/slow").stdout; !bytes.Equal(got, sent) {
+		t.Fatalf("slow put stored %d bytes, want the %d sent", len(got), len(sent))
+	}
+
+	// A put killed mid-way.
+	before := c.allChunkFiles(t)
+	put := startProcStdin(t, c.dir, "put-x", "--conf", c.conf, "put", "-", "/x")
+	block := randomBytes(t, 1<<20)
+	for i := 0; i < 24; i++ {
+		if _, err := put.stdin.Write(block); err != nil {
+			t.Fatalf("feeding the put: %v\n%s", err, put.stderrText())
+		}
+	}
+	var placed []string
+	eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+		placed = placed[:0]
+		for f := range c.allChunkFiles(t) {
+			if !before[f] {
+				placed = append(placed, f)
+			}
+		}
+		return len(placed) > 0, "no chunk file of the put on any node"
+	})
+	put.kill()
+	if st := status(t, c.conf); st.TempFiles != 1 || st.TempBytes == 0 {
+		t.Errorf("after the kill, status counts %d temporary files holding %d bytes, want 1 holding some", st.TempFiles, st.TempBytes)
+	}
+	killed := time.Now()
+	eventually(t, 60*time.Second, 200*time.Millisecond, func() (bool, string) {
+		ls := string(mustRun(t, c.conf, nil, "ls", "/").stdout)
+		return !tmpRe.MatchString(ls), "ls / = " + ls
+	})
+	t.Logf("temporary file removed %s after the kill", time.Since(killed).Round(time.Millisecond))
+	eventually(t, 60*time.Second, 200*time.Millisecond, func() (bool, string) {
+		now := c.allChunkFiles(t)
+		var left []string
+		for f := range now {
+			if !before[f] {
+				left = append(left, f)
+			}
+		}
+		return len(left) == 0, "chunk files of the killed put left: " + strings.Join(left, " ")
+	})
+	t.Logf("its %d chunk files deleted %s after the kill", len(placed), time.Since(killed).Round(time.Millisecond))
+	if st := status(t, c.conf); st.TempFiles != 0 {
+		t.Errorf("status still counts %d temporary files", st.TempFiles)
+	}
+	if out := string(mustRun(t, c.conf, nil, "ls", "/").stdout); out != "slow\n" {
+		t.Errorf("ls / = %q, want only slow", out)
+	}
+}

@@ -173,6 +173,7 @@ func (a *app) metaCmd() *cobra.Command {
 		lockLease   time.Duration
 		repairGrace time.Duration
 		orphanGrace time.Duration
+		tempGrace   time.Duration
 		repairRate  int64
 		repairPar   int
 		replicas    int
@@ -196,6 +197,9 @@ func (a *app) metaCmd() *cobra.Command {
 			if repairGrace <= 0 {
 				return fmt.Errorf("--repair-grace %s: must be positive", repairGrace)
 			}
+			if tempGrace <= 0 {
+				return fmt.Errorf("--temp-grace %s: must be positive", tempGrace)
+			}
 			if orphanGrace <= 0 {
 				return fmt.Errorf("--orphan-grace %s: must be positive", orphanGrace)
 			}
@@ -216,7 +220,7 @@ func (a *app) metaCmd() *cobra.Command {
 				return err // before anything is made
 			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
-				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace,
+				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace, TempGrace: tempGrace,
 				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost,
 				CapabilityTTL: capTTL, CapKeyRotate: capRotate, TLSNames: tlsNames})
 			if err != nil {
@@ -272,6 +276,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().Int64Var(&repairRate, "repair-rate", 0, "repair at most this many bytes a second (0: as fast as it can), to keep clients' throughput")
 	cmd.Flags().IntVar(&repairPar, "repair-parallel", 4, "chunks repaired at once (0: meta repairs nothing by itself)")
 	cmd.Flags().DurationVar(&orphanGrace, "orphan-grace", time.Hour, "have nodes delete a copy no file needs once their inventories have found it so for this long")
+	cmd.Flags().DurationVar(&tempGrace, "temp-grace", 10*time.Minute, "remove a put's temporary file once its writer has stopped renewing its session (--lock-lease) for this long (a put killed mid-way)")
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
 	cmd.Flags().DurationVar(&capTTL, "cap-ttl", meta.DefaultCapabilityTTL, "capabilities (the tickets storage nodes check) expire this long after meta mints them")

@@ -97,8 +97,8 @@ var ops = map[string]op{
 	metaapi.OpGetAttr: endpoint(true, false, func(s *Service, _ caller, r metaapi.GetAttrReq) (metaapi.AttrResp, error) {
 		return attrResp(s.GetAttr(r))
 	}),
-	metaapi.OpCreate: endpoint(true, false, func(s *Service, _ caller, r metaapi.CreateReq) (metaapi.AttrResp, error) {
-		return s.create(r)
+	metaapi.OpCreate: endpoint(true, false, func(s *Service, c caller, r metaapi.CreateReq) (metaapi.AttrResp, error) {
+		return s.create(c.client, r)
 	}),
 	metaapi.OpLink: endpoint(true, false, func(s *Service, _ caller, r metaapi.LinkReq) (metaapi.AttrResp, error) {
 		return s.link(r)

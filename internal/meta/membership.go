@@ -333,6 +333,7 @@ func (s *Service) sweeper() {
 			s.Sweep()
 			s.SweepOrphans()
 			s.SweepLocks()
+			s.SweepTemps()
 			s.tickCapKeys()
 			s.admitPeers()
 		}
@@ -378,6 +379,10 @@ func (s *Service) Status() (metaapi.StatusResp, error) {
 			Chunks:   s.ctr.Chunks,
 		}
 		out.Redundancy, out.Repair = s.repairStatus()
+		var err error
+		if out.TempFiles, out.TempBytes, err = tempUsage(v); err != nil {
+			return err
+		}
 		members := s.repairs.memberCounts()
 		for i := range out.Nodes {
 			if n, ok := members[out.Nodes[i].ID]; ok {

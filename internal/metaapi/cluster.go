@@ -66,6 +66,11 @@ type StatusResp struct {
 	// members are on live nodes, as of the last scan.
 	Redundancy RedundancyTally `json:"redundancy"`
 	Repair     RepairStats     `json:"repair"`
+	// TempFiles counts puts' temporary files not yet renamed into place
+	// (a put under way, or one whose writer died: removed after meta's
+	// --temp-grace); TempBytes is what they hold at most.
+	TempFiles int64 `json:"temp_files"`
+	TempBytes int64 `json:"temp_bytes"`
 }
 
 // RedundancyCounts sorts chunks (or stripe groups) by live members:
