@@ -208,6 +208,12 @@ func (c *Client) RevokeNode(ctx context.Context, node ids.NodeID) error {
 	return c.meta.Call(ctx, metaapi.OpRevokeNode, metaapi.RevokeNodeReq{Node: node}, nil)
 }
 
+// RemoveNode has meta take node out of the cluster for good (admins
+// only): one drained, or down with its data repaired elsewhere.
+func (c *Client) RemoveNode(ctx context.Context, node ids.NodeID) error {
+	return c.meta.Call(ctx, metaapi.OpRemoveNode, metaapi.RemoveNodeReq{Node: node}, nil)
+}
+
 // Drain has meta move every chunk off node (cancel: stop doing so).
 func (c *Client) Drain(ctx context.Context, node ids.NodeID, cancel bool) error {
 	return c.meta.Call(ctx, metaapi.OpDrain, metaapi.DrainReq{Node: node, Cancel: cancel, Who: c.whoOf(ctx)}, nil)

@@ -19,7 +19,9 @@ import (
 	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/meta"
+	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
 	"github.com/sluicefs/sluice/internal/pki"
 )
@@ -323,6 +325,7 @@ func (a *app) nodeCmd() *cobra.Command {
 		scrubEvery                                          time.Duration
 		scrubRate                                           int64
 		inventoryEvery                                      time.Duration
+		nodeID                                              uint32
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -336,6 +339,8 @@ func (a *app) nodeCmd() *cobra.Command {
 				return errors.New("--meta is required")
 			case scrubEvery < 0 || scrubRate < 0:
 				return fmt.Errorf("--scrub-interval %s and --scrub-rate %d must not be negative", scrubEvery, scrubRate)
+			case cmd.Flags().Changed("id") && (nodeID == 0 || nodeID > metaapi.MaxNodeID):
+				return fmt.Errorf("--id %d: node ids go from 1 to %d", nodeID, metaapi.MaxNodeID)
 			case inventoryEvery == 0:
 				return errors.New("--inventory-interval must not be 0 (negative: only when meta asks)")
 			}
@@ -348,7 +353,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				joinToken = os.Getenv(envJoin)
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
-				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
+				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, ID: ids.NodeID(nodeID), FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
 				ScrubInterval: scrubEvery, ScrubRate: scrubRate, InventoryInterval: inventoryEvery,
 			})
@@ -374,6 +379,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&joinToken, "join", "", "join token for a new node, from `sluice join-token` (default $"+envJoin+", which other users of the host cannot read, unlike the command line; a node that has joined needs none)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "fabric listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address registered with meta (default: the listen address)")
+	cmd.Flags().Uint32Var(&nodeID, "id", 0, "the node id a new node asks for when it joins (1 to 16777215; default: meta picks the next free one); a node that has one must be given it")
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
 	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", 24*time.Hour, "re-read every chunk against its checksums this often (0: never)")
 	cmd.Flags().Int64Var(&scrubRate, "scrub-rate", 32<<20, "scrub at most this many bytes a second (0: unlimited)")
@@ -381,7 +387,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)
-	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd())
+	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd(), a.removeNodeCmd())
 	return cmd
 }
 

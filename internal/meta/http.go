@@ -118,6 +118,9 @@ var ops = map[string]op{
 	metaapi.OpRevokeNode: endpoint(true, false, func(s *Service, _ caller, r metaapi.RevokeNodeReq) (empty, error) {
 		return empty{}, s.RevokeNode(r)
 	}),
+	metaapi.OpRemoveNode: endpoint(true, false, func(s *Service, _ caller, r metaapi.RemoveNodeReq) (empty, error) {
+		return empty{}, s.RemoveNode(r)
+	}),
 	metaapi.OpReconcile: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReconcileReq) (metaapi.ReconcileResp, error) {
 		return s.Reconcile(r)
 	}),

@@ -385,6 +385,9 @@ func (s *Service) Status() (metaapi.StatusResp, error) {
 		}
 		members := s.repairs.memberCounts()
 		for i := range out.Nodes {
+			if out.Nodes[i].Draining {
+				out.Nodes[i].Blocked = s.repairs.blockedOn(out.Nodes[i].ID)
+			}
 			if n, ok := members[out.Nodes[i].ID]; ok {
 				out.Nodes[i].Members = n
 			} else if members != nil {

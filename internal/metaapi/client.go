@@ -30,6 +30,7 @@ const (
 	OpReconcile  = "Reconcile"
 	OpDrain      = "Drain"
 	OpRevokeNode = "RevokeNode"
+	OpRemoveNode = "RemoveNode"
 	OpSetXattr   = "SetXattr"
 	OpGetXattr   = "GetXattr"
 	OpListXattr  = "ListXattr"

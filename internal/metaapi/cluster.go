@@ -36,6 +36,21 @@ type NodeInfo struct {
 	// --min-free), counting what meta placed there since its report; it
 	// gets no new chunks.
 	Full bool `json:"full,omitempty"`
+	// Blocked, for a draining node: its members the last scan found
+	// repair cannot move now, by reason.
+	Blocked []Blocked `json:"blocked,omitempty"`
+}
+
+// Blocked is how many members cannot move, and why.
+type Blocked struct {
+	Count int64  `json:"count"`
+	Why   string `json:"why"`
+}
+
+// RemoveNodeReq takes a node out of the cluster for good: one drained
+// (or down, with its data repaired elsewhere). Admins only.
+type RemoveNodeReq struct {
+	Node ids.NodeID `json:"node"`
 }
 
 // DrainReq moves all data off a node (or, with Cancel, stops doing so).
