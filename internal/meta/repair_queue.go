@@ -75,7 +75,7 @@ type repairQueue struct {
 	// replace a lost member): writers waiting for it are told at once.
 	stuck   map[chunkRef]error
 	blocked blockedTally // the last scan's, of draining nodes
-	joins   uint64 // nodes joined or came back up (nodeBack calls)
+	joins   uint64       // nodes joined or came back up (nodeBack calls)
 	wake    chan struct{}
 	tallies metaapi.RedundancyTally
 	stats   metaapi.RepairStats
