@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"strconv"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
 // restartMeta starts meta again on its address and data (after a kill),
@@ -174,5 +178,62 @@ func TestPutKilledLeavesNothing(t *testing.T) {
 	}
 	if out := string(mustRun(t, c.conf, nil, "ls", "/").stdout); out != "slow\n" {
 		t.Errorf("ls / = %q, want only slow", out)
+	}
+}
+
+// TestNodeRemoveAndChosenID: a node may choose its id; a drained node is
+// removed for good; one holding the only copy of data is refused.
+func TestNodeRemoveAndChosenID(t *testing.T) {
+	c := threeNodes(t, nil, nil)
+	n40 := c.startNode(t, "n40", "--id", "40")
+	if n40.id != 40 {
+		t.Fatalf("node started with --id 40 is %v", n40.id)
+	}
+	// A taken id is refused, naming it; a data directory keeps its id.
+	tok := strings.TrimSpace(string(mustRun(t, c.conf, nil, "join-token").stdout))
+	r := run(t, c.conf, nil, "node", "--data", filepath.Join(c.dir, "n5"), "--meta", c.meta, "--join", tok, "--id", "40")
+	if r.code == 0 || !strings.Contains(r.stderr, "node id n40 is taken") {
+		t.Errorf("second node asking for id 40: %s", r)
+	}
+	r = run(t, c.conf, nil, "node", "--data", n40.dir, "--meta", c.meta, "--id", "41")
+	if r.code == 0 || !strings.Contains(r.stderr, "is node n40's data directory") {
+		t.Errorf("node n40 started with --id 41: %s", r)
+	}
+	mustFail(t, c.conf, []string{`--id 0`}, "node", "--data", filepath.Join(c.dir, "n6"), "--meta", c.meta, "--id", "0")
+	waitNodesUp(t, c.conf, 4, 15*time.Second)
+
+	mustRun(t, c.conf, nil, "policy", "set", "/", "--replicas", "2")
+	mustRun(t, c.conf, nil, "mkdir", "/one")
+	mustRun(t, c.conf, nil, "policy", "set", "/one", "--replicas", "1")
+	for i := 0; i < 8; i++ {
+		mustRun(t, c.conf, bytes.NewReader(randomBytes(t, 4096)), "put", "-", "/f"+strconv.Itoa(i))
+	}
+	mustFail(t, c.conf, []string{`n40 is up and not draining`}, "node", "remove", "n40")
+	out := string(mustRun(t, c.conf, nil, "--op-timeout", "2m", "node", "drain", "n40").stdout)
+	if !strings.Contains(out, "holds no data any more") {
+		t.Errorf("drain n40 printed %q", out)
+	}
+	mustRun(t, c.conf, nil, "node", "remove", "n40")
+	st := waitNodesUp(t, c.conf, 3, 15*time.Second)
+	for _, n := range st.Nodes {
+		if n.ID == 40 {
+			t.Errorf("status lists removed node n40")
+		}
+	}
+	n40.proc.kill()
+
+	// A single-copy file's only holder, dead, is refused, with the count.
+	mustRun(t, c.conf, bytes.NewReader(randomBytes(t, 4096)), "put", "-", "/one/solo")
+	mc := metaClient(t, c.conf)
+	_, ls := layoutOf(t, mc, "/one/solo")
+	holder := c.nodes[ls[0].Replicas[0].Node]
+	holder.proc.kill()
+	eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+		st := status(t, c.conf)
+		return nodeStates(st)[holder.id] == metaapi.NodeDown, "node states " + fmt.Sprint(nodeStates(st))
+	})
+	mustFail(t, c.conf, []string{regexp.QuoteMeta(holder.id.String()) + ` still holds the only copy .* of 1 chunks`}, "node", "remove", holder.id.String())
+	if got := mustRun(t, c.conf, nil, "cat", "/f0").stdout; len(got) != 4096 {
+		t.Errorf("cat /f0 after the removal: %d bytes", len(got))
 	}
 }
