@@ -3,9 +3,9 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"strconv"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
