@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/fusefs"
 )
 
@@ -105,6 +106,7 @@ func (a *app) mountCmd() *cobra.Command {
 		},
 	}
 	m.add(cmd)
+	daemonconf.Add(cmd)
 	return cmd
 }
 
