@@ -283,6 +283,7 @@ func (a *app) metaCmd() *cobra.Command {
 	sf.add(cmd)
 	cf.add(cmd, connlimit.DefaultMax, connlimit.DefaultPerHost, 0)
 	daemonconf.Add(cmd)
+	cmd.AddCommand(a.metaBackupCmd(), a.metaRestoreCmd())
 	return cmd
 }
 
