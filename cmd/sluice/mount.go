@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/fusefs"
 )
 
@@ -106,6 +107,7 @@ func (a *app) mountCmd() *cobra.Command {
 		},
 	}
 	m.add(cmd)
+	daemonconf.Add(cmd)
 	return cmd
 }
 

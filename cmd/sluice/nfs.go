@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/fabricrpc"
 	"github.com/sluicefs/sluice/internal/nfs3"
 	"github.com/sluicefs/sluice/internal/nfsclient"
@@ -203,6 +204,7 @@ COMMIT has nothing left to do.`,
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
 	fo.add(cmd, "replies")
 	cf.add(cmd, fabricrpc.DefaultMaxConns, fabricrpc.DefaultMaxConnsPerHost, 0) // oncrpc's defaults too
+	daemonconf.Add(cmd)
 	return cmd
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/connlimit"
+	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
@@ -132,6 +133,7 @@ func (a *app) upCmd() *cobra.Command {
 	ef.add(cmd)
 	mf.add(cmd)
 	sf.add(cmd)
+	daemonconf.Add(cmd)
 	return cmd
 }
 
@@ -287,6 +289,8 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().StringSliceVar(&tlsNames, "tls-san", nil, "more host names or addresses meta's TLS certificate names (besides loopback, this host's name and the listen address)")
 	sf.add(cmd)
 	cf.add(cmd, connlimit.DefaultMax, connlimit.DefaultPerHost, 0)
+	daemonconf.Add(cmd)
+	cmd.AddCommand(a.metaBackupCmd(), a.metaRestoreCmd())
 	return cmd
 }
 
@@ -348,8 +352,8 @@ func (a *app) nodeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			onCmdLine := joinToken != ""
-			if !onCmdLine {
+			onCmdLine := cmd.Flags().Changed("join") // not from --config
+			if joinToken == "" {
 				joinToken = os.Getenv(envJoin)
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
@@ -387,6 +391,8 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)
+	cmd.Flags().SetAnnotation("join", daemonconf.SecretAnnotation, []string{"true"})
+	daemonconf.Add(cmd)
 	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd(), a.removeNodeCmd())
 	return cmd
 }

@@ -29,6 +29,8 @@ var writeOps = map[string]bool{
 var adminOps = map[string]bool{
 	metaapi.OpDrain: true, metaapi.OpRevokeNode: true, metaapi.OpRemoveNode: true, metaapi.OpListDeg: true, metaapi.OpCheck: true, metaapi.OpStrays: true,
 	metaapi.OpAuthAdd: true, metaapi.OpAuthList: true, metaapi.OpAuthRotate: true, metaapi.OpAuthRemove: true,
+	// A backup holds every key of the cluster.
+	metaapi.OpBackup: true,
 }
 
 // admitOp checks what the op's name alone decides.

@@ -60,6 +60,10 @@ type op struct {
 	anyone         bool  // callers without a credential too (Join: the token is one)
 	maxBody        int64 // bound on the request body; 0: metaapi.MaxBodyBytes
 	serve          func(s *Service, c caller, body io.Reader) (any, error)
+	// stream, instead of serve, for an op whose reply is a byte stream
+	// (Backup): it prepares, failing as any op does, and returns what
+	// writes the reply.
+	stream func(s *Service, c caller) (func(io.Writer) error, error)
 }
 
 // endpoint builds an op from a typed method.
@@ -221,6 +225,7 @@ var ops = map[string]op{
 	metaapi.OpAuthRemove: endpoint(true, false, func(s *Service, c caller, r metaapi.AuthNameReq) (empty, error) {
 		return empty{}, s.removePrincipal(r.Name, func() error { return s.current(c) })
 	}),
+	metaapi.OpBackup: backupOp,
 	metaapi.OpWhoami: endpoint(true, false, func(s *Service, c caller, _ empty) (metaapi.Principal, error) {
 		return c.p.rec.Principal, nil
 	}),
@@ -277,6 +282,10 @@ func (s *Service) serveOp(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, name, err, 0)
 		return
 	}
+	if o.stream != nil {
+		s.serveStream(w, r, name, c, o)
+		return
+	}
 	limit := o.maxBody
 	if limit == 0 {
 		limit = metaapi.MaxBodyBytes
@@ -296,6 +305,39 @@ func (s *Service) serveOp(w http.ResponseWriter, r *http.Request) {
 	if s.log.Enabled(r.Context(), slog.LevelDebug) {
 		s.log.Debug("meta call", "op", name, "dur", time.Since(start))
 	}
+}
+
+// serveStream serves an op whose reply is a byte stream. The write
+// deadline moves on with every write, so a long stream is not cut by
+// the server's WriteTimeout while a stalled reader still is. A failure
+// once the stream has begun aborts the connection: the reader sees a
+// truncated stream (which a backup's checksum detects).
+func (s *Service) serveStream(w http.ResponseWriter, r *http.Request, name string, c caller, o op) {
+	write, err := o.stream(s, c)
+	if err != nil {
+		s.writeError(w, r, name, err, 0)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.WriteHeader(http.StatusOK)
+	if err := write(deadlineWriter{w, http.NewResponseController(w)}); err != nil {
+		s.log.Warn("meta call failed while streaming its reply", "op", name, "remote", r.RemoteAddr, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	s.log.Info("meta call streamed", "op", name, "remote", r.RemoteAddr)
+}
+
+// streamStall is how long a stream's reader may take to accept a write.
+const streamStall = time.Minute
+
+type deadlineWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (d deadlineWriter) Write(p []byte) (int, error) {
+	d.rc.SetWriteDeadline(time.Now().Add(streamStall))
+	return d.w.Write(p)
 }
 
 // writeError replies with err as a metaapi.Error. Errors that are not

@@ -249,6 +249,7 @@ func Open(opts Options) (*Service, error) {
 	if fs == nil {
 		fs = privfs.Pebble(vfs.Default)
 	}
+	removeCheckpoints(opts.Dir, fs)
 	sec, err := secret.LoadOrCreate(filepath.Join(opts.Dir, SecretFile))
 	if err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
@@ -288,6 +289,10 @@ func Open(opts Options) (*Service, error) {
 	}
 	s.dur.init()
 	if err := s.load(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("meta: %w", err)
+	}
+	if err := s.afterRestore(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("meta: %w", err)
 	}

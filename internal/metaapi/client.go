@@ -52,6 +52,7 @@ const (
 	OpCheck      = "Check"
 	OpJoinToken  = "JoinToken"
 	OpJoin       = "Join"
+	OpBackup     = "Backup"
 )
 
 // MaxBodyBytes bounds every request and response body.
@@ -223,4 +224,40 @@ func (c *Client) once(ctx context.Context, op string, body []byte, resp any) err
 func IsCode(err error, code Code) bool {
 	var me *Error
 	return errors.As(err, &me) && me.Code == code
+}
+
+// Stream performs op, whose reply is a byte stream of any length (a
+// backup), and returns it to read; the caller closes it. It is not
+// retried: a stream cut short is for the caller to detect.
+func (c *Client) Stream(ctx context.Context, op string, req any) (io.ReadCloser, error) {
+	if c.noTLS {
+		return nil, fmt.Errorf("meta %s: %w", op, &TLSError{Reason: "no TLS configuration (no cluster CA)"})
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("meta %s: encoding request: %w", op, err)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+op, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("meta %s: %w", op, err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Authorization", c.auth)
+	// No overall timeout (c.hc has one): the stream takes as long as
+	// it is long; ctx ends it.
+	hc := &http.Client{Transport: c.hc.Transport}
+	hresp, err := hc.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("meta %s: %w", op, explainTLS(err))
+	}
+	if hresp.StatusCode != http.StatusOK {
+		defer hresp.Body.Close()
+		raw, _ := io.ReadAll(io.LimitReader(hresp.Body, MaxBodyBytes))
+		var me Error
+		if json.Unmarshal(raw, &me) == nil && me.Code != "" {
+			return nil, &me
+		}
+		return nil, fmt.Errorf("meta %s: HTTP %d: %s", op, hresp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	return hresp.Body, nil
 }
