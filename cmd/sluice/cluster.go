@@ -132,8 +132,11 @@ func (a *app) statusCmd() *cobra.Command {
 					fmt.Fprintf(a.stdout, "degraded stripe groups: %d (sluice repair --degraded)\n", st.Degraded)
 				}
 				a.printRedundancy(st)
+				sp := st.Totals
+				fmt.Fprintf(a.stdout, "space: %s of %s used (%s reclaimable), %s free, on %d file system(s)\n",
+					human(sp.Used), human(sp.Capacity), human(sp.Reclaimable), human(sp.Free), sp.Disks)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tFREE\tCAPACITY\tCHUNKS\tPLACED\tLAST HEARTBEAT")
+				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tRECLAIMABLE\tFREE\tCAPACITY\tCHUNKS\tPLACED\tLAST HEARTBEAT")
 				for _, n := range st.Nodes {
 					hb := "never"
 					if n.LastHeartbeat > 0 {
@@ -149,7 +152,7 @@ func (a *app) statusCmd() *cobra.Command {
 					if n.Members >= 0 {
 						placed = strconv.FormatInt(n.Members, 10)
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Domain, state, human(n.Used), human(n.Free), human(n.Capacity), n.Chunks, placed, hb)
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Domain, state, human(n.Used), human(n.Reclaimable), human(n.Free), human(n.Capacity), n.Chunks, placed, hb)
 				}
 				return tw.Flush()
 			})

@@ -22,9 +22,14 @@ type NodeInfo struct {
 	Addr          string     `json:"addr"`
 	Domain        string     `json:"domain"`
 	State         NodeState  `json:"state"`
-	Capacity      int64      `json:"capacity"` // bytes: the size of its file system
-	Used          int64      `json:"used"`     // bytes in its chunks
+	Capacity      int64      `json:"capacity"` // bytes: what its file system can still hold plus Used
+	Used          int64      `json:"used"`     // bytes Sluice takes on its file system, Reclaimable included
 	Free          int64      `json:"free"`     // bytes it can still take, as last reported (see HeartbeatReq)
+	// Reclaimable: bytes of deleted chunk files kept for reuse (part of
+	// Used and of Free). Disk names its file system: nodes sharing one
+	// count once in Totals.
+	Reclaimable int64  `json:"reclaimable"`
+	Disk        string `json:"disk,omitempty"`
 	Chunks        int64      `json:"chunks"`
 	LastHeartbeat int64      `json:"last_heartbeat"` // unix nanoseconds
 	// Draining: `sluice node drain` asked for everything to move off it;
@@ -66,6 +71,8 @@ type StatusResp struct {
 	// members are on live nodes, as of the last scan.
 	Redundancy RedundancyTally `json:"redundancy"`
 	Repair     RepairStats     `json:"repair"`
+	// Totals is the space of the nodes that are up (Totals of Nodes).
+	Totals SpaceTotals `json:"space"`
 }
 
 // RedundancyCounts sorts chunks (or stripe groups) by live members:
@@ -89,16 +96,12 @@ func (s StatusResp) Repaired(since time.Time) bool {
 	return r.ScannedAt > since.UnixNano() && r.Replicated.Short()+r.Striped.Short() == 0 && s.Repair.Pending == 0
 }
 
-// Space sums the capacity and the free space of the nodes that are up:
-// what front ends report as the file system's size (statfs, FSSTAT).
+// Space is the capacity and the free space of the nodes that are up,
+// each file system counted once (Totals): what front ends report as the
+// file system's size (statfs, FSSTAT).
 func (s StatusResp) Space() (capacity, free int64) {
-	for _, n := range s.Nodes {
-		if n.State == NodeUp {
-			capacity += max(n.Capacity, 0)
-			free += max(n.Free, 0)
-		}
-	}
-	return capacity, free
+	t := Totals(s.Nodes)
+	return t.Capacity, t.Free
 }
 
 type RedundancyTally struct {
@@ -198,13 +201,15 @@ type RestoredMember struct {
 // RegisterReq is sent by a storage node at start. ID is 0 on its first
 // start; meta assigns one and the node stores it.
 type RegisterReq struct {
-	ID       ids.NodeID `json:"id"`
-	Addr     string     `json:"addr"`
-	Domain   string     `json:"domain"`
-	Capacity int64      `json:"capacity"`
-	Used     int64      `json:"used"`
-	Free     int64      `json:"free"`
-	Chunks   int64      `json:"chunks"`
+	ID          ids.NodeID `json:"id"`
+	Addr        string     `json:"addr"`
+	Domain      string     `json:"domain"`
+	Capacity    int64      `json:"capacity"`
+	Used        int64      `json:"used"`
+	Free        int64      `json:"free"`
+	Reclaimable int64      `json:"reclaimable,omitempty"` // as in HeartbeatReq
+	Disk        string     `json:"disk,omitempty"`
+	Chunks      int64      `json:"chunks"`
 }
 type RegisterResp struct {
 	ID                ids.NodeID `json:"id"`
@@ -222,13 +227,21 @@ type RegisterResp struct {
 // it reuses or gives back (store.Space). Meta places new chunks by Free,
 // not by Used: the index, recycled files and other tenants of the disk
 // take space too.
+//
+// Used is what the node's store takes on its file system (allocated
+// bytes: chunks, index, recycled files), Reclaimable the recycled files
+// among them, Capacity what the file system can still hold plus Used,
+// and Disk names the file system (at most MaxDiskID bytes): nodes
+// sharing one report the same, and count once in Totals.
 type HeartbeatReq struct {
-	ID       ids.NodeID    `json:"id"`
-	Addr     string        `json:"addr"`
-	Capacity int64         `json:"capacity"`
-	Used     int64         `json:"used"`
-	Free     int64         `json:"free"`
-	Chunks   int64         `json:"chunks"`
+	ID          ids.NodeID    `json:"id"`
+	Addr        string        `json:"addr"`
+	Capacity    int64         `json:"capacity"`
+	Used        int64         `json:"used"`
+	Free        int64         `json:"free"`
+	Reclaimable int64         `json:"reclaimable,omitempty"`
+	Disk        string        `json:"disk,omitempty"`
+	Chunks      int64         `json:"chunks"`
 	Deleted  []ids.ChunkID `json:"deleted,omitempty"`
 	// Corrupt are copies found holding blocks that fail their checksums:
 	// the node's own (its scrub, a write, a repair reading it; Node 0 or
