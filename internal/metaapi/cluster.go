@@ -18,20 +18,15 @@ const (
 )
 
 type NodeInfo struct {
-	ID       ids.NodeID `json:"id"`
-	Addr     string     `json:"addr"`
-	Domain   string     `json:"domain"`
-	State    NodeState  `json:"state"`
-	Capacity int64      `json:"capacity"` // bytes: what its file system can still hold plus Used
-	Used     int64      `json:"used"`     // bytes Sluice takes on its file system, Reclaimable included
-	Free     int64      `json:"free"`     // bytes it can still take, as last reported (see HeartbeatReq)
-	// Reclaimable: bytes of deleted chunk files kept for reuse (part of
-	// Used and of Free). Disk names its file system: nodes sharing one
-	// count once in Totals.
-	Reclaimable   int64  `json:"reclaimable"`
-	Disk          string `json:"disk,omitempty"`
-	Chunks        int64  `json:"chunks"`
-	LastHeartbeat int64  `json:"last_heartbeat"` // unix nanoseconds
+	ID            ids.NodeID `json:"id"`
+	Addr          string     `json:"addr"`
+	Domain        string     `json:"domain"`
+	State         NodeState  `json:"state"`
+	Capacity      int64      `json:"capacity"` // bytes: what its file system can still hold plus Used
+	Used          int64      `json:"used"`     // bytes Sluice takes on its file system, Reclaimable included
+	Free          int64      `json:"free"`     // bytes it can still take, as last reported (see HeartbeatReq)
+	Chunks        int64      `json:"chunks"`
+	LastHeartbeat int64      `json:"last_heartbeat"` // unix nanoseconds
 	// Draining: `sluice node drain` asked for everything to move off it;
 	// it gets no new data. Members is how many chunks and stripe units
 	// meta places on it, as of the last scan (-1: not scanned yet).
@@ -41,6 +36,11 @@ type NodeInfo struct {
 	// --min-free), counting what meta placed there since its report; it
 	// gets no new chunks.
 	Full bool `json:"full,omitempty"`
+	// Reclaimable: bytes of deleted chunk files kept for reuse (part of
+	// Used and of Free). Disk names its file system: nodes sharing one
+	// count once in Totals.
+	Reclaimable int64  `json:"reclaimable"`
+	Disk        string `json:"disk,omitempty"`
 }
 
 // DrainReq moves all data off a node (or, with Cancel, stops doing so).
