@@ -201,15 +201,16 @@ type RestoredMember struct {
 // RegisterReq is sent by a storage node at start. ID is 0 on its first
 // start; meta assigns one and the node stores it.
 type RegisterReq struct {
-	ID          ids.NodeID `json:"id"`
-	Addr        string     `json:"addr"`
-	Domain      string     `json:"domain"`
-	Capacity    int64      `json:"capacity"`
-	Used        int64      `json:"used"`
-	Free        int64      `json:"free"`
-	Reclaimable int64      `json:"reclaimable,omitempty"` // as in HeartbeatReq
-	Disk        string     `json:"disk,omitempty"`
-	Chunks      int64      `json:"chunks"`
+	ID       ids.NodeID `json:"id"`
+	Addr     string     `json:"addr"`
+	Domain   string     `json:"domain"`
+	Capacity int64      `json:"capacity"`
+	Used     int64      `json:"used"`
+	Free     int64      `json:"free"`
+	Chunks   int64      `json:"chunks"`
+	// As in HeartbeatReq.
+	Reclaimable int64  `json:"reclaimable,omitempty"`
+	Disk        string `json:"disk,omitempty"`
 }
 type RegisterResp struct {
 	ID                ids.NodeID `json:"id"`
@@ -221,32 +222,30 @@ type RegisterResp struct {
 }
 
 // HeartbeatReq reports a node's liveness and usage, and acknowledges
-// chunk deletions done since the last heartbeat. Capacity is the size of
-// the node's file system, Used the bytes in its chunks, Free what it can
-// still take: the file system's free bytes and the recycled chunk files
-// it reuses or gives back (store.Space). Meta places new chunks by Free,
-// not by Used: the index, recycled files and other tenants of the disk
-// take space too.
-//
-// Used is what the node's store takes on its file system (allocated
+// chunk deletions done since the last heartbeat. Free is what the node
+// can still take: the file system's free bytes and the recycled chunk
+// files it reuses or gives back (store.Space); meta places new chunks by
+// it. Used is what the node's store takes on its file system (allocated
 // bytes: chunks, index, recycled files), Reclaimable the recycled files
-// among them, Capacity what the file system can still hold plus Used,
-// and Disk names the file system (at most MaxDiskID bytes): nodes
-// sharing one report the same, and count once in Totals.
+// among them, Capacity what the file system can still hold plus Used
+// (other tenants of the disk are not counted), and Disk names the file
+// system (at most MaxDiskID bytes): nodes sharing one report the same,
+// and count once in Totals (docs/space.md).
 type HeartbeatReq struct {
-	ID          ids.NodeID    `json:"id"`
-	Addr        string        `json:"addr"`
-	Capacity    int64         `json:"capacity"`
-	Used        int64         `json:"used"`
-	Free        int64         `json:"free"`
-	Reclaimable int64         `json:"reclaimable,omitempty"`
-	Disk        string        `json:"disk,omitempty"`
-	Chunks      int64         `json:"chunks"`
-	Deleted     []ids.ChunkID `json:"deleted,omitempty"`
+	ID       ids.NodeID    `json:"id"`
+	Addr     string        `json:"addr"`
+	Capacity int64         `json:"capacity"`
+	Used     int64         `json:"used"`
+	Free     int64         `json:"free"`
+	Chunks   int64         `json:"chunks"`
+	Deleted  []ids.ChunkID `json:"deleted,omitempty"`
 	// Corrupt are copies found holding blocks that fail their checksums:
 	// the node's own (its scrub, a write, a repair reading it; Node 0 or
 	// its own id) or another node's that a repair read from.
 	Corrupt []CorruptCopy `json:"corrupt,omitempty"`
+	// Reclaimable and Disk: see above.
+	Reclaimable int64  `json:"reclaimable,omitempty"`
+	Disk        string `json:"disk,omitempty"`
 }
 
 // RetiredCopy is a node's copy of Chunk that meta moved elsewhere, at
