@@ -166,7 +166,9 @@ func (a *app) statusCmd() *cobra.Command {
 // with a progress bar and an ETA while repairs are under way.
 func (a *app) printRedundancy(st metaapi.StatusResp) {
 	r, rp := st.Redundancy, st.Repair
-	if r.ScannedAt == 0 {
+	if w := st.Waiting; w != nil {
+		fmt.Fprintf(a.stdout, "redundancy: waiting for nodes (%d of %d reported since meta started)\n", w.Reported, w.Known)
+	} else if r.ScannedAt == 0 {
 		fmt.Fprintln(a.stdout, "redundancy: not scanned yet")
 	} else {
 		tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
@@ -181,6 +183,13 @@ func (a *app) printRedundancy(st metaapi.StatusResp) {
 	}
 	if rp.Pending == 0 {
 		fmt.Fprintf(a.stdout, "repair: idle (%d chunks repaired, %s copied since meta started)\n", rp.Done, human(rp.Bytes))
+		return
+	}
+	for _, b := range rp.Blocked {
+		fmt.Fprintf(a.stdout, "repair stuck: %s\n", b)
+	}
+	if rp.Stuck >= rp.Pending {
+		fmt.Fprintf(a.stdout, "repair: stuck (%d chunks or stripe groups wait, no ETA)\n", rp.Pending)
 		return
 	}
 	total := rp.WaveDone + rp.Pending

@@ -361,20 +361,12 @@ func (s *Service) placementError(err error) error {
 		return err
 	}
 	now := s.opts.Now()
-	if now.Sub(s.openedAt) >= s.opts.NodeTimeout {
-		return err
-	}
-	waiting := 0
-	for _, m := range s.nodes {
-		if !m.heard {
-			waiting++
-		}
-	}
-	if waiting == 0 {
+	w := s.waitingForNodesLocked(now)
+	if w == nil {
 		return err
 	}
 	return metaapi.Errorf(metaapi.EAGAIN, "meta restarted %s ago and is waiting for %d storage nodes to report in (%v)",
-		now.Sub(s.openedAt).Round(time.Millisecond), waiting, err)
+		now.Sub(s.openedAt).Round(time.Millisecond), w.Known-w.Reported, err)
 }
 
 // Status reports the cluster map and object counts.
@@ -391,6 +383,7 @@ func (s *Service) Status() (metaapi.StatusResp, error) {
 			Chunks:   s.ctr.Chunks,
 		}
 		out.Totals = metaapi.Totals(out.Nodes)
+		out.Waiting = s.waitingForNodesLocked(s.opts.Now())
 		out.Redundancy, out.Repair = s.repairStatus()
 		members := s.repairs.memberCounts()
 		for i := range out.Nodes {

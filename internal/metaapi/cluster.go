@@ -73,6 +73,8 @@ type StatusResp struct {
 	Repair     RepairStats     `json:"repair"`
 	// Totals is the space of the nodes that are up (Totals of Nodes).
 	Totals SpaceTotals `json:"space"`
+	// Waiting: meta has just started and waits for nodes to report.
+	Waiting *NodesReporting `json:"waiting_for_nodes,omitempty"`
 }
 
 // RedundancyCounts sorts chunks (or stripe groups) by live members:
@@ -145,6 +147,11 @@ type RepairStats struct {
 	Rate     float64 `json:"rate"`
 	WaveDone int64   `json:"wave_done"`
 	ETA      float64 `json:"eta"`
+	// Blocked are why chunks cannot be repaired now (the most common
+	// first, at most MaxRepairBlocks), and Stuck how many pending chunks
+	// that holds back; ETA counts only the others.
+	Blocked []RepairBlock `json:"blocked,omitempty"`
+	Stuck   int64         `json:"stuck,omitempty"`
 }
 
 // ReconcileReq asks meta to reconcile one chunk now: a write to it
