@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -81,4 +82,51 @@ func TestCapacityCountsEachDiskOnce(t *testing.T) {
 	waitNodesUp(t, c.conf, 4, 15*time.Second)
 	st = want("a fourth node on its own tmpfs", sharedSize-128<<20+ownSize, 2, 3*24<<20)
 	t.Logf("four nodes on two file systems: %+v", st.Totals)
+}
+
+// TestSparseFileBlocks (issue 17, item 3): on a FUSE mount, a file
+// truncated to 1 GiB with 4 KiB written at its end reports the blocks of
+// the one chunk it stores (st_blocks, `stat -c %b`), not of 1 GiB; a
+// dense file reports its size.
+func TestSparseFileBlocks(t *testing.T) {
+	_, m := fuseCluster(t)
+	p := filepath.Join(m.dir, "sparse")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 1 << 30
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(randomBytes(t, 4096), size-4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("stat", "-c", "%s %b %B", p).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotSize, blocks, unit int64
+	if _, err := fmt.Sscan(string(out), &gotSize, &blocks, &unit); err != nil {
+		t.Fatalf("stat output %q: %v", out, err)
+	}
+	t.Logf("1 GiB file with 4 KiB written at its end: stat says %s", strings.TrimSpace(string(out)))
+	if gotSize != size || blocks*unit > metaapi.DefaultChunkSize || blocks == 0 {
+		t.Errorf("sparse file: size %d, %d blocks of %d bytes; want at most one chunk (%d bytes), more than none", gotSize, blocks, unit, metaapi.DefaultChunkSize)
+	}
+
+	dense := filepath.Join(m.dir, "dense")
+	if err := os.WriteFile(dense, randomBytes(t, 3<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(dense, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 != 3<<20 {
+		t.Errorf("dense 3 MiB file: %d blocks", st.Blocks)
+	}
 }

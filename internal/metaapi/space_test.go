@@ -61,3 +61,21 @@ func TestValidDiskID(t *testing.T) {
 		}
 	}
 }
+
+func TestAllocated(t *testing.T) {
+	const cs = 64 << 20
+	for _, tc := range []struct {
+		a    Attr
+		want int64
+	}{
+		{Attr{Type: TypeFile, Size: 1<<30 + 4096, ChunkSize: cs, Chunks: 1, Counted: true}, cs},
+		{Attr{Type: TypeFile, Size: 3*cs - 5, ChunkSize: cs, Chunks: 3, Counted: true}, 3*cs - 5},
+		{Attr{Type: TypeFile, Size: 1 << 30, ChunkSize: cs, Counted: true}, 0},
+		{Attr{Type: TypeFile, Size: 1 << 30, ChunkSize: cs, Chunks: 2}, 1 << 30}, // not counted: its size
+		{Attr{Type: TypeDir, Size: 4096}, 4096},
+	} {
+		if got := tc.a.Allocated(); got != tc.want {
+			t.Errorf("%+v: Allocated %d, want %d", tc.a, got, tc.want)
+		}
+	}
+}
