@@ -72,3 +72,16 @@ func Totals(nodes []NodeInfo) SpaceTotals {
 	t.Disks = len(disks)
 	return t
 }
+
+// Allocated is the bytes of a file's data that are stored, per copy:
+// the file's bytes in chunks that exist (st_blocks, NFS "used"). A hole
+// spanning whole chunks takes nothing; a chunk that exists counts whole
+// up to the file's end, however little of it was written (meta does not
+// know the nodes' allocation); replicas and parity are not counted.
+// Other types, and files not Counted, report their size.
+func (a *Attr) Allocated() int64 {
+	if a.Type != TypeFile || !a.Counted || a.ChunkSize <= 0 {
+		return max(a.Size, 0)
+	}
+	return max(min(a.Size, a.Chunks*a.ChunkSize), 0)
+}
