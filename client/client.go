@@ -53,6 +53,12 @@ type Options struct {
 	// ECMode is how erasure-coded writes are encoded (for benchmarks):
 	// ECStream (default), ECPerChunk or ECCentral.
 	ECMode string
+	// OpTimeout bounds how long a call to meta is retried while meta
+	// cannot be reached (a restart); default 15 s. Before meta has ever
+	// answered, retries stop after 2 s (a wrong address fails fast)
+	// unless WaitForMeta is set.
+	OpTimeout   time.Duration
+	WaitForMeta bool
 	// FabricTLS reaches nodes over TLS, checking each is the node meant
 	// (fabrictls.go); the nodes must run with it too.
 	FabricTLS bool
@@ -124,6 +130,12 @@ func New(opts Options) (*Client, error) {
 		layouts: newLayoutCache(),
 	}
 	nodes.status = c.statusMap
+	if opts.OpTimeout > 0 {
+		c.meta.RetryFor = opts.OpTimeout
+		if opts.WaitForMeta {
+			c.meta.FirstContactRetry = opts.OpTimeout
+		}
+	}
 	c.bufs = newBufferPool(ep, opts.ReadReq+2*maxBlockSize)
 	if opts.Who != nil {
 		c.who = *opts.Who
@@ -194,6 +206,12 @@ func (c *Client) WaitRepaired(ctx context.Context, since time.Time) (metaapi.Sta
 // (admins only).
 func (c *Client) RevokeNode(ctx context.Context, node ids.NodeID) error {
 	return c.meta.Call(ctx, metaapi.OpRevokeNode, metaapi.RevokeNodeReq{Node: node}, nil)
+}
+
+// RemoveNode has meta take node out of the cluster for good (admins
+// only): one drained, or down with its data repaired elsewhere.
+func (c *Client) RemoveNode(ctx context.Context, node ids.NodeID) error {
+	return c.meta.Call(ctx, metaapi.OpRemoveNode, metaapi.RemoveNodeReq{Node: node}, nil)
 }
 
 // Drain has meta move every chunk off node (cancel: stop doing so).
@@ -283,7 +301,8 @@ func IsNotExist(err error) bool { return metaapi.IsCode(err, metaapi.ENOENT) }
 // IsExist reports whether err says a path already exists.
 func IsExist(err error) bool { return metaapi.IsCode(err, metaapi.EEXIST) }
 
-func (c *Client) create(ctx context.Context, p string, typ metaapi.FileType, mode uint32, target string, exclusive bool) (metaapi.Attr, error) {
+// create creates p as req asks (its Parent, Name and Who are filled in).
+func (c *Client) create(ctx context.Context, p string, req metaapi.CreateReq) (metaapi.Attr, error) {
 	dir, name, err := split(p)
 	if err != nil {
 		return metaapi.Attr{}, err
@@ -293,15 +312,14 @@ func (c *Client) create(ctx context.Context, p string, typ metaapi.FileType, mod
 		return metaapi.Attr{}, err
 	}
 	var resp metaapi.AttrResp
-	err = c.meta.Call(ctx, metaapi.OpCreate, metaapi.CreateReq{
-		Parent: parent.Ino, Name: metaapi.ByteString(name), Type: typ, Mode: mode, Target: metaapi.ByteString(target), Exclusive: exclusive, Who: c.whoOf(ctx),
-	}, &resp)
+	req.Parent, req.Name, req.Who = parent.Ino, metaapi.ByteString(name), c.whoOf(ctx)
+	err = c.meta.Call(ctx, metaapi.OpCreate, req, &resp)
 	return resp.Attr, pathErr("create", p, err)
 }
 
 // Mkdir creates directory p.
 func (c *Client) Mkdir(ctx context.Context, p string, mode uint32) error {
-	_, err := c.create(ctx, p, metaapi.TypeDir, mode, "", true)
+	_, err := c.create(ctx, p, metaapi.CreateReq{Type: metaapi.TypeDir, Mode: mode, Exclusive: true})
 	return err
 }
 
@@ -332,7 +350,7 @@ func (c *Client) MkdirAll(ctx context.Context, p string, mode uint32) error {
 
 // Symlink creates a symbolic link at p pointing to target.
 func (c *Client) Symlink(ctx context.Context, target, p string) error {
-	_, err := c.create(ctx, p, metaapi.TypeSymlink, 0o777, target, true)
+	_, err := c.create(ctx, p, metaapi.CreateReq{Type: metaapi.TypeSymlink, Mode: 0o777, Target: metaapi.ByteString(target), Exclusive: true})
 	return err
 }
 

@@ -33,11 +33,13 @@ func (c *Client) Open(ctx context.Context, p string) (*File, error) {
 
 // Create creates p (or truncates it if it exists) and opens it.
 func (c *Client) Create(ctx context.Context, p string, mode uint32) (*File, error) {
-	return c.createFile(ctx, p, mode, false)
+	return c.createFile(ctx, p, metaapi.CreateReq{Mode: mode})
 }
 
-func (c *Client) createFile(ctx context.Context, p string, mode uint32, exclusive bool) (*File, error) {
-	a, err := c.create(ctx, p, metaapi.TypeFile, mode, "", exclusive)
+// createFile creates regular file p as req asks (see create).
+func (c *Client) createFile(ctx context.Context, p string, req metaapi.CreateReq) (*File, error) {
+	req.Type = metaapi.TypeFile
+	a, err := c.create(ctx, p, req)
 	if err != nil {
 		return nil, err
 	}

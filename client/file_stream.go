@@ -43,7 +43,11 @@ func (c *Client) Put(ctx context.Context, p string, r io.Reader, mode uint32) (i
 		tmpName = ".sluice-put-" + hex.EncodeToString(rnd[:])
 	}
 	tmp := path.Join(dir, tmpName)
-	f, err := c.createFile(ctx, tmp, mode, true)
+	// Marked as a temporary of a session this put keeps alive, so that
+	// meta removes it should the put die before renaming it into place.
+	sess := c.startPutSession()
+	defer c.endPutSession(sess)
+	f, err := c.createFile(ctx, tmp, metaapi.CreateReq{Mode: mode, Exclusive: true, TempSession: sess.id})
 	if err != nil {
 		return 0, err
 	}

@@ -128,6 +128,9 @@ func (a *app) statusCmd() *cobra.Command {
 					return enc.Encode(st)
 				}
 				fmt.Fprintf(a.stdout, "meta: %s  epoch: %d  files: %d  dirs: %d  chunks: %d\n", st.MetaAddr, st.Epoch, st.Files, st.Dirs, st.Chunks)
+				if st.TempFiles > 0 {
+					fmt.Fprintf(a.stdout, "temporary files of puts: %d holding up to %s (a writer that died leaves its file until meta's --temp-grace)\n", st.TempFiles, human(st.TempBytes))
+				}
 				if st.Degraded > 0 {
 					fmt.Fprintf(a.stdout, "degraded stripe groups: %d (sluice repair --degraded)\n", st.Degraded)
 				}
@@ -154,7 +157,15 @@ func (a *app) statusCmd() *cobra.Command {
 					}
 					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Domain, state, human(n.Used), human(n.Reclaimable), human(n.Free), human(n.Capacity), n.Chunks, placed, hb)
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				for _, n := range st.Nodes {
+					if why := blockedText(n.Blocked); why != "" {
+						fmt.Fprintf(a.stdout, "draining %v: %s\n", n.ID, why)
+					}
+				}
+				return nil
 			})
 		},
 	}
@@ -278,6 +289,15 @@ with --repair-parallel 0).`,
 	return cmd
 }
 
+// blockedText says what keeps a draining node's members from moving.
+func blockedText(bs []metaapi.Blocked) string {
+	parts := make([]string, 0, len(bs))
+	for _, b := range bs {
+		parts = append(parts, fmt.Sprintf("%d cannot move: %s", b.Count, b.Why))
+	}
+	return strings.Join(parts, "; ")
+}
+
 // parseNodeID accepts a node id as status prints it ("n3") or bare ("3").
 func parseNodeID(s string) (ids.NodeID, error) {
 	n, err := strconv.ParseUint(strings.TrimPrefix(s, "n"), 10, 32)
@@ -312,6 +332,30 @@ func (a *app) revokeNodeCmd() *cobra.Command {
 	}
 }
 
+func (a *app) removeNodeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "remove NODE",
+		Short: "Take a drained storage node (or a dead one whose data was repaired elsewhere) out of the cluster for good (admin)",
+		Long: "Take a storage node out of the cluster for good: meta forgets it (status no longer lists it, placements\n" +
+			"never choose it) and refuses its certificate. Refused while the node is up and not draining, or is still\n" +
+			"placed in chunks: drain it first (sluice node drain NODE). Its id may later be given to a new node (--id).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseNodeID(args[0])
+			if err != nil {
+				return err
+			}
+			return a.withClient(func(c *client.Client) error {
+				if err := c.RemoveNode(cmd.Context(), id); err != nil {
+					return fmt.Errorf("remove %v: %w", id, err)
+				}
+				fmt.Fprintf(a.stdout, "sluice: %v is removed from the cluster\n", id)
+				return nil
+			})
+		},
+	}
+}
+
 func (a *app) drainCmd() *cobra.Command {
 	var cancel, noWait bool
 	cmd := &cobra.Command{
@@ -337,17 +381,20 @@ func (a *app) drainCmd() *cobra.Command {
 					return nil
 				}
 				asked := time.Now()
-				last := int64(-2)
+				last, total, lastWhy := int64(-2), int64(-1), ""
 				for {
 					st, err := c.Status(ctx)
 					if err != nil {
 						return err
 					}
-					left := int64(-1)
+					left, why := int64(-1), ""
 					for _, n := range st.Nodes {
 						if n.ID == id {
-							left = n.Members
+							left, why = n.Members, blockedText(n.Blocked)
 						}
+					}
+					if total < 0 && left >= 0 {
+						total = left
 					}
 					fresh := st.Redundancy.ScannedAt > asked.UnixNano()
 					if fresh && left == 0 && st.Repair.Pending == 0 {
@@ -355,9 +402,13 @@ func (a *app) drainCmd() *cobra.Command {
 						return nil
 					}
 					if left != last && left >= 0 {
-						fmt.Fprintf(a.stdout, "sluice: %v: %d chunks and units left, %d repairs pending\n", id, left, st.Repair.Pending)
+						fmt.Fprintf(a.stdout, "sluice: draining %v: %d of %d members moved, %d left, %d repairs pending\n", id, max(total-left, 0), total, left, st.Repair.Pending)
 						last = left
 					}
+					if why != lastWhy && why != "" {
+						fmt.Fprintf(a.stdout, "sluice: draining %v: %s\n", id, why)
+					}
+					lastWhy = why
 					select {
 					case <-ctx.Done():
 						return ctx.Err()

@@ -12,6 +12,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -26,6 +27,8 @@ type app struct {
 	logLevel   string
 	cpuProfile string
 	fabricTLS  bool
+	opTimeout  time.Duration
+	waitMeta   bool // --op-timeout given: wait for meta even before it first answers
 	stdout     *os.File
 	stderr     *os.File
 }
@@ -57,8 +60,17 @@ func (a *app) rootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&a.confPath, "conf", "", "client config file (default $"+config.EnvConf+", else ./"+config.DefaultPath+")")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().BoolVar(&a.fabricTLS, "fabric-tls", false, "run the data path (the fabric between clients and nodes and among nodes) over TLS 1.3; nodes and their clients must agree (docs/tls.md)")
+	root.PersistentFlags().DurationVar(&a.opTimeout, "op-timeout", time.Minute,
+		"how long a command retries while meta cannot be reached (restarting); given explicitly, also before meta first answers (else a wrong address fails in seconds)")
 	root.PersistentFlags().StringVar(&a.cpuProfile, "cpuprofile", "", "write a CPU profile of this command to FILE (for performance work)")
-	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		// mount and up have their own --op-timeout, which shadows this one.
+		if f := cmd.Flags().Lookup("op-timeout"); f == root.PersistentFlags().Lookup("op-timeout") && f.Changed {
+			if a.opTimeout <= 0 {
+				return fmt.Errorf("--op-timeout %s: must be positive", a.opTimeout)
+			}
+			a.waitMeta = true
+		}
 		if a.cpuProfile == "" {
 			return nil
 		}
@@ -90,7 +102,7 @@ func (a *app) client(tune ...func(*client.Options)) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := client.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS}
+	opts := client.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS, OpTimeout: a.opTimeout, WaitForMeta: a.waitMeta}
 	for _, t := range tune {
 		t(&opts)
 	}
@@ -111,7 +123,7 @@ func explain(err error) string {
 	}
 	msg := err.Error()
 	if strings.Contains(msg, "connection refused") && strings.Contains(msg, "meta") {
-		msg += " (is the cluster running? start one with `sluice up`)"
+		msg += " (is the cluster running? start one with `sluice up`; --op-timeout waits for a meta that is restarting)"
 	}
 	return msg
 }

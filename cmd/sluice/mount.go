@@ -40,6 +40,7 @@ func (m *mountFlags) add(cmd *cobra.Command) {
 // run into the timeout.
 func (m *mountFlags) tune(o *client.Options) {
 	if m.opTimeout > 0 {
+		o.OpTimeout = m.opTimeout     // meta's calls retry within it too
 		o.BusyRetry = m.opTimeout / 4 // a flush may wait for two sends
 	}
 }

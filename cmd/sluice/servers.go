@@ -19,7 +19,9 @@ import (
 	"github.com/sluicefs/sluice/internal/connlimit"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/meta"
+	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
 	"github.com/sluicefs/sluice/internal/pki"
 )
@@ -173,6 +175,7 @@ func (a *app) metaCmd() *cobra.Command {
 		lockLease   time.Duration
 		repairGrace time.Duration
 		orphanGrace time.Duration
+		tempGrace   time.Duration
 		repairRate  int64
 		repairPar   int
 		replicas    int
@@ -196,6 +199,9 @@ func (a *app) metaCmd() *cobra.Command {
 			if repairGrace <= 0 {
 				return fmt.Errorf("--repair-grace %s: must be positive", repairGrace)
 			}
+			if tempGrace <= 0 {
+				return fmt.Errorf("--temp-grace %s: must be positive", tempGrace)
+			}
 			if orphanGrace <= 0 {
 				return fmt.Errorf("--orphan-grace %s: must be positive", orphanGrace)
 			}
@@ -216,7 +222,7 @@ func (a *app) metaCmd() *cobra.Command {
 				return err // before anything is made
 			}
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
-				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace,
+				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace, TempGrace: tempGrace,
 				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost,
 				CapabilityTTL: capTTL, CapKeyRotate: capRotate, TLSNames: tlsNames})
 			if err != nil {
@@ -272,6 +278,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().Int64Var(&repairRate, "repair-rate", 0, "repair at most this many bytes a second (0: as fast as it can), to keep clients' throughput")
 	cmd.Flags().IntVar(&repairPar, "repair-parallel", 4, "chunks repaired at once (0: meta repairs nothing by itself)")
 	cmd.Flags().DurationVar(&orphanGrace, "orphan-grace", time.Hour, "have nodes delete a copy no file needs once their inventories have found it so for this long")
+	cmd.Flags().DurationVar(&tempGrace, "temp-grace", 10*time.Minute, "remove a put's temporary file once its writer has stopped renewing its session (--lock-lease) for this long (a put killed mid-way)")
 	cmd.Flags().DurationVar(&lockLease, "lock-lease", 30*time.Second, "a mount that stops renewing its file locks loses them after this long")
 	cmd.Flags().IntVar(&replicas, "default-replicas", 3, "replicas of the root directory's policy on first start")
 	cmd.Flags().DurationVar(&capTTL, "cap-ttl", meta.DefaultCapabilityTTL, "capabilities (the tickets storage nodes check) expire this long after meta mints them")
@@ -318,6 +325,7 @@ func (a *app) nodeCmd() *cobra.Command {
 		scrubEvery                                          time.Duration
 		scrubRate                                           int64
 		inventoryEvery                                      time.Duration
+		nodeID                                              uint32
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -331,6 +339,8 @@ func (a *app) nodeCmd() *cobra.Command {
 				return errors.New("--meta is required")
 			case scrubEvery < 0 || scrubRate < 0:
 				return fmt.Errorf("--scrub-interval %s and --scrub-rate %d must not be negative", scrubEvery, scrubRate)
+			case cmd.Flags().Changed("id") && (nodeID == 0 || nodeID > metaapi.MaxNodeID):
+				return fmt.Errorf("--id %d: node ids go from 1 to %d", nodeID, metaapi.MaxNodeID)
 			case inventoryEvery == 0:
 				return errors.New("--inventory-interval must not be 0 (negative: only when meta asks)")
 			}
@@ -343,7 +353,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				joinToken = os.Getenv(envJoin)
 			}
 			n, err := node.Start(cmd.Context(), node.Options{
-				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
+				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, ID: ids.NodeID(nodeID), FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
 				ScrubInterval: scrubEvery, ScrubRate: scrubRate, InventoryInterval: inventoryEvery,
 			})
@@ -369,6 +379,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&joinToken, "join", "", "join token for a new node, from `sluice join-token` (default $"+envJoin+", which other users of the host cannot read, unlike the command line; a node that has joined needs none)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "fabric listen address")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "address registered with meta (default: the listen address)")
+	cmd.Flags().Uint32Var(&nodeID, "id", 0, "the node id a new node asks for when it joins (1 to 16777215; default: meta picks the next free one); a node that has one must be given it")
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
 	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", 24*time.Hour, "re-read every chunk against its checksums this often (0: never)")
 	cmd.Flags().Int64Var(&scrubRate, "scrub-rate", 32<<20, "scrub at most this many bytes a second (0: unlimited)")
@@ -376,7 +387,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)
-	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd())
+	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd(), a.removeNodeCmd())
 	return cmd
 }
 

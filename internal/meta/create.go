@@ -1,6 +1,9 @@
 package meta
 
-import "github.com/sluicefs/sluice/internal/metaapi"
+import (
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+)
 
 // Creating inodes (the checks in namespace.go's order).
 
@@ -8,12 +11,15 @@ import "github.com/sluicefs/sluice/internal/metaapi"
 // FIFO, socket or device node. A file that already exists is returned as
 // is unless Exclusive is set.
 func (s *Service) Create(req metaapi.CreateReq) (metaapi.Attr, error) {
-	r, err := s.create(req)
+	r, err := s.create(0, req)
 	return r.Attr, err
 }
 
-func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
+func (s *Service) create(c ids.ClientID, req metaapi.CreateReq) (metaapi.AttrResp, error) {
 	var out metaapi.AttrResp
+	if req.TempSession != 0 && (req.Type != metaapi.TypeFile || !req.Exclusive || req.Tmpfile) {
+		return out, metaapi.Errorf(metaapi.EINVAL, "only a new regular file (exclusive create) may be a temporary one")
+	}
 	if req.Tmpfile {
 		a, err := s.tmpfile(req)
 		return metaapi.AttrResp{Attr: a}, err
@@ -64,6 +70,11 @@ func (s *Service) create(req metaapi.CreateReq) (metaapi.AttrResp, error) {
 		tx.newInode(in)
 		if err := tx.setEntry(parent.Ino, string(req.Name), dirent{Ino: in.Ino, Type: in.Type}); err != nil {
 			return err
+		}
+		if req.TempSession != 0 {
+			if err := s.markTemp(tx, c, req.TempSession, parent.Ino, string(req.Name), in.Ino); err != nil {
+				return err
+			}
 		}
 		touchDir(tx, parent)
 		out.Attr = in.Attr

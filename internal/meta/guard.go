@@ -27,7 +27,7 @@ var writeOps = map[string]bool{
 
 // adminOps need a principal with the admin right.
 var adminOps = map[string]bool{
-	metaapi.OpDrain: true, metaapi.OpRevokeNode: true, metaapi.OpListDeg: true, metaapi.OpCheck: true, metaapi.OpStrays: true,
+	metaapi.OpDrain: true, metaapi.OpRevokeNode: true, metaapi.OpRemoveNode: true, metaapi.OpListDeg: true, metaapi.OpCheck: true, metaapi.OpStrays: true,
 	metaapi.OpAuthAdd: true, metaapi.OpAuthList: true, metaapi.OpAuthRotate: true, metaapi.OpAuthRemove: true,
 }
 

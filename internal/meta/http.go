@@ -97,8 +97,8 @@ var ops = map[string]op{
 	metaapi.OpGetAttr: endpoint(true, false, func(s *Service, _ caller, r metaapi.GetAttrReq) (metaapi.AttrResp, error) {
 		return attrResp(s.GetAttr(r))
 	}),
-	metaapi.OpCreate: endpoint(true, false, func(s *Service, _ caller, r metaapi.CreateReq) (metaapi.AttrResp, error) {
-		return s.create(r)
+	metaapi.OpCreate: endpoint(true, false, func(s *Service, c caller, r metaapi.CreateReq) (metaapi.AttrResp, error) {
+		return s.create(c.client, r)
 	}),
 	metaapi.OpLink: endpoint(true, false, func(s *Service, _ caller, r metaapi.LinkReq) (metaapi.AttrResp, error) {
 		return s.link(r)
@@ -117,6 +117,9 @@ var ops = map[string]op{
 	}),
 	metaapi.OpRevokeNode: endpoint(true, false, func(s *Service, _ caller, r metaapi.RevokeNodeReq) (empty, error) {
 		return empty{}, s.RevokeNode(r)
+	}),
+	metaapi.OpRemoveNode: endpoint(true, false, func(s *Service, _ caller, r metaapi.RemoveNodeReq) (empty, error) {
+		return empty{}, s.RemoveNode(r)
 	}),
 	metaapi.OpReconcile: endpoint(true, false, func(s *Service, _ caller, r metaapi.ReconcileReq) (metaapi.ReconcileResp, error) {
 		return s.Reconcile(r)

@@ -112,6 +112,9 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 	if tok.Pin != pki.Fingerprint(s.ca.Cert) {
 		return out, metaapi.Errorf(metaapi.EAUTH, "join token is for another cluster (it pins another CA)")
 	}
+	if req.Want > metaapi.MaxNodeID || req.Want != 0 && req.ID != 0 {
+		return out, metaapi.Errorf(metaapi.EINVAL, "node id %v asked for: a new node may ask for an id from 1 to %d", req.Want, metaapi.MaxNodeID)
+	}
 	if len(req.CSR) > metaapi.MaxCSRBytes {
 		return out, metaapi.Errorf(metaapi.EINVAL, "certificate request of %d bytes, at most %d", len(req.CSR), metaapi.MaxCSRBytes)
 	}
@@ -132,7 +135,14 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 			return err
 		}
 		id := r.Node
-		if id == 0 {
+		switch {
+		case id == 0 && req.Want != 0:
+			if err := s.idTaken(req.Want); err != nil {
+				return err
+			}
+			id = req.Want
+			tx.ctr.NextNode = max(tx.ctr.NextNode, id+1) // never handed out by itself
+		case id == 0:
 			id = tx.ctr.NextNode
 			tx.ctr.NextNode++
 		}
@@ -154,6 +164,17 @@ func (s *Service) Join(req metaapi.JoinReq) (metaapi.JoinResp, error) {
 	}
 	s.log.Info("storage node joined", "node", out.ID, "again", req.ID != 0)
 	return out, nil
+}
+
+// idTaken refuses a new node id another node has: one meta knows as a
+// member or has a certificate of (a removed node's may be taken again).
+// Needs s.mu.
+func (s *Service) idTaken(id ids.NodeID) error {
+	r, hasCert := s.nodeCerts[id]
+	if s.nodes[id] != nil || hasCert && !r.Removed {
+		return metaapi.Errorf(metaapi.EEXIST, "node id %v is taken by another node of this cluster: choose another --id (sluice status lists them)", id)
+	}
+	return nil
 }
 
 // checkJoinToken returns the stored token tok names, if its secret

@@ -346,6 +346,7 @@ func (s *Service) sweeper() {
 			s.Sweep()
 			s.SweepOrphans()
 			s.SweepLocks()
+			s.SweepTemps()
 			s.tickCapKeys()
 			s.admitPeers()
 		}
@@ -385,8 +386,15 @@ func (s *Service) Status() (metaapi.StatusResp, error) {
 		out.Totals = metaapi.Totals(out.Nodes)
 		out.Waiting = s.waitingForNodesLocked(s.opts.Now())
 		out.Redundancy, out.Repair = s.repairStatus()
+		var err error
+		if out.TempFiles, out.TempBytes, err = tempUsage(v); err != nil {
+			return err
+		}
 		members := s.repairs.memberCounts()
 		for i := range out.Nodes {
+			if out.Nodes[i].Draining {
+				out.Nodes[i].Blocked = s.repairs.blockedOn(out.Nodes[i].ID)
+			}
 			if n, ok := members[out.Nodes[i].ID]; ok {
 				out.Nodes[i].Members = n
 			} else if members != nil {

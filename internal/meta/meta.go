@@ -97,6 +97,9 @@ type Options struct {
 	// LockLease is how long a lock session (a mount holding file locks)
 	// keeps its locks without renewing them; default 30s.
 	LockLease time.Duration
+	// TempGrace is how long a put's temporary file outlives its
+	// writer's session (temp.go); default 10m.
+	TempGrace time.Duration
 	// OrphanGrace is how long a copy a node holds must be found stray
 	// (no file needs it there) by the node's inventories before the
 	// node is told to delete it; default 1h.
@@ -152,6 +155,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.LockLease <= 0 {
 		o.LockLease = 30 * time.Second
+	}
+	if o.TempGrace <= 0 {
+		o.TempGrace = 10 * time.Minute
 	}
 	if o.OrphanGrace <= 0 {
 		o.OrphanGrace = time.Hour

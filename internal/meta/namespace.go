@@ -438,6 +438,9 @@ func (s *Service) rename(req metaapi.RenameReq) (metaapi.DirsResp, error) {
 		if err := tx.setEntry(np.Ino, string(req.NewName), dirent{Ino: src.Ino, Type: src.Type}); err != nil {
 			return err
 		}
+		if err := unmarkTemp(tx, src.Ino); err != nil { // a put's file, in place
+			return err
+		}
 		if src.isDir() && op.Ino != np.Ino {
 			op.Nlink--
 			np.Nlink++

@@ -683,7 +683,7 @@ func TestChangedDirsReturned(t *testing.T) {
 	f := newFixture(t)
 	f.tree("/a/", "/b/")
 	f.clk.Advance(time.Second)
-	r, err := f.s.create(metaapi.CreateReq{Parent: f.ino("/a"), Name: "d", Type: metaapi.TypeDir, Mode: 0o755, Who: root})
+	r, err := f.s.create(0, metaapi.CreateReq{Parent: f.ino("/a"), Name: "d", Type: metaapi.TypeDir, Mode: 0o755, Who: root})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,8 @@ type nodeCertRec struct {
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Since       int64  `json:"since"`             // unix ns: when recorded (or revoked)
 	Revoked     bool   `json:"revoked,omitempty"` // `sluice node revoke`
+	// Removed: `sluice node remove`; its id may be chosen again.
+	Removed bool `json:"removed,omitempty"`
 }
 
 func nodeCertKey(id ids.NodeID) []byte {

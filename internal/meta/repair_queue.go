@@ -80,7 +80,8 @@ type repairQueue struct {
 	// stuck holds why a chunk cannot be made whole now (no live node to
 	// replace a lost member): writers waiting for it are told at once.
 	stuck   map[chunkRef]error
-	joins   uint64 // nodes joined or came back up (nodeBack calls)
+	blocked blockedTally // the last scan's, of draining nodes
+	joins   uint64       // nodes joined or came back up (nodeBack calls)
 	wake    chan struct{}
 	tallies metaapi.RedundancyTally
 	stats   metaapi.RepairStats
@@ -209,6 +210,14 @@ func (q *repairQueue) memberCounts() map[ids.NodeID]int64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.members
+}
+
+// blockedOn returns what the last scan found keeps node's members from
+// moving.
+func (q *repairQueue) blockedOn(node ids.NodeID) []metaapi.Blocked {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.blocked[node]
 }
 
 // stuckErr is why chunk ref cannot be made whole now, if it cannot.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -90,7 +91,9 @@ func (s *Service) scanForRepair() {
 	s.repairs.mu.Lock()
 	reported := s.repairs.corrupt
 	s.repairs.corrupt = map[ids.ChunkID]map[ids.NodeID]extent.List{}
+	stuck := maps.Clone(s.repairs.stuck)
 	s.repairs.mu.Unlock()
+	blocked := blockedTally{}
 	type finding struct {
 		ref    chunkRef
 		id     ids.ChunkID
@@ -108,7 +111,9 @@ func (s *Service) scanForRepair() {
 		err = s.read(func(v view) error {
 			state := map[ids.NodeID]bool{} // up
 			past := map[ids.NodeID]bool{}  // down past the grace period, or draining: its members move
+			draining := map[ids.NodeID]bool{}
 			for id, m := range s.nodes {
+				draining[id] = m.rec.Draining
 				state[id] = m.state == metaapi.NodeUp
 				past[id] = m.rec.Draining || m.state != metaapi.NodeUp && now.Sub(s.downSince(m)) >= s.opts.RepairGrace
 				if _, ok := members[id]; !ok {
@@ -155,6 +160,13 @@ func (s *Service) scanForRepair() {
 					replaceable = replaceable || past[n]
 				}
 				ref := chunkRef{ino, int64(beUint64(k[9:]))}
+				if err := stuck[ref]; err != nil {
+					for _, n := range rec.Nodes {
+						if draining[n] {
+							blocked.add(n, err)
+						}
+					}
+				}
 				copies := reported[rec.ID]
 				if len(copies) > 0 {
 					found = append(found, finding{ref, rec.ID, copies})
@@ -190,12 +202,36 @@ func (s *Service) scanForRepair() {
 	}
 	s.repairs.mu.Lock()
 	s.repairs.members = members
+	s.repairs.blocked = blocked
 	s.repairs.tallies = tally
 	s.repairs.tallies.ScannedAt = now.UnixNano()
 	s.repairs.mu.Unlock()
 	for _, j := range due {
 		s.repairs.add(j.ref, j.margin, false)
 	}
+}
+
+// blockedTally counts, per draining node, its members repair cannot move
+// by reason (at most maxBlockedWhy reasons a node; the rest are lumped).
+type blockedTally map[ids.NodeID][]metaapi.Blocked
+
+const maxBlockedWhy = 4
+
+func (b blockedTally) add(n ids.NodeID, err error) {
+	why := err.Error()
+	l := b[n]
+	for i := range l {
+		if l[i].Why == why {
+			l[i].Count++
+			return
+		}
+	}
+	if len(l) == maxBlockedWhy {
+		l[maxBlockedWhy-1].Why = "for these and other reasons"
+		l[maxBlockedWhy-1].Count++
+		return
+	}
+	b[n] = append(l, metaapi.Blocked{Count: 1, Why: why})
 }
 
 // markCorrupt records that nodes hold corrupt copies of chunk id (with

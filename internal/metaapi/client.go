@@ -30,6 +30,7 @@ const (
 	OpReconcile  = "Reconcile"
 	OpDrain      = "Drain"
 	OpRevokeNode = "RevokeNode"
+	OpRemoveNode = "RemoveNode"
 	OpSetXattr   = "SetXattr"
 	OpGetXattr   = "GetXattr"
 	OpListXattr  = "ListXattr"
@@ -64,9 +65,13 @@ func ClientAuth(id uint64, credential string) string {
 // Client calls the meta service. It is safe for concurrent use. Calls that
 // fail because meta cannot be reached (restarting, say) are retried with
 // backoff until RetryFor has passed; errors meta returns are not retried
-// except EAGAIN.
+// except EAGAIN. A call that changes something in a way that cannot be
+// done twice (see repeatable) is retried only when it never left this
+// host: meta may have done it and died before answering, and doing it
+// again would fail (EEXIST, ENOENT) or do it twice.
 type Client struct {
 	noTLS    bool
+	addr     string
 	base     string
 	auth     string
 	hc       *http.Client
@@ -92,6 +97,7 @@ func NewClient(addr, auth string, tc *tls.Config) *Client {
 	}
 	return &Client{
 		noTLS:             tc == nil,
+		addr:              addr,
 		base:              "https://" + addr + "/v1/",
 		auth:              auth,
 		hc:                &http.Client{Transport: tr, Timeout: 30 * time.Second},
@@ -114,12 +120,13 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
 	if !c.reached.Load() {
 		retryFor = min(retryFor, c.FirstContactRetry)
 	}
-	deadline := time.Now().Add(retryFor)
+	start := time.Now()
+	deadline := start.Add(retryFor)
 	backoff := 20 * time.Millisecond
 	for {
 		err = c.once(ctx, op, body, resp)
 		var me *Error
-		retry := false
+		retry, unreachable := false, false
 		switch {
 		case err == nil:
 			return nil
@@ -130,18 +137,47 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
 		case ctx.Err() != nil:
 			return err
 		default:
-			retry = true // transport error: meta down or restarting
+			// Transport error: meta down or restarting.
+			unreachable = true
+			retry = repeatable(op) || notSent(err)
 		}
-		if !retry || time.Now().Add(backoff).After(deadline) {
+		left := time.Until(deadline)
+		if !retry || left <= 0 {
+			if unreachable && retry {
+				return fmt.Errorf("meta at %s did not answer for %s: %w", c.addr, time.Since(start).Round(100*time.Millisecond), err)
+			}
 			return err
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("meta %s: %w (last error: %v)", op, ctx.Err(), err)
-		case <-time.After(backoff):
+		case <-time.After(min(backoff, left)): // the last try at the deadline
 		}
 		backoff = min(backoff*2, time.Second)
 	}
+}
+
+// Addr is the meta address the client calls.
+func (c *Client) Addr() string { return c.addr }
+
+// once-only operations: done twice, the second fails (Create of a name
+// that now exists, Remove or Rename of one now gone) or does it again
+// (a second join token, a second principal).
+var onceOnly = map[string]bool{
+	OpCreate: true, OpLink: true, OpRemove: true, OpRename: true, OpSetXattr: true, OpRmXattr: true,
+	OpJoin: true, OpJoinToken: true, OpAuthAdd: true, OpAuthRotate: true, OpAuthRemove: true,
+}
+
+// repeatable says whether op may be sent again after meta may have done
+// it: reads, and changes that come out the same done twice (set a size,
+// commit versions, renew a session).
+func repeatable(op string) bool { return !onceOnly[op] }
+
+// notSent says whether a transport error shows the request never reached
+// meta: the connection could not even be made.
+func notSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 func (c *Client) once(ctx context.Context, op string, body []byte, resp any) error {

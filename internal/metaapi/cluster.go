@@ -41,6 +41,21 @@ type NodeInfo struct {
 	// count once in Totals.
 	Reclaimable int64  `json:"reclaimable"`
 	Disk        string `json:"disk,omitempty"`
+	// Blocked, for a draining node: its members the last scan found
+	// repair cannot move now, by reason.
+	Blocked []Blocked `json:"blocked,omitempty"`
+}
+
+// Blocked is how many members cannot move, and why.
+type Blocked struct {
+	Count int64  `json:"count"`
+	Why   string `json:"why"`
+}
+
+// RemoveNodeReq takes a node out of the cluster for good: one drained
+// (or down, with its data repaired elsewhere). Admins only.
+type RemoveNodeReq struct {
+	Node ids.NodeID `json:"node"`
 }
 
 // DrainReq moves all data off a node (or, with Cancel, stops doing so).
@@ -75,6 +90,11 @@ type StatusResp struct {
 	Totals SpaceTotals `json:"space"`
 	// Waiting: meta has just started and waits for nodes to report.
 	Waiting *NodesReporting `json:"waiting_for_nodes,omitempty"`
+	// TempFiles counts puts' temporary files not yet renamed into place
+	// (a put under way, or one whose writer died: removed after meta's
+	// --temp-grace); TempBytes is what they hold at most.
+	TempFiles int64 `json:"temp_files"`
+	TempBytes int64 `json:"temp_bytes"`
 }
 
 // RedundancyCounts sorts chunks (or stripe groups) by live members:

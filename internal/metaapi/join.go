@@ -26,7 +26,13 @@ type JoinReq struct {
 	Token string     `json:"token"`
 	CSR   []byte     `json:"csr"`
 	ID    ids.NodeID `json:"id,omitempty"`
+	// Want is the id a new node asks for (`sluice node --id`), in
+	// [1, MaxNodeID] and not another node's; 0: meta picks one.
+	Want ids.NodeID `json:"want,omitempty"`
 }
+
+// MaxNodeID is the largest node id a node may ask for.
+const MaxNodeID = 1<<24 - 1
 
 // JoinResp gives a joined node its id, its certificate naming that id
 // and the cluster CA (PEM). Nothing else: the keys it checks capabilities

@@ -291,6 +291,11 @@ type CreateReq struct {
 	// empty), kept like a removed open file until Release, and linkable
 	// into place with Link unless Exclusive.
 	Tmpfile bool `json:"tmpfile,omitempty"`
+	// TempSession marks a new file (Exclusive) as a put's temporary:
+	// meta removes it once this lock session, which the writer renews,
+	// has lapsed for its grace period; a rename makes it a file like
+	// any other.
+	TempSession uint64 `json:"temp_session,omitempty"`
 	// Open is the access (MayRead, MayWrite) an existing file returned
 	// must grant Who: the create is an open(O_CREAT) that found it.
 	Open uint32 `json:"open,omitempty"`

@@ -98,7 +98,7 @@ func (c *credentials) check(id ids.NodeID) error {
 // certificate request and gets its id, certificate and the CA, which it
 // saves. It retries while meta cannot be
 // reached, until ctx ends; a refusal is final.
-func join(ctx context.Context, dir, metaAddr, token string, id ids.NodeID, log *slog.Logger) (credentials, error) {
+func join(ctx context.Context, dir, metaAddr, token string, id, want ids.NodeID, log *slog.Logger) (credentials, error) {
 	var c credentials
 	tok, err := jointoken.Parse(token)
 	if err != nil {
@@ -113,7 +113,7 @@ func join(ctx context.Context, dir, metaAddr, token string, id ids.NodeID, log *
 	var resp metaapi.JoinResp
 	backoff := 100 * time.Millisecond
 	for {
-		err = mc.Call(ctx, metaapi.OpJoin, metaapi.JoinReq{Token: token, CSR: csr, ID: id}, &resp)
+		err = mc.Call(ctx, metaapi.OpJoin, metaapi.JoinReq{Token: token, CSR: csr, ID: id, Want: want}, &resp)
 		var me *metaapi.Error
 		if err == nil || errors.As(err, &me) || errors.As(err, new(*metaapi.TLSError)) {
 			break
@@ -128,6 +128,9 @@ func join(ctx context.Context, dir, metaAddr, token string, id ids.NodeID, log *
 	}
 	if err != nil {
 		return c, fmt.Errorf("node: joining the cluster at %s: %w", metaAddr, err)
+	}
+	if want != 0 && id == 0 && resp.ID != want {
+		return c, fmt.Errorf("node: asked for id %v, meta gave id %v", want, resp.ID)
 	}
 	if id != 0 && resp.ID != id {
 		return c, fmt.Errorf("node: joining again as node %v, meta gave id %v", id, resp.ID)

@@ -43,6 +43,9 @@ type Options struct {
 	// Advertise is the address registered with meta. Default: the bound
 	// Listen address.
 	Advertise string
+	// ID is the node id a new node asks for when it joins (0: meta
+	// picks); a node that has an id must have this one.
+	ID ids.NodeID
 	// Domain is the node's failure domain (rack, host...).
 	Domain string
 	Fabric fabric.Options
@@ -151,6 +154,9 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.ID != 0 && id != 0 && opts.ID != id {
+		return nil, fmt.Errorf("node: --id %v, but %s is node %v's data directory", opts.ID, opts.DataDir, id)
+	}
 	var joined bool
 	if n.creds, joined, err = loadCredentials(opts.DataDir, id); err != nil {
 		return nil, err
@@ -165,7 +171,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		case opts.Join == "":
 			return nil, fmt.Errorf("node: this is node %v but it has no certificate (lost, or set up before TLS): start it with --join TOKEN from `sluice join-token --node %v`", id, id)
 		}
-		if n.creds, err = join(ctx, opts.DataDir, opts.MetaAddr, opts.Join, id, n.log); err != nil {
+		if n.creds, err = join(ctx, opts.DataDir, opts.MetaAddr, opts.Join, id, opts.ID, n.log); err != nil {
 			return nil, err
 		}
 		id = n.creds.id
