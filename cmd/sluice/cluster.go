@@ -135,8 +135,11 @@ func (a *app) statusCmd() *cobra.Command {
 					fmt.Fprintf(a.stdout, "degraded stripe groups: %d (sluice repair --degraded)\n", st.Degraded)
 				}
 				a.printRedundancy(st)
+				sp := st.Totals
+				fmt.Fprintf(a.stdout, "space: %s of %s used (%s reclaimable), %s free, on %d file system(s)\n",
+					human(sp.Used), human(sp.Capacity), human(sp.Reclaimable), human(sp.Free), sp.Disks)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tFREE\tCAPACITY\tCHUNKS\tPLACED\tLAST HEARTBEAT")
+				fmt.Fprintln(tw, "NODE\tADDR\tDOMAIN\tSTATE\tUSED\tRECLAIMABLE\tFREE\tCAPACITY\tCHUNKS\tPLACED\tLAST HEARTBEAT")
 				for _, n := range st.Nodes {
 					hb := "never"
 					if n.LastHeartbeat > 0 {
@@ -152,7 +155,7 @@ func (a *app) statusCmd() *cobra.Command {
 					if n.Members >= 0 {
 						placed = strconv.FormatInt(n.Members, 10)
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Domain, state, human(n.Used), human(n.Free), human(n.Capacity), n.Chunks, placed, hb)
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Domain, state, human(n.Used), human(n.Reclaimable), human(n.Free), human(n.Capacity), n.Chunks, placed, hb)
 				}
 				if err := tw.Flush(); err != nil {
 					return err
@@ -174,7 +177,9 @@ func (a *app) statusCmd() *cobra.Command {
 // with a progress bar and an ETA while repairs are under way.
 func (a *app) printRedundancy(st metaapi.StatusResp) {
 	r, rp := st.Redundancy, st.Repair
-	if r.ScannedAt == 0 {
+	if w := st.Waiting; w != nil {
+		fmt.Fprintf(a.stdout, "redundancy: waiting for nodes (%d of %d reported since meta started)\n", w.Reported, w.Known)
+	} else if r.ScannedAt == 0 {
 		fmt.Fprintln(a.stdout, "redundancy: not scanned yet")
 	} else {
 		tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
@@ -189,6 +194,13 @@ func (a *app) printRedundancy(st metaapi.StatusResp) {
 	}
 	if rp.Pending == 0 {
 		fmt.Fprintf(a.stdout, "repair: idle (%d chunks repaired, %s copied since meta started)\n", rp.Done, human(rp.Bytes))
+		return
+	}
+	for _, b := range rp.Blocked {
+		fmt.Fprintf(a.stdout, "repair stuck: %s\n", b)
+	}
+	if rp.Stuck >= rp.Pending {
+		fmt.Fprintf(a.stdout, "repair: stuck (%d chunks or stripe groups wait, no ETA)\n", rp.Pending)
 		return
 	}
 	total := rp.WaveDone + rp.Pending

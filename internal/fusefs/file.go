@@ -76,8 +76,12 @@ func (f *FS) adjustSize(ino ids.Ino, out *fuse.Attr) {
 		end = max(end, of.pending.end)
 	}
 	if end >= 0 && uint64(end) > out.Size {
+		grow := uint64(end) - out.Size
+		if len(of.buf) > 0 {
+			grow = min(grow, uint64(len(of.buf))) // written past a hole: the hole takes nothing
+		}
 		out.Size = uint64(end)
-		out.Blocks = (out.Size + 511) / 512
+		out.Blocks += (grow + 511) / 512
 	}
 	of.mu.Unlock()
 }

@@ -367,6 +367,9 @@ func fillAttr(a *metaapi.Attr, out *fuse.Attr) {
 		out.Size = uint64(len(a.Target))
 	}
 	out.Blocks = (out.Size + 511) / 512
+	if a.Type == metaapi.TypeFile {
+		out.Blocks = (uint64(a.Allocated()) + 511) / 512 // holes take nothing
+	}
 	out.Nlink = a.Nlink
 	// The kernel's 32-bit encoding, which is glibc's for the numbers meta
 	// accepts (major < 4096, minor < 2^20).

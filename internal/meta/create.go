@@ -116,6 +116,7 @@ func (s *Service) newChild(tx *txn, parent *inode, req metaapi.CreateReq, who me
 			return nil, err
 		}
 		in.ChunkSize = s.opts.ChunkSize
+		in.Counted = true // Chunks counts from here (Attr.Allocated)
 		if pol.EC != nil {
 			in.ChunkSize = pol.EC.ChunkSize()
 		}

@@ -261,6 +261,8 @@ type nodeRec struct {
 	Chunks        int64      `json:"chunks"`
 	LastHeartbeat int64      `json:"last_heartbeat"`
 	Draining      bool       `json:"draining,omitempty"`
+	Reclaimable   int64      `json:"reclaimable,omitempty"`
+	Disk          string     `json:"disk,omitempty"`
 }
 
 // counters are the singletons every mutation may touch.

@@ -183,6 +183,8 @@ func (s *Service) layout(client ids.ClientID, req metaapi.LayoutReq, valid func(
 				c := indexedChunk{index: idx, rec: chunkRec{ID: tx.ctr.NextChunk, Nodes: nodes}}
 				tx.ctr.NextChunk++
 				tx.ctr.Chunks++
+				in.Chunks++
+				tx.dirty(in)
 				if err := tx.setJSON(chunkKey(in.Ino, idx), &c.rec); err != nil {
 					return err
 				}

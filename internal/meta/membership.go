@@ -46,6 +46,7 @@ func (m *member) info() metaapi.NodeInfo {
 	return metaapi.NodeInfo{
 		ID: m.rec.ID, Addr: m.rec.Addr, Domain: m.rec.Domain, State: m.state,
 		Capacity: m.rec.Capacity, Used: m.rec.Used, Free: m.rec.Free, Chunks: m.rec.Chunks,
+		Reclaimable: m.rec.Reclaimable, Disk: m.rec.Disk,
 		LastHeartbeat: m.rec.LastHeartbeat, Draining: m.rec.Draining, Members: -1,
 	}
 }
@@ -106,8 +107,8 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 	if len(req.Domain) > 256 {
 		return out, metaapi.Errorf(metaapi.EINVAL, "failure domain name of %d bytes", len(req.Domain))
 	}
-	if req.Capacity < 0 || req.Used < 0 || req.Free < 0 || req.Chunks < 0 {
-		return out, metaapi.Errorf(metaapi.EINVAL, "negative capacity or usage")
+	if err := validUsage(req.Capacity, req.Used, req.Free, req.Reclaimable, req.Chunks, req.Disk); err != nil {
+		return out, err
 	}
 	err := s.update(func(tx *txn) error {
 		s.sweepTx(tx, req.ID)
@@ -130,7 +131,7 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 		rec := nodeRec{
 			ID: id, Addr: req.Addr, Domain: req.Domain,
 			Capacity: req.Capacity, Used: req.Used, Free: req.Free, Chunks: req.Chunks,
-			LastHeartbeat: tx.now,
+			Reclaimable: req.Reclaimable, Disk: req.Disk, LastHeartbeat: tx.now,
 		}
 		if old != nil {
 			rec.Draining = old.rec.Draining // an operator's decision outlives restarts
@@ -155,6 +156,17 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 	return out, err
 }
 
+// validUsage checks a node's report of its space.
+func validUsage(capacity, used, free, reclaimable, chunks int64, disk string) error {
+	if capacity < 0 || used < 0 || free < 0 || chunks < 0 || reclaimable < 0 {
+		return metaapi.Errorf(metaapi.EINVAL, "negative capacity or usage")
+	}
+	if reclaimable > used || reclaimable > free {
+		return metaapi.Errorf(metaapi.EINVAL, "%d bytes reclaimable of %d used, %d free", reclaimable, used, free)
+	}
+	return metaapi.ValidDiskID(disk)
+}
+
 // Heartbeat records that a node is alive, takes its usage and deletion
 // acknowledgements, and hands back the cluster map and chunks to delete.
 func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, error) {
@@ -164,8 +176,8 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 			return out, err
 		}
 	}
-	if req.Capacity < 0 || req.Used < 0 || req.Free < 0 || req.Chunks < 0 {
-		return out, metaapi.Errorf(metaapi.EINVAL, "negative capacity or usage")
+	if err := validUsage(req.Capacity, req.Used, req.Free, req.Reclaimable, req.Chunks, req.Disk); err != nil {
+		return out, err
 	}
 	if len(req.Deleted) > maxDeletedAcks {
 		return out, metaapi.Errorf(metaapi.EINVAL, "%d deletion acknowledgements, at most %d", len(req.Deleted), maxDeletedAcks)
@@ -185,6 +197,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 		}
 		rec := m.rec
 		rec.Capacity, rec.Used, rec.Free, rec.Chunks = req.Capacity, req.Used, req.Free, req.Chunks
+		rec.Reclaimable, rec.Disk = req.Reclaimable, req.Disk
 		rec.LastHeartbeat = tx.now
 		persist := false
 		if req.Addr != "" && req.Addr != rec.Addr {
@@ -349,20 +362,12 @@ func (s *Service) placementError(err error) error {
 		return err
 	}
 	now := s.opts.Now()
-	if now.Sub(s.openedAt) >= s.opts.NodeTimeout {
-		return err
-	}
-	waiting := 0
-	for _, m := range s.nodes {
-		if !m.heard {
-			waiting++
-		}
-	}
-	if waiting == 0 {
+	w := s.waitingForNodesLocked(now)
+	if w == nil {
 		return err
 	}
 	return metaapi.Errorf(metaapi.EAGAIN, "meta restarted %s ago and is waiting for %d storage nodes to report in (%v)",
-		now.Sub(s.openedAt).Round(time.Millisecond), waiting, err)
+		now.Sub(s.openedAt).Round(time.Millisecond), w.Known-w.Reported, err)
 }
 
 // Status reports the cluster map and object counts.
@@ -378,6 +383,8 @@ func (s *Service) Status() (metaapi.StatusResp, error) {
 			Dirs:     s.ctr.Dirs,
 			Chunks:   s.ctr.Chunks,
 		}
+		out.Totals = metaapi.Totals(out.Nodes)
+		out.Waiting = s.waitingForNodesLocked(s.opts.Now())
 		out.Redundancy, out.Repair = s.repairStatus()
 		var err error
 		if out.TempFiles, out.TempBytes, err = tempUsage(v); err != nil {

@@ -199,6 +199,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			minimum = in.Policy.EC.Data
 		}
 		ec := in.Policy != nil && in.Policy.EC != nil
+		j.pol, j.ec = metaapi.PolicyName(in.Policy), ec // the worker's own: status reads only j.block
 		var replace, grow []int
 		sound := 0   // members that hold the chunk and stay (for now)
 		corrupt := 0 // live members holding it with bad blocks
@@ -249,7 +250,10 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 		// the reconciliation is done.
 		if len(replace) > 0 && sound < minimum {
 			if sound+corrupt < minimum {
-				return metaapi.Errorf(metaapi.ENOSPC, "chunk %v: only %d of its members are live and whole, it needs %d to be rebuilt from", rec.ID, sound, minimum)
+				return &blockedError{
+					block: metaapi.RepairBlock{Kind: metaapi.BlockNoSource, Policy: metaapi.PolicyName(in.Policy), EC: ec, Need: minimum, Chunks: 1},
+					err:   metaapi.Errorf(metaapi.ENOSPC, "chunk %v: only %d of its members are live and whole, it needs %d to be rebuilt from", rec.ID, sound, minimum),
+				}
 			}
 			// Live members with bad blocks can heal each other now (block
 			// by block); the lost members are replaced once they have,
@@ -276,7 +280,10 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			if err != nil {
 				err = s.placementError(err)
 				if me, ok := err.(*metaapi.Error); ok {
-					return metaapi.Errorf(me.Code, "chunk %v lost %d member(s) and no live node can take their place: it %s", rec.ID, len(replace)+len(grow), me.Message)
+					err = metaapi.Errorf(me.Code, "chunk %v lost %d member(s) and no live node can take their place: it %s", rec.ID, len(replace)+len(grow), me.Message)
+					if me.Code == metaapi.ENOSPC {
+						err = &blockedError{block: s.noPlaceBlockLocked(infos, metaapi.PolicyName(in.Policy), ec, len(rec.Nodes)+len(grow)), err: err}
+					}
 				}
 				return err
 			}

@@ -176,18 +176,25 @@ func (s *Service) finishJob(j *repairJob, done bool, bytes int64, err error) {
 	defer q.mu.Unlock()
 	j.running = false
 	var me *metaapi.Error
+	var be *blockedError
 	stale := j.joins != q.joins // a node came up meanwhile: try again now
 	switch {
 	case done || err == nil:
 		delete(q.stuck, j.ref)
+		j.block = nil
 	case stale:
+		j.block = nil
 	case errors.As(err, &me) && me.Code == metaapi.ENOSPC:
 		q.stuck[j.ref] = err
+		if errors.As(err, &be) {
+			j.block, j.blockAt = &be.block, s.opts.Now()
+		}
 	case j.attempts+1 >= stuckAfter:
 		// No intact copy, too few units at one version, a member that
 		// heartbeats but does not answer: retrying goes on (a node may
 		// return), but writers are told now rather than left waiting.
 		q.stuck[j.ref] = fmt.Errorf("repair failed %d times, last: %w", j.attempts+1, err)
+		j.block, j.blockAt = failingBlock(j.pol, j.ec, err), s.opts.Now()
 	}
 	// Answer the waiters whose calls came before this attempt began.
 	o := jobOutcome{err: err}

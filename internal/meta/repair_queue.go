@@ -34,6 +34,12 @@ type repairJob struct {
 	elapsed  time.Duration
 	// waiters are Reconcile calls waiting for an attempt begun after them.
 	waiters []repairWaiter
+	// block is why the chunk cannot be repaired now (status), found at
+	// blockAt; pol and ec name its policy (set by the running attempt).
+	block   *metaapi.RepairBlock
+	blockAt time.Time
+	pol     string
+	ec      bool
 }
 
 // reconcileAsk is what a waiting Reconcile call may ask beyond a plain
@@ -136,7 +142,7 @@ func (q *repairQueue) nodeBack() {
 	q.mu.Lock()
 	q.joins++
 	for _, j := range q.jobs {
-		j.notBefore, j.attempts = time.Time{}, 0
+		j.notBefore, j.attempts, j.block = time.Time{}, 0, nil
 	}
 	clear(q.stuck)
 	q.mu.Unlock()
@@ -237,6 +243,14 @@ func (s *Service) repairStatus() (metaapi.RedundancyTally, metaapi.RepairStats) 
 	}
 	st.ETA = -1
 	now := s.opts.Now()
+	var blocks []datedBlock
+	for _, j := range q.jobs {
+		if j.block != nil && !j.running {
+			blocks = append(blocks, datedBlock{*j.block, j.blockAt})
+		}
+	}
+	st.Stuck = int64(len(blocks))
+	st.Blocked = aggregateBlocks(blocks, metaapi.MaxRepairBlocks)
 	var bytes int64
 	var first time.Time
 	for _, c := range q.recent {
@@ -250,11 +264,12 @@ func (s *Service) repairStatus() (metaapi.RedundancyTally, metaapi.RepairStats) 
 	if span := now.Sub(first); !first.IsZero() && span > 0 {
 		st.Rate = float64(bytes) / max(span.Seconds(), 1)
 	}
-	switch {
+	// Stuck chunks have no ETA: only the others are estimated.
+	switch moving := st.Pending - st.Stuck; {
 	case st.Pending == 0:
 		st.ETA = 0
-	case st.Rate > 0 && st.Done > 0:
-		st.ETA = float64(st.Pending) * float64(st.Bytes) / float64(st.Done) / st.Rate
+	case moving > 0 && st.Rate > 0 && st.Done > 0:
+		st.ETA = float64(moving) * float64(st.Bytes) / float64(st.Done) / st.Rate
 	}
 	return q.tallies, st
 }

@@ -65,11 +65,18 @@ func (s *Service) repairScanner() {
 	t := time.NewTicker(min(scanEvery, s.opts.RepairGrace))
 	defer t.Stop()
 	for {
-		s.scanForRepair()
+		// Just after meta started, nodes not heard from yet are not
+		// down: wait for them (repair_block.go), checking often.
+		every := t.C
+		if s.waitingForNodes() == nil {
+			s.scanForRepair()
+		} else {
+			every = time.After(min(s.opts.HeartbeatInterval, 250*time.Millisecond))
+		}
 		select {
 		case <-s.stop:
 			return
-		case <-t.C:
+		case <-every:
 		}
 	}
 }

@@ -228,6 +228,9 @@ func (tx *txn) dropChunks(ino ids.Ino, from int64) error {
 		}
 	}
 	tx.ctr.Chunks -= int64(len(recs))
+	if in, ok := tx.inodes[ino]; ok {
+		in.Chunks = max(in.Chunks-int64(len(recs)), 0) // the caller writes it back (or frees it)
+	}
 	return nil
 }
 

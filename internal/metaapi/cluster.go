@@ -22,8 +22,8 @@ type NodeInfo struct {
 	Addr          string     `json:"addr"`
 	Domain        string     `json:"domain"`
 	State         NodeState  `json:"state"`
-	Capacity      int64      `json:"capacity"` // bytes: the size of its file system
-	Used          int64      `json:"used"`     // bytes in its chunks
+	Capacity      int64      `json:"capacity"` // bytes: what its file system can still hold plus Used
+	Used          int64      `json:"used"`     // bytes Sluice takes on its file system, Reclaimable included
 	Free          int64      `json:"free"`     // bytes it can still take, as last reported (see HeartbeatReq)
 	Chunks        int64      `json:"chunks"`
 	LastHeartbeat int64      `json:"last_heartbeat"` // unix nanoseconds
@@ -36,6 +36,11 @@ type NodeInfo struct {
 	// --min-free), counting what meta placed there since its report; it
 	// gets no new chunks.
 	Full bool `json:"full,omitempty"`
+	// Reclaimable: bytes of deleted chunk files kept for reuse (part of
+	// Used and of Free). Disk names its file system: nodes sharing one
+	// count once in Totals.
+	Reclaimable int64  `json:"reclaimable"`
+	Disk        string `json:"disk,omitempty"`
 	// Blocked, for a draining node: its members the last scan found
 	// repair cannot move now, by reason.
 	Blocked []Blocked `json:"blocked,omitempty"`
@@ -81,6 +86,10 @@ type StatusResp struct {
 	// members are on live nodes, as of the last scan.
 	Redundancy RedundancyTally `json:"redundancy"`
 	Repair     RepairStats     `json:"repair"`
+	// Totals is the space of the nodes that are up (Totals of Nodes).
+	Totals SpaceTotals `json:"space"`
+	// Waiting: meta has just started and waits for nodes to report.
+	Waiting *NodesReporting `json:"waiting_for_nodes,omitempty"`
 	// TempFiles counts puts' temporary files not yet renamed into place
 	// (a put under way, or one whose writer died: removed after meta's
 	// --temp-grace); TempBytes is what they hold at most.
@@ -109,16 +118,12 @@ func (s StatusResp) Repaired(since time.Time) bool {
 	return r.ScannedAt > since.UnixNano() && r.Replicated.Short()+r.Striped.Short() == 0 && s.Repair.Pending == 0
 }
 
-// Space sums the capacity and the free space of the nodes that are up:
-// what front ends report as the file system's size (statfs, FSSTAT).
+// Space is the capacity and the free space of the nodes that are up,
+// each file system counted once (Totals): what front ends report as the
+// file system's size (statfs, FSSTAT).
 func (s StatusResp) Space() (capacity, free int64) {
-	for _, n := range s.Nodes {
-		if n.State == NodeUp {
-			capacity += max(n.Capacity, 0)
-			free += max(n.Free, 0)
-		}
-	}
-	return capacity, free
+	t := Totals(s.Nodes)
+	return t.Capacity, t.Free
 }
 
 type RedundancyTally struct {
@@ -162,6 +167,11 @@ type RepairStats struct {
 	Rate     float64 `json:"rate"`
 	WaveDone int64   `json:"wave_done"`
 	ETA      float64 `json:"eta"`
+	// Blocked are why chunks cannot be repaired now (the most common
+	// first, at most MaxRepairBlocks), and Stuck how many pending chunks
+	// that holds back; ETA counts only the others.
+	Blocked []RepairBlock `json:"blocked,omitempty"`
+	Stuck   int64         `json:"stuck,omitempty"`
 }
 
 // ReconcileReq asks meta to reconcile one chunk now: a write to it
@@ -225,6 +235,9 @@ type RegisterReq struct {
 	Used     int64      `json:"used"`
 	Free     int64      `json:"free"`
 	Chunks   int64      `json:"chunks"`
+	// As in HeartbeatReq.
+	Reclaimable int64  `json:"reclaimable,omitempty"`
+	Disk        string `json:"disk,omitempty"`
 }
 type RegisterResp struct {
 	ID                ids.NodeID `json:"id"`
@@ -236,12 +249,15 @@ type RegisterResp struct {
 }
 
 // HeartbeatReq reports a node's liveness and usage, and acknowledges
-// chunk deletions done since the last heartbeat. Capacity is the size of
-// the node's file system, Used the bytes in its chunks, Free what it can
-// still take: the file system's free bytes and the recycled chunk files
-// it reuses or gives back (store.Space). Meta places new chunks by Free,
-// not by Used: the index, recycled files and other tenants of the disk
-// take space too.
+// chunk deletions done since the last heartbeat. Free is what the node
+// can still take: the file system's free bytes and the recycled chunk
+// files it reuses or gives back (store.Space); meta places new chunks by
+// it. Used is what the node's store takes on its file system (allocated
+// bytes: chunks, index, recycled files), Reclaimable the recycled files
+// among them, Capacity what the file system can still hold plus Used
+// (other tenants of the disk are not counted), and Disk names the file
+// system (at most MaxDiskID bytes): nodes sharing one report the same,
+// and count once in Totals (docs/space.md).
 type HeartbeatReq struct {
 	ID       ids.NodeID    `json:"id"`
 	Addr     string        `json:"addr"`
@@ -254,6 +270,9 @@ type HeartbeatReq struct {
 	// the node's own (its scrub, a write, a repair reading it; Node 0 or
 	// its own id) or another node's that a repair read from.
 	Corrupt []CorruptCopy `json:"corrupt,omitempty"`
+	// Reclaimable and Disk: see above.
+	Reclaimable int64  `json:"reclaimable,omitempty"`
+	Disk        string `json:"disk,omitempty"`
 }
 
 // RetiredCopy is a node's copy of Chunk that meta moved elsewhere, at

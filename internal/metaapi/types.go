@@ -111,6 +111,10 @@ type Attr struct {
 	Policy    *Policy    `json:"policy,omitempty"`     // files: the policy fixed at creation
 	Target    ByteString `json:"target,omitempty"`     // symlinks
 	Rdev      uint64     `json:"rdev,omitempty"`       // devices: the device number (Mkdev)
+	// Files: Chunks is how many chunks (stripe groups) exist, counted
+	// since the file was created if Counted (files from before are not).
+	Chunks  int64 `json:"nchunks,omitempty"`
+	Counted bool  `json:"counted,omitempty"`
 }
 
 // Strategy names a replication strategy.

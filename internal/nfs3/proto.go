@@ -159,7 +159,11 @@ func putFattr(w *xdr.Writer, a *metaapi.Attr) {
 	w.Uint32(a.UID)
 	w.Uint32(a.GID)
 	w.Uint64(size)
-	w.Uint64((size + 4095) &^ 4095)    // used
+	used := size
+	if a.Type == metaapi.TypeFile {
+		used = uint64(a.Allocated()) // holes take nothing
+	}
+	w.Uint64((used + 4095) &^ 4095)    // used
 	w.Uint32(metaapi.DevMajor(a.Rdev)) // rdev (specdata3)
 	w.Uint32(metaapi.DevMinor(a.Rdev))
 	w.Uint64(fsid)

@@ -403,18 +403,27 @@ func saveFile(dir, name string, raw []byte) error {
 	return os.Rename(tmp, filepath.Join(dir, name))
 }
 
-// usage is what the node reports of its space: its file system's size,
-// what it can still take (free bytes and recycled chunk files), and what
-// its chunks hold. Without statfs (not Linux) it reports no size, and
-// meta then places as if it had room.
-func (n *Node) usage() (capacity, free, used, chunks int64) {
-	if sp, err := n.store.Space(); err == nil {
-		capacity, free = sp.Total, sp.Free()
+// usage is what the node reports of its space (metaapi.HeartbeatReq):
+// what its file system can still hold plus what its store takes there
+// (Capacity), what it can still take (Free: free bytes and recycled chunk
+// files), what the store takes (Used, allocated bytes) and of that the
+// recycled files (Reclaimable), and which file system it is (Disk).
+// Without statfs (not Linux) it reports no size, and meta then places as
+// if it had room.
+func (n *Node) usage() (sp usage) {
+	if st, err := n.store.Space(); err == nil {
+		sp.Capacity, sp.Free, sp.Used, sp.Disk = st.Avail+st.Used, st.Free(), st.Used, st.Disk
+		sp.Reclaimable = min(st.Recycled, st.Used)
 	} else {
 		n.log.Debug("no file system space to report", "err", err)
 	}
-	used, chunks = n.store.Usage()
-	return
+	_, sp.Chunks = n.store.Usage()
+	return sp
+}
+
+type usage struct {
+	Capacity, Free, Used, Reclaimable, Chunks int64
+	Disk                                      string
 }
 
 // reportSoon has the control loop heartbeat now: the store met a full
@@ -430,8 +439,9 @@ func (n *Node) reportSoon() {
 
 // register announces the node to meta, retrying until ctx ends.
 func (n *Node) register(ctx context.Context) error {
-	capacity, free, used, chunks := n.usage()
-	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: capacity, Used: used, Free: free, Chunks: chunks}
+	sp := n.usage()
+	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: sp.Capacity, Used: sp.Used, Free: sp.Free,
+		Reclaimable: sp.Reclaimable, Disk: sp.Disk, Chunks: sp.Chunks}
 	var resp metaapi.RegisterResp
 	backoff := 100 * time.Millisecond
 	for {
@@ -518,7 +528,7 @@ func (n *Node) heartbeat(ctx context.Context) error {
 	// acknowledges what it sent by trimming the queues it read.
 	n.hbMu.Lock()
 	defer n.hbMu.Unlock()
-	capacity, free, used, chunks := n.usage()
+	sp := n.usage()
 	n.mu.Lock()
 	deleted := n.deleted
 	n.deleted = nil
@@ -527,7 +537,8 @@ func (n *Node) heartbeat(ctx context.Context) error {
 		corrupt[i].Node = cmp.Or(corrupt[i].Node, n.ID())
 	}
 	n.mu.Unlock()
-	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: capacity, Used: used, Free: free, Chunks: chunks, Deleted: deleted, Corrupt: corrupt}
+	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: sp.Capacity, Used: sp.Used, Free: sp.Free,
+		Reclaimable: sp.Reclaimable, Disk: sp.Disk, Chunks: sp.Chunks, Deleted: deleted, Corrupt: corrupt}
 	var resp metaapi.HeartbeatResp
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -36,6 +36,11 @@ type Space struct {
 	Total    int64 // size of the file system
 	Avail    int64 // bytes free on it for this account
 	Recycled int64 // bytes in recycled chunk files, reused or given back on demand
+	// Used is what the store takes on the file system (allocated bytes of
+	// its chunks, recycled files, index and reserve; footprint.go), and
+	// Disk names the file system (stores sharing one report the same).
+	Used int64
+	Disk string
 }
 
 // Free is what the store can still take: free bytes and recycled files.
@@ -60,7 +65,7 @@ func (s *Store) Space() (Space, error) {
 			s.log.Info("store: the index's reserve is allocated again", "bytes", s.reserve.size)
 		}
 	}
-	return Space{Total: total, Avail: avail, Recycled: s.pool.size()}, nil
+	return Space{Total: total, Avail: avail, Recycled: s.pool.size(), Used: s.allocated(), Disk: s.disk}, nil
 }
 
 // noSpace reports whether err says the file system is full. Then it gives

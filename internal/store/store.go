@@ -51,6 +51,8 @@ type Store struct {
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
+	footprint footprint
+	disk      string // diskID of the file system, found at Open
 
 	zeroBlockCRC uint32    // CRC32C of a full block of zeros
 	copyBufs     sync.Pool // *[]byte of copyBufSize, for commit-time reads and copies
@@ -90,6 +92,7 @@ func Open(opts Options) (*Store, error) {
 		gate:      newGate(),
 		onCorrupt: opts.OnCorrupt,
 		onNoSpace: opts.OnNoSpace,
+		disk:      diskID(opts.Dir),
 	}
 	s.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }
 	if err := s.pool.open(opts.Dir, opts.RecycleBytes); err != nil {

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"syscall"
 )
@@ -48,4 +49,23 @@ func allocate(f *os.File, size int64) error {
 		return writeZeros(f, 0, size)
 	}
 	return err
+}
+
+// fsIdentity returns the device number and the statfs id of the file
+// system holding dir.
+func fsIdentity(dir string) (dev, fsid string, ok bool) {
+	var st syscall.Stat_t
+	var sfs syscall.Statfs_t
+	if syscall.Stat(dir, &st) != nil || syscall.Statfs(dir, &sfs) != nil {
+		return "", "", false
+	}
+	return fmt.Sprintf("%x", st.Dev), fmt.Sprintf("%x:%x:%x", sfs.Fsid.X__val[0], sfs.Fsid.X__val[1], sfs.Type), true
+}
+
+// allocatedBytes is what a file takes on disk (st_blocks).
+func allocatedBytes(fi fs.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int64(st.Blocks) * 512
+	}
+	return fi.Size()
 }

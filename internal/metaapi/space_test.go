@@ -1,0 +1,81 @@
+package metaapi
+
+import (
+	"testing"
+
+	"github.com/sluicefs/sluice/internal/ids"
+)
+
+func TestTotals(t *testing.T) {
+	const G = 1 << 30
+	// node: free is what it reports it can take (its recycled files
+	// included), used what its store takes (them included).
+	node := func(id ids.NodeID, disk string, free, used, recl, heard int64) NodeInfo {
+		return NodeInfo{ID: id, State: NodeUp, Disk: disk, Free: free, Used: used, Reclaimable: recl,
+			Capacity: free - recl + used, LastHeartbeat: heard}
+	}
+	down := func(n NodeInfo) NodeInfo { n.State = NodeDown; return n }
+	for _, tc := range []struct {
+		name  string
+		nodes []NodeInfo
+		want  SpaceTotals
+	}{
+		{"none", nil, SpaceTotals{}},
+		{"three nodes on one disk count it once",
+			[]NodeInfo{node(1, "d", 10*G, 1*G, 0, 5), node(2, "d", 10*G, 2*G, 0, 5), node(3, "d", 10*G, 3*G, 0, 5)},
+			SpaceTotals{Capacity: 16 * G, Used: 6 * G, Free: 10 * G, Disks: 1}},
+		{"two disks",
+			[]NodeInfo{node(1, "d", 10*G, 1*G, 0, 5), node(2, "d", 10*G, 2*G, 0, 5), node(3, "e", 4*G, 1*G, 0, 5)},
+			SpaceTotals{Capacity: 18 * G, Used: 4 * G, Free: 14 * G, Disks: 2}},
+		{"no disk named: each its own",
+			[]NodeInfo{node(1, "", 10*G, 1*G, 0, 5), node(2, "", 10*G, 1*G, 0, 5)},
+			SpaceTotals{Capacity: 22 * G, Used: 2 * G, Free: 20 * G, Disks: 2}},
+		{"reclaimable is used and free; the shared room counts once",
+			// Free of each node counts its own recycled files.
+			[]NodeInfo{node(1, "d", 10*G+1*G, 3*G, 1*G, 5), node(2, "d", 10*G+2*G, 4*G, 2*G, 5)},
+			SpaceTotals{Capacity: 17 * G, Used: 7 * G, Reclaimable: 3 * G, Free: 13 * G, Disks: 1}},
+		{"the freshest report of a shared disk's room wins",
+			[]NodeInfo{node(1, "d", 10*G, 1*G, 0, 5), node(2, "d", 8*G, 1*G, 0, 9), node(3, "d", 12*G, 1*G, 0, 7)},
+			SpaceTotals{Capacity: 11 * G, Used: 3 * G, Free: 8 * G, Disks: 1}},
+		{"nodes that are down do not count",
+			[]NodeInfo{node(1, "d", 10*G, 1*G, 0, 5), down(node(2, "e", 10*G, 1*G, 0, 5))},
+			SpaceTotals{Capacity: 11 * G, Used: 1 * G, Free: 10 * G, Disks: 1}},
+		{"hostile numbers are clamped",
+			[]NodeInfo{node(1, "d", -5, -7, 9, 5), node(2, "e", G, G, 2*G, 5)},
+			SpaceTotals{Capacity: G, Used: G, Reclaimable: G, Free: G, Disks: 2}},
+	} {
+		if got := Totals(tc.nodes); got != tc.want {
+			t.Errorf("%s: got %+v, want %+v", tc.name, got, tc.want)
+		}
+		c, f := StatusResp{Nodes: tc.nodes}.Space()
+		if c != tc.want.Capacity || f != tc.want.Free {
+			t.Errorf("%s: Space() = %d, %d", tc.name, c, f)
+		}
+	}
+}
+
+func TestValidDiskID(t *testing.T) {
+	for d, ok := range map[string]bool{"": true, "0a1b2c": true, "has space": false, "\x00": false, string(make([]byte, 65)): false} {
+		if err := ValidDiskID(d); (err == nil) != ok {
+			t.Errorf("ValidDiskID(%q) = %v", d, err)
+		}
+	}
+}
+
+func TestAllocated(t *testing.T) {
+	const cs = 64 << 20
+	for _, tc := range []struct {
+		a    Attr
+		want int64
+	}{
+		{Attr{Type: TypeFile, Size: 1<<30 + 4096, ChunkSize: cs, Chunks: 1, Counted: true}, cs},
+		{Attr{Type: TypeFile, Size: 3*cs - 5, ChunkSize: cs, Chunks: 3, Counted: true}, 3*cs - 5},
+		{Attr{Type: TypeFile, Size: 1 << 30, ChunkSize: cs, Counted: true}, 0},
+		{Attr{Type: TypeFile, Size: 1 << 30, ChunkSize: cs, Chunks: 2}, 1 << 30}, // not counted: its size
+		{Attr{Type: TypeDir, Size: 4096}, 4096},
+	} {
+		if got := tc.a.Allocated(); got != tc.want {
+			t.Errorf("%+v: Allocated %d, want %d", tc.a, got, tc.want)
+		}
+	}
+}

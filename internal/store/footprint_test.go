@@ -1,0 +1,88 @@
+package store
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// TestSpaceUsedIsAllocation: a store's Used is what it takes on its file
+// system — a chunk with a large hole counts its written blocks, not its
+// length; the index and reserve count too; recycled files stay counted
+// (they still take the space) — and other files on the disk do not count.
+func TestSpaceUsedIsAllocation(t *testing.T) {
+	dir := smallFS(t, 64<<20)
+	s := openStore(t, Options{Dir: filepath.Join(dir, "store"), BlockSize: 4096})
+	rng := rand.New(rand.NewPCG(1, 2))
+	// A first chunk: the index preallocates its log.
+	if _, err := write(s, rng, 9, 0, randBytes(rng, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	s.walkFootprint()
+	sp0, err := s.Space()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Measured: the store's files (index, reserve, the chunk).
+	if sp0.Used <= 1<<20 || sp0.Used > sp0.Total-sp0.Avail {
+		t.Fatalf("Used %d, file system has %d in use", sp0.Used, sp0.Total-sp0.Avail)
+	}
+	// 16 KiB written past a 16 MiB hole.
+	if _, err := write(s, rng, 1, 16<<20, randBytes(rng, 16<<10), 0); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := s.Usage(); b != 4096+16<<20+16<<10 {
+		t.Fatalf("committed length %d", b)
+	}
+	s.walkFootprint()
+	sp, err := s.Space()
+	if err != nil {
+		t.Fatal(err)
+	}
+	grew := sp.Used - sp0.Used
+	if grew < 16<<10 || grew > 1<<20 {
+		t.Errorf("a chunk of 16 KiB written after a 16 MiB hole grew Used by %d bytes", grew)
+	}
+	// Another tenant of the disk: free space shrinks, Used does not move.
+	if err := os.WriteFile(filepath.Join(dir, "other"), make([]byte, 8<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.walkFootprint()
+	sp2, err := s.Space()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp2.Used != sp.Used || sp.Avail-sp2.Avail < 8<<20 {
+		t.Errorf("after 8 MiB of other data: Used %d -> %d, Avail %d -> %d", sp.Used, sp2.Used, sp.Avail, sp2.Avail)
+	}
+	// Deleted and recycled: still on disk, still counted (and recycled).
+	recycle(t, s, rng, 2, 3)
+	sp3, err := s.Space()
+	if err != nil || sp3.Recycled != 2<<20 || sp3.Used < sp2.Used+2<<20 {
+		t.Errorf("with 2 MiB recycled: %+v (%v), Used before %d", sp3, err, sp2.Used)
+	}
+}
+
+// TestSpaceDiskNamesTheFileSystem: stores on one file system report the
+// same Disk, a store on another a different one.
+func TestSpaceDiskNamesTheFileSystem(t *testing.T) {
+	a, b := smallFS(t, 16<<20), smallFS(t, 16<<20)
+	var st1, st2 syscall.Stat_t
+	if syscall.Stat(a, &st1) != nil || syscall.Stat(b, &st2) != nil || st1.Dev == st2.Dev {
+		t.Skip("no distinct devices")
+	}
+	disk := func(dir string) string {
+		s := openStore(t, Options{Dir: dir, BlockSize: 4096})
+		sp, err := s.Space()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sp.Disk
+	}
+	a1, a2, b1 := disk(filepath.Join(a, "s1")), disk(filepath.Join(a, "s2")), disk(filepath.Join(b, "s1"))
+	if a1 == "" || a1 != a2 || a1 == b1 {
+		t.Errorf("disks: %q and %q on one file system, %q on another", a1, a2, b1)
+	}
+}
