@@ -190,6 +190,10 @@ func (a *Archive) Walk(f func(name string, size int64, r io.Reader) error) error
 	if _, err := tr.Next(); err != nil { // the header
 		return err
 	}
+	// Files hold no more than the archive: a sparse entry (GNU.sparse
+	// PAX records, which archive/tar expands) could otherwise declare
+	// any size and have a restore write zeros until the disk is full.
+	left := a.body.Size()
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -204,6 +208,10 @@ func (a *Archive) Walk(f func(name string, size int64, r io.Reader) error) error
 		if err := checkName(hdr.Name); err != nil {
 			return fmt.Errorf("%w: %v", ErrNotBackup, err)
 		}
+		if hdr.Size < 0 || hdr.Size > left {
+			return fmt.Errorf("%w: entry %q of %d bytes, more than the archive holds", ErrNotBackup, hdr.Name, hdr.Size)
+		}
+		left -= hdr.Size
 		if err := f(hdr.Name, hdr.Size, tr); err != nil {
 			return err
 		}
