@@ -249,7 +249,6 @@ func Open(opts Options) (*Service, error) {
 	if fs == nil {
 		fs = privfs.Pebble(vfs.Default)
 	}
-	removeCheckpoints(opts.Dir, fs)
 	sec, err := secret.LoadOrCreate(filepath.Join(opts.Dir, SecretFile))
 	if err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
@@ -266,6 +265,9 @@ func Open(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("meta: opening %s: %w", DBDir, err)
 	}
+	// Only now that meta.db's lock is ours: a meta refused it (another
+	// serves this directory) must not remove that one's checkpoints.
+	removeCheckpoints(opts.Dir, fs)
 	seed := opts.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
