@@ -94,9 +94,16 @@ func Restore(file, dir string, opts RestoreOptions) (Header, error) {
 			os.Remove(old)
 			return a.Header, err
 		}
+		if err := os.Rename(tmp, abs); err != nil {
+			// dir must be as it was: put it back, never remove it.
+			if berr := os.Rename(filepath.Join(old, "d"), abs); berr != nil {
+				return a.Header, fmt.Errorf("%w; moving %s back from %s failed too: %v", err, dir, old, berr)
+			}
+			os.Remove(old)
+			return a.Header, err
+		}
 		defer os.RemoveAll(old)
-	}
-	if err := os.Rename(tmp, abs); err != nil {
+	} else if err := os.Rename(tmp, abs); err != nil {
 		return a.Header, err
 	}
 	return a.Header, syncDir(parent)
