@@ -75,6 +75,9 @@ func Restore(file, dir string, opts RestoreOptions) (Header, error) {
 	}); err != nil {
 		return a.Header, fmt.Errorf("restoring %s: %w", file, err)
 	}
+	if err := caMatches(filepath.Join(tmp, pki.CACertFile), a.Header.Cluster); err != nil {
+		return a.Header, fmt.Errorf("restoring %s: %w", file, err)
+	}
 	if opts.Marker != "" {
 		hb, _ := json.Marshal(a.Header)
 		if err := writeFile(filepath.Join(tmp, opts.Marker), int64(len(hb)), bytes.NewReader(hb)); err != nil {
@@ -174,6 +177,27 @@ func checkTarget(dir, cluster string, opts RestoreOptions) (exists bool, err err
 		}
 	}
 	return true, nil
+}
+
+// caMatches checks that the CA certificate a backup carries (if any) is
+// of the cluster its header names: the refusal of another cluster's
+// directory goes by the header, which only a checksum protects.
+func caMatches(caFile, cluster string) error {
+	caPEM, err := os.ReadFile(caFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // Required says whether it must be there
+	}
+	if err != nil {
+		return err
+	}
+	ca, err := pki.ParseCert(caPEM)
+	if err != nil {
+		return fmt.Errorf("%w: its %s: %v", ErrNotBackup, pki.CACertFile, err)
+	}
+	if fp := pki.Fingerprint(ca); fp != cluster {
+		return fmt.Errorf("%w: its header names cluster %s but its %s is of cluster %s", ErrNotBackup, cluster, pki.CACertFile, fp)
+	}
+	return nil
 }
 
 // writeFile writes exactly size bytes of r to a new private file.

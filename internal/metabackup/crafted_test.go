@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/sluicefs/sluice/internal/pki"
 )
 
 // sealed wraps a tar stream that body writes (after header.json) in the
@@ -115,5 +117,39 @@ func TestSparseEntryRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("restore refused but %s exists (%v)", dir, err)
+	}
+}
+
+// The cluster a backup claims (header.json, covered by a checksum that
+// anyone can recompute) must be the one whose CA it carries: the
+// "another cluster" refusal goes by the header, so a backup claiming
+// cluster A while carrying B's keys would, with --force, replace A's
+// meta with B's.
+func TestHeaderMustNameItsCA(t *testing.T) {
+	tmp := t.TempDir()
+	os.Mkdir(filepath.Join(tmp, "ours"), 0o700)
+	os.Mkdir(filepath.Join(tmp, "theirs"), 0o700)
+	ours, err := pki.LoadOrCreateCA(filepath.Join(tmp, "ours"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := pki.LoadOrCreateCA(filepath.Join(tmp, "theirs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{"ca.crt": string(theirs.CertPEM), "meta.db/LOG": "x"}
+	b := backupOf(t, pki.Fingerprint(ours.Cert), files, "ca.crt", "meta.db/LOG")
+	file := filepath.Join(tmp, "b")
+	if err := os.WriteFile(file, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tmp, "ours")
+	before := tree(t, dir)
+	if _, err := Restore(file, dir, RestoreOptions{Force: true}); err == nil {
+		t.Errorf("a backup claiming cluster %s but carrying the CA of %s replaced that cluster's meta",
+			pki.Fingerprint(ours.Cert), pki.Fingerprint(theirs.Cert))
+	}
+	if after := tree(t, dir); after != before {
+		t.Errorf("refused restore changed %s", dir)
 	}
 }
