@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
 // freePort returns a TCP port nothing listens on at host just now.
@@ -110,13 +108,4 @@ func TestBenchNodeListen(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "192.0.2.1") {
 		t.Fatalf("bench with nodes on 192.0.2.1 (no interface here): %s", r)
 	}
-}
-
-// nodeAddrs lists the nodes' registered addresses.
-func nodeAddrs(st metaapi.StatusResp) []string {
-	var out []string
-	for _, n := range st.Nodes {
-		out = append(out, n.Addr)
-	}
-	return out
 }
