@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/bench"
 	"github.com/sluicefs/sluice/internal/chaos"
+	"github.com/sluicefs/sluice/internal/cluster"
 )
 
 func (a *app) benchCmd() *cobra.Command {
@@ -74,6 +75,7 @@ Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 	cmd.Flags().IntVar(&cfg.Warmup, "warmup", 0, "unmeasured operations per point (default 5)")
 	cmd.Flags().StringSliceVar(&links, "link", nil, "link settings to run (repeatable; default none, 10Gbit+5us and, for replication and goodput, 1Gbit+5us)")
 	cmd.Flags().IntVar(&cfg.MTU, "mtu", 0, "MTU of the client (nodes use their default)")
+	cmd.Flags().StringVar(&cfg.NodeListen, "node-listen", cluster.DefaultNodeListen, "the storage nodes' address: HOST (ports the system picks) or HOST:PORT (node i on PORT+i-1)")
 	cmd.AddCommand(a.benchChaosCmd())
 	return cmd
 }

@@ -5,9 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,36 +25,19 @@ type netPartition struct {
 	inner, metaIP, hostIP string
 }
 
-func ipCmd(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
-
 func newNetPartition(t *testing.T) *netPartition {
 	t.Helper()
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Fatalf("the partition test needs ip (iproute2; scripts/test installs it): %v", err)
-	}
-	tag := fmt.Sprintf("%04x", rand.IntN(1<<16))
+	requireRoot(t)
+	tag := netTag()
 	sub := fmt.Sprintf("10.213.%d", 1+rand.IntN(250))
 	p := &netPartition{ns: "slc" + tag, outer: "slca" + tag, inner: sub + ".2", metaIP: sub + ".1", hostIP: sub + ".3"}
-	ipCmd(t, "netns", "add", p.ns)
-	t.Cleanup(func() {
-		exec.Command("ip", "link", "del", p.outer).Run()
-		exec.Command("ip", "netns", "del", p.ns).Run()
-	})
-	ipCmd(t, "link", "add", p.outer, "type", "veth", "peer", "name", "slcb"+tag)
-	ipCmd(t, "link", "set", "slcb"+tag, "netns", p.ns)
+	addNetns(t, p.ns)
+	vethInto(t, p.outer, p.ns, "slcb"+tag, p.inner)
 	// The host address first: it is the source of connections from this
 	// side, so cutting the meta address off inside leaves them alone.
 	ipCmd(t, "addr", "add", p.hostIP+"/24", "dev", p.outer)
 	ipCmd(t, "addr", "add", p.metaIP+"/24", "dev", p.outer)
 	ipCmd(t, "link", "set", p.outer, "up")
-	ipCmd(t, "netns", "exec", p.ns, "ip", "addr", "add", p.inner+"/24", "dev", "slcb"+tag)
-	ipCmd(t, "netns", "exec", p.ns, "ip", "link", "set", "slcb"+tag, "up")
-	ipCmd(t, "netns", "exec", p.ns, "ip", "link", "set", "lo", "up")
 	return p
 }
 
@@ -245,13 +226,4 @@ func holds(lay metaapi.LayoutResp, id ids.NodeID) bool {
 		}
 	}
 	return false
-}
-
-// requireRoot fails the test where it cannot create network namespaces:
-// the issue asks for a real partition, so it must not pass silently.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if out, err := exec.Command("id", "-u").Output(); err != nil || strings.TrimSpace(string(out)) != "0" {
-		t.Fatalf("the partition test needs root (network namespaces): id -u = %q, %v", out, err)
-	}
 }

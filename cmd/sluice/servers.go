@@ -86,6 +86,7 @@ func (a *app) upCmd() *cobra.Command {
 		mf     mountFlags
 		sf     spaceFlags
 	)
+	var nodeListen string
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run a whole local cluster in this process (meta + storage nodes on loopback)",
@@ -99,7 +100,7 @@ func (a *app) upCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, Fabric: fo, Engine: eo, Accumulators: ef.accumulators,
+			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, NodeListen: nodeListen, Fabric: fo, Engine: eo, Accumulators: ef.accumulators,
 				MinFreeBytes: minFree, MinFreePercent: minFreePct, FabricTLS: a.fabricTLS, Logger: a.logger()})
 			if err != nil {
 				return err
@@ -129,6 +130,7 @@ func (a *app) upCmd() *cobra.Command {
 	cmd.Flags().IntVar(&nodes, "nodes", 3, "number of storage nodes")
 	cmd.Flags().StringVar(&dir, "data", "sluice-data", "data directory (kept across restarts)")
 	cmd.Flags().StringVar(&listen, "listen", cluster.DefaultMetaListen, "meta service address")
+	cmd.Flags().StringVar(&nodeListen, "node-listen", cluster.DefaultNodeListen, "the storage nodes' address: HOST (ports the system picks) or HOST:PORT (node i on PORT+i-1)")
 	cmd.Flags().StringVar(&mount, "mount", "", "also mount the cluster here (FUSE); the cluster stops when it is unmounted")
 	ef.add(cmd)
 	mf.add(cmd)
@@ -226,7 +228,7 @@ func (a *app) metaCmd() *cobra.Command {
 			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
 				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace, TempGrace: tempGrace,
 				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost,
-				CapabilityTTL: capTTL, CapKeyRotate: capRotate, TLSNames: tlsNames})
+				CapabilityTTL: capTTL, CapKeyRotate: capRotate, TLSNames: tlsNames, ProbeNodeAddr: meta.DialProbe(meta.DefaultProbeTimeout)})
 			if err != nil {
 				return err
 			}
@@ -382,7 +384,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&metaAddr, "meta", "", "meta service address")
 	cmd.Flags().StringVar(&joinToken, "join", "", "join token for a new node, from `sluice join-token` (default $"+envJoin+", which other users of the host cannot read, unlike the command line; a node that has joined needs none)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "fabric listen address")
-	cmd.Flags().StringVar(&advertise, "advertise", "", "address registered with meta (default: the listen address)")
+	cmd.Flags().StringVar(&advertise, "advertise", "", "HOST:PORT registered with meta, that meta, clients and other nodes reach this node at (default: the listen address; listening on every interface, the address meta sees this node's calls come from)")
 	cmd.Flags().Uint32Var(&nodeID, "id", 0, "the node id a new node asks for when it joins (1 to 16777215; default: meta picks the next free one); a node that has one must be given it")
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
 	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", 24*time.Hour, "re-read every chunk against its checksums this often (0: never)")

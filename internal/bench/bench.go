@@ -95,7 +95,10 @@ type Config struct {
 	// µs, and 1 Gbit/s + 5 µs for replication and goodput).
 	Links []LinkSpec
 	MTU   int
-	Log   io.Writer
+	// NodeListen is where the nodes listen (cluster.NodeListenAddr);
+	// default loopback.
+	NodeListen string
+	Log        io.Writer
 }
 
 // Point is one measured point: one CSV row.
@@ -243,7 +246,7 @@ func (r *runner) add(p Point) {
 // with the extra node arguments) for each link, closing each after.
 func (r *runner) onClusters(ctx context.Context, links []LinkSpec, n int, extra []string, fn func(c *procCluster, l LinkSpec) error) error {
 	for _, l := range links {
-		c, err := startCluster(ctx, r.cfg.Exe, n, nodeArgs(l, extra...))
+		c, err := startCluster(ctx, &r.cfg, n, nodeArgs(l, extra...))
 		if err != nil {
 			return err
 		}

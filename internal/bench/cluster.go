@@ -16,16 +16,18 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
 // procCluster is a cluster of separate processes: one `sluice meta` and
-// N `sluice node`, started from the sluice binary, on loopback.
+// N `sluice node`, started from the sluice binary, meta on loopback.
 type procCluster struct {
 	dir   string
 	procs []*proc
-	nodes map[string]*proc // by address
+	nodes map[string]*proc // by node id ("n3"): a node on every interface registers another address than it prints
 	conf  config.ClientConf
 }
 
@@ -38,17 +40,22 @@ type proc struct {
 
 var (
 	metaLine = regexp.MustCompile(`meta listening on (\S+)`)
-	nodeLine = regexp.MustCompile(`storage node \S+ listening on (\S+)`)
+	nodeLine = regexp.MustCompile(`storage node (\S+) listening on \S+`)
 )
 
-// startCluster starts meta and n nodes with nodeArgs and waits until they
-// are all up. Data lives in a fresh directory on tmpfs when there is one.
-func startCluster(ctx context.Context, exe string, n int, nodeArgs []string) (*procCluster, error) {
-	return startClusterWith(ctx, exe, n, nil, nodeArgs)
+// startCluster starts meta and n nodes (cfg's binary, listening at
+// cfg.NodeListen) with nodeArgs and waits until they are all up. Data
+// lives in a fresh directory on tmpfs when there is one.
+func startCluster(ctx context.Context, cfg *Config, n int, nodeArgs []string) (*procCluster, error) {
+	return startClusterWith(ctx, cfg, n, nil, nodeArgs)
 }
 
 // startClusterWith is startCluster with extra meta arguments.
-func startClusterWith(ctx context.Context, exe string, n int, metaArgs, nodeArgs []string) (*procCluster, error) {
+func startClusterWith(ctx context.Context, cfg *Config, n int, metaArgs, nodeArgs []string) (*procCluster, error) {
+	exe := cfg.Exe
+	if _, err := cluster.NodeListenAddr(cfg.NodeListen, n); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
 	dir, err := os.MkdirTemp(tmpfsBase(), "sluice-bench-")
 	if err != nil {
 		return nil, err
@@ -76,14 +83,15 @@ func startClusterWith(ctx context.Context, exe string, n int, metaArgs, nodeArgs
 			c.Close()
 			return nil, err
 		}
+		listen, _ := cluster.NodeListenAddr(cfg.NodeListen, i) // checked above
 		args := append([]string{"node", "--data", filepath.Join(dir, fmt.Sprintf("n%d", i)), "--meta", metaAddr,
-			"--join", tok.Token}, nodeArgs...)
-		addr, err := c.start(ctx, exe, fmt.Sprintf("n%d", i), nodeLine, args...)
+			"--listen", listen, "--join", tok.Token}, nodeArgs...)
+		id, err := c.start(ctx, exe, fmt.Sprintf("n%d", i), nodeLine, args...)
 		if err != nil {
 			c.Close()
 			return nil, err
 		}
-		c.nodes[addr] = c.procs[len(c.procs)-1]
+		c.nodes[id] = c.procs[len(c.procs)-1]
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		st, err := cl.Status(ctx)
@@ -158,6 +166,17 @@ func (c *procCluster) start(ctx context.Context, exe, name string, ready *regexp
 	select {
 	case addr := <-found:
 		return addr, nil
+	case <-p.read:
+		// Its stdout closed before the line: it exited, saying why on
+		// stderr (in the log after its stdout).
+		select {
+		case addr := <-found:
+			return addr, nil
+		default:
+		}
+		b, _ := os.ReadFile(logf.Name())
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		return "", fmt.Errorf("bench: %s exited before it started: %s (log %s)", name, lines[len(lines)-1], logf.Name())
 	case <-ctx.Done():
 		return "", ctx.Err()
 	case <-time.After(30 * time.Second):
@@ -165,11 +184,11 @@ func (c *procCluster) start(ctx context.Context, exe, name string, ready *regexp
 	}
 }
 
-// killNode kills -9 the node listening on addr.
-func (c *procCluster) killNode(addr string) error {
-	p := c.nodes[addr]
+// killNode kills -9 node id.
+func (c *procCluster) killNode(id ids.NodeID) error {
+	p := c.nodes[id.String()]
 	if p == nil {
-		return fmt.Errorf("bench: no node at %s", addr)
+		return fmt.Errorf("bench: no node %v", id)
 	}
 	return p.cmd.Process.Kill()
 }

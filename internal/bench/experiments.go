@@ -164,7 +164,7 @@ func tableFill(ctx context.Context, r *runner) error {
 	if len(r.cfg.Links) > 0 {
 		l = r.cfg.Links[0]
 	}
-	c, err := startCluster(ctx, r.cfg.Exe, 1, nodeArgs(l, "--request-table", strconv.Itoa(table), "--workers", "1"))
+	c, err := startCluster(ctx, &r.cfg, 1, nodeArgs(l, "--request-table", strconv.Itoa(table), "--workers", "1"))
 	if err != nil {
 		return err
 	}

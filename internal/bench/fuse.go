@@ -75,7 +75,7 @@ func fuseBench(ctx context.Context, r *runner) error {
 
 // fuseCluster measures one policy: a 3-node cluster, mounted.
 func (r *runner) fuseCluster(ctx context.Context, k int, sz fuseSizes, add func(string, int, string, []float64, string)) error {
-	c, err := startCluster(ctx, r.cfg.Exe, 3, nil)
+	c, err := startCluster(ctx, &r.cfg, 3, nil)
 	if err != nil {
 		return err
 	}

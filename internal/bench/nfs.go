@@ -35,7 +35,7 @@ func nfsBench(ctx context.Context, r *runner) error {
 		size, rsizes, aheads, runs = 256<<20, []int{4 << 10, 64 << 10, 1 << 20}, []int{0, 4}, 1
 	}
 	transports := []string{"tcp", "fabric"}
-	c, err := startCluster(ctx, r.cfg.Exe, 3, nil)
+	c, err := startCluster(ctx, &r.cfg, 3, nil)
 	if err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ func limitLabel(l int64) string {
 // measures the repair and clients meanwhile.
 func (r *runner) repairRun(ctx context.Context, name string, pol metaapi.Policy, size, limit int64, withLoad bool) (repairRow, error) {
 	row := repairRow{policy: name, limit: limit, data: size, load: withLoad}
-	c, err := startClusterWith(ctx, r.cfg.Exe, 7, []string{"--node-timeout", "2s", "--repair-grace", "1s",
+	c, err := startClusterWith(ctx, &r.cfg, 7, []string{"--node-timeout", "2s", "--repair-grace", "1s",
 		"--repair-rate", strconv.FormatInt(limit, 10)}, nil)
 	if err != nil {
 		return row, err
@@ -163,7 +163,7 @@ func (r *runner) repairRun(ctx context.Context, name string, pol metaapi.Policy,
 			victim = n
 		}
 	}
-	if err := c.killNode(victim.Addr); err != nil {
+	if err := c.killNode(victim.ID); err != nil {
 		return row, err
 	}
 	killed := time.Now()

@@ -32,6 +32,9 @@ type Options struct {
 	// MetaListen is the meta service's address. Default 127.0.0.1:7700;
 	// use port 0 for any free port.
 	MetaListen string
+	// NodeListen is where the nodes listen: a host, or HOST:PORT for
+	// consecutive ports (NodeListenAddr). Default DefaultNodeListen.
+	NodeListen string
 	// DomainPerNode puts every node in its own failure domain.
 	DomainPerNode bool
 	// ChunkSize of new files (default metaapi.DefaultChunkSize); tests
@@ -102,6 +105,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if _, err := NodeListenAddr(opts.NodeListen, opts.Nodes); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err) // before anything is made
+	}
 	if err := privfs.CheckDir(opts.Dir); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -114,7 +120,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	ms, err := meta.Open(meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
 		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval,
 		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate, OrphanGrace: opts.OrphanGrace,
-		MinFreeBytes: opts.MinFreeBytes, MinFreePercent: opts.MinFreePercent})
+		MinFreeBytes: opts.MinFreeBytes, MinFreePercent: opts.MinFreePercent, ProbeNodeAddr: meta.DialProbe(meta.DefaultProbeTimeout)})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -148,6 +154,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			// Every node has its own emulated NIC.
 			fo.Link, _ = fabric.NewLink(l.Rate(), l.Delay())
 		}
+		listen, _ := NodeListenAddr(opts.NodeListen, i) // checked above
 		dataDir := filepath.Join(opts.Dir, "node"+strconv.Itoa(i))
 		var token string
 		if joined, id := node.Joined(dataDir); !joined {
@@ -163,6 +170,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		n, err := node.Start(ctx, node.Options{
 			DataDir:           dataDir,
 			MetaAddr:          c.MetaAddr,
+			Listen:            listen,
 			Join:              token,
 			FabricTLS:         opts.FabricTLS,
 			Domain:            domain,

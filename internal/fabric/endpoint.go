@@ -25,8 +25,14 @@ type Options struct {
 	Quota int
 	// WriteTimeout fails a connection whose peer stops reading. Default 30s.
 	WriteTimeout time.Duration
-	// HandshakeTimeout bounds the hello exchange. Default 5s.
+	// HandshakeTimeout bounds the TCP connect of a Dial and the hello
+	// exchange, each. Default 5s.
 	HandshakeTimeout time.Duration
+	// PeerTimeout fails a connection whose peer leaves what was sent
+	// to it unacknowledged (at the TCP level) this long: a peer cut off
+	// from the network. Default DefaultPeerTimeout; negative: the
+	// kernel's (minutes).
+	PeerTimeout time.Duration
 	// MaxConns bounds inbound connections, those still in their hello
 	// included; more are refused. Default 4096; negative: no bound.
 	MaxConns int
@@ -77,6 +83,9 @@ func (o *Options) fill() error {
 	if o.HandshakeTimeout == 0 {
 		o.HandshakeTimeout = 5 * time.Second
 	}
+	if o.PeerTimeout == 0 {
+		o.PeerTimeout = DefaultPeerTimeout
+	}
 	if o.MaxConns == 0 {
 		o.MaxConns = DefaultMaxConns
 	}
@@ -103,6 +112,9 @@ const (
 	DefaultMaxConns        = connlimit.DefaultMax
 	DefaultMaxConnsPerHost = connlimit.DefaultPerHost
 	DefaultIdleTimeout     = 5 * time.Minute
+	// DefaultPeerTimeout: see Options.PeerTimeout. Longer than a node's
+	// default silence before meta marks it down (10 s).
+	DefaultPeerTimeout = 15 * time.Second
 	// maxIdleTimeout is what the hello can announce (milliseconds in 32
 	// bits).
 	maxIdleTimeout = time.Duration(1<<32-1) * time.Millisecond
@@ -271,6 +283,7 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 			continue
 		}
 		backoff = 0
+		setPeerTimeout(nc, e.opts.PeerTimeout)
 		release, err := e.admit.Admit(nc.RemoteAddr())
 		if err != nil {
 			connlimit.Log(e.opts.Logger, "fabric", nc.RemoteAddr(), err)
@@ -291,13 +304,17 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 func (e *Endpoint) Dial(ctx context.Context, addr string, h Handler) (*Conn, error) {
 	dial := e.opts.Dial
 	if dial == nil {
-		var d net.Dialer
+		// A peer whose host is cut off answers nothing: without a bound
+		// the kernel retries the SYN for minutes, while another replica
+		// could serve.
+		d := net.Dialer{Timeout: e.opts.HandshakeTimeout}
 		dial = d.DialContext
 	}
 	nc, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: dialing %s: %w", addr, err)
 	}
+	setPeerTimeout(nc, e.opts.PeerTimeout)
 	if nc, err = e.clientTLS(ctx, nc, addr); err != nil {
 		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, err)
 	}

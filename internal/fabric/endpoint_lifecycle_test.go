@@ -3,11 +3,15 @@ package fabric
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // blockingHandler blocks in HandlePacket until released, and records when
@@ -255,4 +259,117 @@ func TestDeregisterWaitsForUse(t *testing.T) {
 	if !called {
 		t.Fatal("Release of an unused region did not call back at once")
 	}
+}
+
+// TestDialSilentPeerTimesOut: a peer that answers no SYN (here: a
+// listener whose accept queue is full; a host cut off from the network
+// behaves alike) fails a Dial within HandshakeTimeout rather than after
+// the kernel's minutes of SYN retries.
+func TestDialSilentPeerTimesOut(t *testing.T) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil { // never accepted from
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	// Fill the accept queue: later SYNs are dropped.
+	for range 4 {
+		d := net.Dialer{Timeout: 200 * time.Millisecond}
+		if c, err := d.Dial("tcp", addr); err == nil {
+			defer c.Close()
+		}
+	}
+	ep, err := NewEndpoint(Options{HandshakeTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	start := time.Now()
+	c, err := ep.Dial(ctx, addr, discard{})
+	if err == nil {
+		c.Close()
+		t.Fatal("dial of a silent peer succeeded")
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("dial of a silent peer failed after %s (%v), want within about HandshakeTimeout", took, err)
+	}
+}
+
+// TestPeerTimeoutSet: connections an endpoint dials and accepts carry
+// the peer timeout (TCP_USER_TIMEOUT), so a peer cut off from the network
+// fails them in seconds. (Cutting a peer off takes a network namespace:
+// cmd/sluice's TestDeployOnHosts does.)
+func TestPeerTimeoutSet(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("TCP_USER_TIMEOUT is Linux's")
+	}
+	srv, err := NewEndpoint(Options{PeerTimeout: 7 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	addr, err := srv.Listen("127.0.0.1:0", discard{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := NewEndpoint(Options{PeerTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	c, err := cli.Dial(context.Background(), addr.String(), discard{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := userTimeout(t, c); got != 3000 {
+		t.Errorf("dialed connection: TCP_USER_TIMEOUT %d ms, want 3000", got)
+	}
+	// The server side may register the connection a moment after the
+	// dialler's hello exchange is done.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		srv.mu.Lock()
+		n := len(srv.conns)
+		srv.mu.Unlock()
+		if n > 0 {
+			break
+		}
+	}
+	srv.mu.Lock()
+	for sc := range srv.conns {
+		if got := userTimeout(t, sc); got != 7000 {
+			t.Errorf("accepted connection: TCP_USER_TIMEOUT %d ms, want 7000", got)
+		}
+	}
+	if len(srv.conns) != 1 {
+		t.Errorf("%d accepted connections, want 1", len(srv.conns))
+	}
+	srv.mu.Unlock()
+}
+
+func userTimeout(t *testing.T, c *Conn) int {
+	t.Helper()
+	raw, err := c.nc.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var gerr error
+	raw.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT) })
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return v
 }

@@ -33,6 +33,7 @@ type caller struct {
 	client ids.ClientID
 	p      *principal // a client's principal
 	node   ids.NodeID // callerNode: the node its certificate names (tls.go)
+	remote string     // the address the call came from (nodeaddr.go)
 }
 
 // authenticate checks an Authorization header value in constant time.
@@ -181,7 +182,7 @@ var ops = map[string]op{
 		if err := actsAs(c, r.ID); err != nil {
 			return metaapi.RegisterResp{}, err
 		}
-		return s.Register(r)
+		return s.registerFrom(r, c.remote)
 	}),
 	metaapi.OpReportBad: endpoint(true, false, func(s *Service, c caller, r metaapi.ReportCorruptReq) (empty, error) {
 		return empty{}, s.ReportCorrupt(c.client, r)
@@ -190,7 +191,7 @@ var ops = map[string]op{
 		if err := actsAs(c, r.ID); err != nil {
 			return metaapi.HeartbeatResp{}, err
 		}
-		return s.Heartbeat(r)
+		return s.heartbeatFrom(r, c.remote)
 	}),
 	metaapi.OpInventory: endpoint(false, true, func(s *Service, c caller, r metaapi.InventoryReq) (metaapi.InventoryResp, error) {
 		if err := actsAs(c, r.Node); err != nil {
@@ -256,6 +257,7 @@ func (s *Service) serveOp(w http.ResponseWriter, r *http.Request) {
 	if c.kind == callerNone {
 		c = s.authenticate(r.Header.Get("Authorization"))
 	}
+	c.remote = r.RemoteAddr
 	if c.kind == callerNone && !ops[name].anyone {
 		s.writeError(w, r, name, metaapi.Errorf(metaapi.EAUTH, "missing or invalid credential"), http.StatusUnauthorized)
 		return

@@ -115,6 +115,10 @@ type Options struct {
 	// TLSNames are extra names and addresses meta's TLS certificate
 	// carries (tls.go lists the ones it always does).
 	TLSNames []string
+	// ProbeNodeAddr, if set, checks that meta reaches a registering
+	// node at the address it is to be recorded at (DialProbe); a node
+	// it fails for is refused with the address named (nodeaddr.go).
+	ProbeNodeAddr func(addr string) error
 
 	fs vfs.FS // tests: an in-memory file system for meta.db
 }

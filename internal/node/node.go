@@ -313,6 +313,10 @@ func (n *Node) refreshMap() {
 // errRefused: meta does not accept this node's credential.
 var errRefused = errors.New("meta refused this node's certificate (revoked or replaced, or a node of another cluster?)")
 
+// errRejected: meta refused what the node registers (an address it cannot
+// reach, say); the same registration would be refused again.
+var errRejected = errors.New("meta refused to register this node")
+
 // Fatal yields an error when the node cannot go on by itself (meta
 // refuses its credential); the process should stop.
 func (n *Node) Fatal() <-chan error { return n.fatal }
@@ -452,6 +456,9 @@ func (n *Node) register(ctx context.Context) error {
 		if metaapi.IsCode(err, metaapi.EAUTH) || errors.As(err, new(*metaapi.TLSError)) {
 			return fmt.Errorf("node: %w: %w", errRefused, err)
 		}
+		if metaapi.IsCode(err, metaapi.EINVAL) {
+			return fmt.Errorf("node: %w: %w", errRejected, err)
+		}
 		n.log.Warn("registering with meta", "meta", n.opts.MetaAddr, "err", err)
 		select {
 		case <-ctx.Done():
@@ -497,8 +504,9 @@ func (n *Node) controlLoop(ctx context.Context) {
 				if ctx.Err() != nil {
 					return
 				}
-				if errors.Is(err, errRefused) {
-					// Retrying cannot help: the operator must fix the credentials.
+				if errors.Is(err, errRefused) || errors.Is(err, errRejected) {
+					// Retrying cannot help: the operator must fix the
+					// credentials or the address.
 					n.fatal <- err
 					return
 				}

@@ -1,0 +1,29 @@
+package fabric
+
+import (
+	"net"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// setPeerTimeout has the kernel fail a TCP connection whose sent data
+// (or keepalive probes) the peer leaves unacknowledged for d
+// (TCP_USER_TIMEOUT): a peer whose host is cut off sends no reset, and
+// without it a request to it waits out the kernel's retransmissions
+// (about 15 minutes) or the caller's own timeout, while another replica
+// could answer. A peer that is merely slow still acknowledges at the TCP
+// level. Connections that are not TCP are left alone.
+func setPeerTimeout(nc net.Conn, d time.Duration) {
+	tc, ok := nc.(*net.TCPConn)
+	if !ok || d <= 0 {
+		return
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return
+	}
+	raw.Control(func(fd uintptr) {
+		unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d/time.Millisecond))
+	})
+}
