@@ -85,4 +85,9 @@ func TestDaemonConfigFile(t *testing.T) {
 	// A wrong type names the key.
 	mustFail(t, conf, []string{`key "node-timeout" must be a duration string`},
 		"meta", "--config", writeConfig(t, filepath.Join(dir, "type.toml"), "node-timeout = 30"))
+	// A file's values meet the checks the command line's do.
+	mustFail(t, conf, []string{`--id 0: node ids go from 1`},
+		"node", "--data", filepath.Join(dir, "n9"), "--meta", "127.0.0.1:1", "--config", writeConfig(t, filepath.Join(dir, "id.toml"), "id = 0"))
+	mustFail(t, conf, []string{`--op-timeout -1s: must be positive`},
+		"nfs", "--config", writeConfig(t, filepath.Join(dir, "op.toml"), `op-timeout = "-1s"`))
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/metaapi"
 )
 
@@ -64,8 +65,13 @@ func (a *app) rootCmd() *cobra.Command {
 		"how long a command retries while meta cannot be reached (restarting); given explicitly, also before meta first answers (else a wrong address fails in seconds)")
 	root.PersistentFlags().StringVar(&a.cpuProfile, "cpuprofile", "", "write a CPU profile of this command to FILE (for performance work)")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		// A daemon's configuration file first, so its values meet the
+		// checks the command line's do.
+		if err := daemonconf.LoadFor(cmd); err != nil {
+			return err
+		}
 		// mount and up have their own --op-timeout, which shadows this one.
-		if f := cmd.Flags().Lookup("op-timeout"); f == root.PersistentFlags().Lookup("op-timeout") && f.Changed {
+		if f := cmd.Flags().Lookup("op-timeout"); f == root.PersistentFlags().Lookup("op-timeout") && daemonconf.Given(cmd.Flags(), "op-timeout") {
 			if a.opTimeout <= 0 {
 				return fmt.Errorf("--op-timeout %s: must be positive", a.opTimeout)
 			}

@@ -345,7 +345,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				return errors.New("--meta is required")
 			case scrubEvery < 0 || scrubRate < 0:
 				return fmt.Errorf("--scrub-interval %s and --scrub-rate %d must not be negative", scrubEvery, scrubRate)
-			case cmd.Flags().Changed("id") && (nodeID == 0 || nodeID > metaapi.MaxNodeID):
+			case daemonconf.Given(cmd.Flags(), "id") && (nodeID == 0 || nodeID > metaapi.MaxNodeID):
 				return fmt.Errorf("--id %d: node ids go from 1 to %d", nodeID, metaapi.MaxNodeID)
 			case inventoryEvery == 0:
 				return errors.New("--inventory-interval must not be 0 (negative: only when meta asks)")

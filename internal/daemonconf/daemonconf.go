@@ -40,17 +40,36 @@ const MaxFileBytes = 1 << 20
 // not configure the daemon.
 var skip = map[string]bool{Flag: true, "help": true, "version": true}
 
-// Add adds --config FILE to cmd and has cmd read it before it runs (as
-// its PreRunE, which cmd must not have).
+// Add adds --config FILE to cmd. The root command's pre-run calls
+// LoadFor before it checks any flag, so values from the file are checked
+// as the command line's are.
 func Add(cmd *cobra.Command) {
-	var path string
-	cmd.Flags().StringVar(&path, Flag, "", "read flag values from this TOML file (keys are flag names; flags on the command line win; docs/config.md)")
-	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
-		if path == "" {
-			return nil
-		}
-		return Load(cmd.Flags(), path)
+	cmd.Flags().String(Flag, "", "read flag values from this TOML file (keys are flag names; flags on the command line win; docs/config.md)")
+}
+
+// LoadFor applies the file cmd's --config names, if cmd has the flag and
+// it was given.
+func LoadFor(cmd *cobra.Command) error {
+	f := cmd.Flags().Lookup(Flag)
+	if f == nil || f.Value.String() == "" {
+		return nil
 	}
+	return Load(cmd.Flags(), f.Value.String())
+}
+
+// fromFile marks a flag a configuration file set.
+const fromFile = "sluice-from-config"
+
+// Given says whether the operator gave flag name, on the command line
+// or in the configuration file; checks that apply only to values given
+// explicitly use it, not Changed.
+func Given(fs *pflag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	if f == nil {
+		return false
+	}
+	_, file := f.Annotations[fromFile]
+	return f.Changed || file
 }
 
 // Load reads the file at path and applies it to fs (Apply).
@@ -66,6 +85,10 @@ func Load(fs *pflag.FlagSet, path string) error {
 	}
 	if !st.Mode().IsRegular() {
 		return fmt.Errorf("config file %s: not a regular file", path)
+	}
+	if uid, ok := owner(st); ok && uid != 0 && uid != uint32(os.Getuid()) {
+		// Its owner can point the daemon anywhere, as ssh reasons.
+		return fmt.Errorf("config file %s: owned by uid %d, neither root nor this user", path, uid)
 	}
 	if st.Mode().Perm()&0o022 != 0 {
 		// Whoever can write it can point the daemon anywhere.
@@ -124,11 +147,15 @@ func Apply(fs *pflag.FlagSet, name string, data []byte, readable bool) error {
 			continue // the command line wins
 		}
 		// Value.Set, not FlagSet.Set: Changed keeps meaning "given on
-		// the command line". (A command that fails here exits, so a
-		// file applied in part does no harm.)
+		// the command line" (Given covers both). A command that fails
+		// here exits, so a file applied in part does no harm.
 		if err := set(f, fv.Elem()); err != nil {
 			return fmt.Errorf("config file %s:%d: key %q must be %s: %v", name, lineOf(data, f.Name), f.Name, what(f), err)
 		}
+		if f.Annotations == nil {
+			f.Annotations = map[string][]string{}
+		}
+		f.Annotations[fromFile] = []string{name}
 	}
 	return nil
 }

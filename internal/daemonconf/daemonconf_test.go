@@ -18,7 +18,8 @@ import (
 // testCmd is a daemon-like command under a root with a persistent flag,
 // as sluice's are.
 func testCmd() (root, cmd *cobra.Command) {
-	root = &cobra.Command{Use: "sluice", SilenceErrors: true, SilenceUsage: true}
+	root = &cobra.Command{Use: "sluice", SilenceErrors: true, SilenceUsage: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return LoadFor(cmd) }}
 	root.PersistentFlags().String("log-level", "info", "")
 	cmd = &cobra.Command{Use: "daemon", RunE: func(*cobra.Command, []string) error { return nil }}
 	f := cmd.Flags()
@@ -111,4 +112,49 @@ func FuzzApply(f *testing.F) {
 		}
 		_ = fmt.Sprint(err)
 	})
+}
+
+// TestGiven: a value from the file counts as given, as one from the
+// command line does, so checks of explicit values (a node's --id, a
+// positive --op-timeout) cannot be skipped by moving the value to the
+// file; a default does not.
+func TestGiven(t *testing.T) {
+	root, cmd := testCmd()
+	path := filepath.Join(t.TempDir(), "c.toml")
+	if err := os.WriteFile(path, []byte("mtu = 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root.SetArgs([]string{"daemon", "--config", path, "--listen", "127.0.0.1:1"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"mtu": true, "listen": true, "scrub-rate": false, "nosuch": false} {
+		if got := Given(cmd.Flags(), name); got != want {
+			t.Errorf("Given(%q) = %v, want %v", name, got, want)
+		}
+	}
+	if cmd.Flags().Changed("mtu") {
+		t.Error("a file's value marked as given on the command line")
+	}
+}
+
+// TestOwnerChecked: a file another (unprivileged) user owns is refused
+// whatever its mode: its owner could point the daemon anywhere.
+func TestOwnerChecked(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	root, _ := testCmd()
+	path := filepath.Join(t.TempDir(), "c.toml")
+	if err := os.WriteFile(path, []byte("mtu = 9000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, 12345, 12345); err != nil {
+		t.Fatal(err)
+	}
+	root.SetArgs([]string{"daemon", "--config", path})
+	err := root.Execute()
+	if err == nil || !strings.Contains(err.Error(), "owned by uid 12345") {
+		t.Fatalf("a file of uid 12345: %v, want refused naming the owner", err)
+	}
 }
