@@ -16,7 +16,8 @@ import (
 // exactly one name, knows its parent and is reachable from the root; every
 // other inode has a name or is a file kept open after its removal (an
 // orphan record); chunks belong to files and are indexed by their ids
-// below the counter; the counters match what is stored; the lock tables
+// below the counter, and a file counting its chunks (st_blocks) has as
+// many records; the counters match what is stored; the lock tables
 // agree. nscheck.go walks the records, nsrepair.go fixes what is safe.
 //
 // It reads a pebble snapshot taken under the read lock, so it judges one

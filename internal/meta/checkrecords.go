@@ -2,6 +2,7 @@ package meta
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -14,6 +15,9 @@ import (
 // wrong there is a metadata problem, left to an operator.
 func (c *checker) checkRecords() error {
 	chunkIDs := map[ids.ChunkID]bool{}
+	// Records are in inode order: count each file's run of them.
+	var runIno ids.Ino
+	var run int64
 	err := c.scan(pChunk, func(k, val []byte) (bool, error) {
 		c.chunks++
 		if len(k) != 17 {
@@ -21,6 +25,11 @@ func (c *checker) checkRecords() error {
 			return true, nil
 		}
 		ino := ids.Ino(beUint64(k[1:9]))
+		if ino != runIno {
+			c.checkChunkCount(runIno, run)
+			runIno, run = ino, 0
+		}
+		run++
 		index := int64(beUint64(k[9:17]))
 		var rec chunkRec
 		if err := json.Unmarshal(val, &rec); err != nil {
@@ -51,6 +60,12 @@ func (c *checker) checkRecords() error {
 	})
 	if err != nil {
 		return err
+	}
+	c.checkChunkCount(runIno, run)
+	for ino, n := range c.inodes { // counted files with no record at all
+		if n.chunks > 0 {
+			c.checkChunkCount(ino, 0)
+		}
 	}
 	var indexed int64
 	err = c.scan(pChunkID, func(k, _ []byte) (bool, error) {
@@ -83,6 +98,20 @@ func (c *checker) checkRecords() error {
 		}
 	}
 	return nil
+}
+
+// checkChunkCount compares a counted file's chunk count (what st_blocks
+// is made of) with the records it has, once.
+func (c *checker) checkChunkCount(ino ids.Ino, records int64) {
+	n, ok := c.inodes[ino]
+	if !ok || n.chunks < 0 {
+		return
+	}
+	if counted := n.chunks; counted != records {
+		c.problem(kMeta, func() string { return fmt.Sprintf("%s: counts %d chunks, has %d", c.path(ino), counted, records) })
+	}
+	n.chunks = -1
+	c.inodes[ino] = n
 }
 
 // checkLocks verifies the lock records agree with their indexes: each

@@ -27,6 +27,9 @@ type nsInode struct {
 	at      ids.Ino // the directory holding its first name
 	size    int64
 	orphan  bool // it has an orphan record (which keeps a file removed while open)
+	// chunks: a counted file's recorded chunk count (Attr.Chunks), until
+	// checkRecords compared it with its chunk records; else -1.
+	chunks int64
 }
 
 // checker walks one snapshot. Records that do not decode are problems
@@ -161,7 +164,10 @@ func (c *checker) scanInodes() error {
 		if in.Ino != ino {
 			c.metadataf("inode key %d holds inode %d", ino, in.Ino)
 		}
-		n := nsInode{typ: in.Type, nlink: in.Nlink, parent: in.Parent, size: in.Size}
+		n := nsInode{typ: in.Type, nlink: in.Nlink, parent: in.Parent, size: in.Size, chunks: -1}
+		if in.Type == metaapi.TypeFile && in.Counted {
+			n.chunks = in.Chunks
+		}
 		switch in.Type {
 		case metaapi.TypeDir:
 			c.dirs++

@@ -162,10 +162,10 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
 func (c *Client) Addr() string { return c.addr }
 
 // once-only operations: done twice, the second fails (Create of a name
-// that now exists, Remove or Rename of one now gone) or does it again
-// (a second join token, a second principal).
+// that now exists, Remove or Rename of one now gone, RemoveNode of a node
+// now gone) or does it again (a second join token, a second principal).
 var onceOnly = map[string]bool{
-	OpCreate: true, OpLink: true, OpRemove: true, OpRename: true, OpSetXattr: true, OpRmXattr: true,
+	OpCreate: true, OpLink: true, OpRemove: true, OpRename: true, OpSetXattr: true, OpRmXattr: true, OpRemoveNode: true,
 	OpJoin: true, OpJoinToken: true, OpAuthAdd: true, OpAuthRotate: true, OpAuthRemove: true,
 }
 

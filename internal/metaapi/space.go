@@ -1,6 +1,9 @@
 package metaapi
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // SpaceTotals is the cluster's space: each file system holding nodes
 // that are up counted once. Capacity is what they can still hold plus
@@ -34,14 +37,16 @@ func ValidDiskID(d string) error {
 
 // Totals adds up the space of the nodes that are up. Nodes naming the
 // same Disk share one file system: its room (free space less the
-// nodes' reclaimable files, from the freshest report) counts once, the
-// space each node's store takes adds up. A node naming no Disk has a
-// file system of its own.
+// nodes' reclaimable files) counts once, the largest any of them
+// reports, and the space each node's store takes adds up. A node naming
+// no Disk has a file system of its own. The largest rather than the
+// freshest report: nodes learn each other's Disk from the cluster map,
+// and one naming another's file system with no room must not take that
+// room away (sharers' reports differ only by what was written between
+// their heartbeats). Sums stop at the largest int64 rather than wrap:
+// a node may report any number.
 func Totals(nodes []NodeInfo) SpaceTotals {
-	type disk struct {
-		room, heard int64 // room: free bytes, as of the report at heard
-	}
-	disks := map[string]*disk{}
+	rooms := map[string]int64{}
 	var t SpaceTotals
 	for _, n := range nodes {
 		if n.State != NodeUp {
@@ -49,28 +54,32 @@ func Totals(nodes []NodeInfo) SpaceTotals {
 		}
 		used, recl := max(n.Used, 0), min(max(n.Reclaimable, 0), max(n.Used, 0))
 		room := max(n.Free-recl, 0)
-		t.Used += used
-		t.Reclaimable += recl
+		t.Used = addCapped(t.Used, used)
+		t.Reclaimable = addCapped(t.Reclaimable, recl)
 		key := n.Disk
 		if key == "" {
 			key = fmt.Sprintf("node %d", n.ID) // not a valid Disk: has a space
 		}
-		d := disks[key]
-		if d == nil {
-			d = &disk{room: room, heard: n.LastHeartbeat}
-			disks[key] = d
-		} else if n.LastHeartbeat > d.heard {
-			d.room, d.heard = room, n.LastHeartbeat
+		if r, ok := rooms[key]; !ok || room > r {
+			rooms[key] = room
 		}
 	}
-	for _, d := range disks {
-		t.Capacity += d.room
-		t.Free += d.room
+	for _, r := range rooms {
+		t.Capacity = addCapped(t.Capacity, r)
+		t.Free = addCapped(t.Free, r)
 	}
-	t.Capacity += t.Used
-	t.Free += t.Reclaimable
-	t.Disks = len(disks)
+	t.Capacity = addCapped(t.Capacity, t.Used)
+	t.Free = addCapped(t.Free, t.Reclaimable)
+	t.Disks = len(rooms)
 	return t
+}
+
+// addCapped adds b >= 0 to a >= 0, stopping at the largest int64.
+func addCapped(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // Allocated is the bytes of a file's data that are stored, per copy:

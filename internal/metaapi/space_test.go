@@ -34,9 +34,9 @@ func TestTotals(t *testing.T) {
 			// Free of each node counts its own recycled files.
 			[]NodeInfo{node(1, "d", 10*G+1*G, 3*G, 1*G, 5), node(2, "d", 10*G+2*G, 4*G, 2*G, 5)},
 			SpaceTotals{Capacity: 17 * G, Used: 7 * G, Reclaimable: 3 * G, Free: 13 * G, Disks: 1}},
-		{"the freshest report of a shared disk's room wins",
+		{"the largest report of a shared disk's room counts (see TestTotalsDiskSpoofCannotHideAnotherNodesRoom)",
 			[]NodeInfo{node(1, "d", 10*G, 1*G, 0, 5), node(2, "d", 8*G, 1*G, 0, 9), node(3, "d", 12*G, 1*G, 0, 7)},
-			SpaceTotals{Capacity: 11 * G, Used: 3 * G, Free: 8 * G, Disks: 1}},
+			SpaceTotals{Capacity: 15 * G, Used: 3 * G, Free: 12 * G, Disks: 1}},
 		{"nodes that are down do not count",
 			[]NodeInfo{node(1, "d", 10*G, 1*G, 0, 5), down(node(2, "e", 10*G, 1*G, 0, 5))},
 			SpaceTotals{Capacity: 11 * G, Used: 1 * G, Free: 10 * G, Disks: 1}},
@@ -77,5 +77,50 @@ func TestAllocated(t *testing.T) {
 		if got := tc.a.Allocated(); got != tc.want {
 			t.Errorf("%+v: Allocated %d, want %d", tc.a, got, tc.want)
 		}
+	}
+}
+
+// A node's heartbeat is hostile input: whatever numbers one node reports,
+// the totals must not wrap around (df would show a negative or absurd
+// size for the whole cluster).
+func TestTotalsHugeReportsDoNotOverflow(t *testing.T) {
+	const G = 1 << 30
+	const maxI = int64(^uint64(0) >> 1)
+	honest := NodeInfo{ID: 1, State: NodeUp, Disk: "d", Free: 10 * G, Used: G, Capacity: 11 * G, LastHeartbeat: 5}
+	for _, tc := range []struct {
+		name  string
+		nodes []NodeInfo
+	}{
+		{"one node: huge free and used", []NodeInfo{honest,
+			{ID: 2, State: NodeUp, Disk: "e", Free: maxI, Used: maxI, Capacity: maxI, LastHeartbeat: 5}}},
+		{"two nodes: huge used", []NodeInfo{honest,
+			{ID: 2, State: NodeUp, Disk: "e", Free: 0, Used: maxI/2 + 1, LastHeartbeat: 5},
+			{ID: 3, State: NodeUp, Disk: "f", Free: 0, Used: maxI/2 + 1, LastHeartbeat: 5}}},
+		{"two disks: huge free", []NodeInfo{honest,
+			{ID: 2, State: NodeUp, Disk: "e", Free: maxI, LastHeartbeat: 5},
+			{ID: 3, State: NodeUp, Disk: "f", Free: maxI, LastHeartbeat: 5}}},
+		{"huge reclaimable", []NodeInfo{honest,
+			{ID: 2, State: NodeUp, Disk: "e", Free: maxI, Used: maxI, Reclaimable: maxI, LastHeartbeat: 5},
+			{ID: 3, State: NodeUp, Disk: "f", Free: maxI, Used: maxI, Reclaimable: maxI, LastHeartbeat: 5}}},
+	} {
+		got := Totals(tc.nodes)
+		if got.Capacity < 11*G || got.Used < G || got.Free < 10*G || got.Reclaimable < 0 || got.Free > got.Capacity {
+			t.Errorf("%s: totals wrapped around: %+v", tc.name, got)
+		}
+	}
+}
+
+// Nodes learn every node's Disk from their heartbeats' cluster map. One
+// naming another's file system (with a fresher report of no room) must
+// not take that file system's room out of the cluster's capacity: it may
+// change only what its own record adds.
+func TestTotalsDiskSpoofCannotHideAnotherNodesRoom(t *testing.T) {
+	const G = 1 << 30
+	victim := NodeInfo{ID: 1, State: NodeUp, Disk: "d", Free: 100 * G, Used: G, Capacity: 101 * G, LastHeartbeat: 5}
+	alone := Totals([]NodeInfo{victim})
+	spoof := NodeInfo{ID: 2, State: NodeUp, Disk: victim.Disk, Free: 0, Used: 0, Capacity: 0, LastHeartbeat: 6}
+	got := Totals([]NodeInfo{victim, spoof})
+	if got.Capacity < alone.Capacity || got.Free < alone.Free {
+		t.Errorf("node 2 naming node 1's disk took its room away: alone %+v, with node 2 %+v", alone, got)
 	}
 }

@@ -53,7 +53,7 @@ func (s *Store) allocated() int64 {
 }
 
 // walkFootprint sums the allocated blocks of every file under the store's
-// directory. Files vanishing under it (a chunk deleted, a staging file
+// directory (links in it are not followed). Files vanishing under it (a chunk deleted, a staging file
 // committed) are skipped: the next walk sees where they went.
 func (s *Store) walkFootprint() {
 	fp := &s.footprint
@@ -61,7 +61,13 @@ func (s *Store) walkFootprint() {
 	start := time.Now()
 	used, pooled := s.usedBytes.Load(), s.pool.size()
 	var bytes int64
-	err := filepath.WalkDir(s.dir, func(_ string, d fs.DirEntry, err error) error {
+	// WalkDir takes a root that is a symbolic link for a file: walk
+	// where a linked data directory points.
+	root, err := filepath.EvalSymlinks(s.dir)
+	if err != nil {
+		root = s.dir
+	}
+	err = filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil
 		}

@@ -86,3 +86,30 @@ func TestSpaceDiskNamesTheFileSystem(t *testing.T) {
 		t.Errorf("disks: %q and %q on one file system, %q on another", a1, a2, b1)
 	}
 }
+
+// TestSpaceUsedThroughSymlinkedDir: a data directory that is a symbolic
+// link (to a disk mounted elsewhere, say) is walked where it points: the
+// walk must not stop at the link and report next to nothing as used.
+func TestSpaceUsedThroughSymlinkedDir(t *testing.T) {
+	real := filepath.Join(t.TempDir(), "store")
+	if err := os.MkdirAll(real, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "data")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, Options{Dir: link, BlockSize: 4096})
+	rng := rand.New(rand.NewPCG(1, 2))
+	if _, err := write(s, rng, 9, 0, randBytes(rng, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	s.walkFootprint()
+	sp, err := s.Space()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp.Used < 1<<20 {
+		t.Errorf("a store holding a 1 MiB chunk through a symlinked directory reports %d bytes used", sp.Used)
+	}
+}
