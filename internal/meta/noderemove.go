@@ -104,7 +104,11 @@ func removable(node ids.NodeID, up, draining bool, h holdings) error {
 
 // RemoveNode takes a node out of the cluster for good (see
 // metaapi.RemoveNodeReq).
-func (s *Service) RemoveNode(req metaapi.RemoveNodeReq) error {
+func (s *Service) RemoveNode(req metaapi.RemoveNodeReq) error { return s.removeNode(req, nil) }
+
+// removeNode is RemoveNode; tests pass counted, which runs between the
+// count of the node's holdings and the transaction that removes it.
+func (s *Service) removeNode(req metaapi.RemoveNodeReq, counted func()) error {
 	for attempt := 0; ; attempt++ {
 		s.mu.RLock()
 		m := s.nodes[req.Node]
@@ -117,8 +121,15 @@ func (s *Service) RemoveNode(req metaapi.RemoveNodeReq) error {
 		if err != nil {
 			return err
 		}
+		if counted != nil {
+			counted()
+		}
 		changed := false
 		err = s.update(func(tx *txn) error {
+			// A node silent past the timeout but not yet marked down is
+			// still chosen by placement: mark it down first, so a chunk
+			// placed on it since the count makes the count run again.
+			s.sweepTx(tx, 0)
 			m := s.nodes[req.Node]
 			if m == nil {
 				return metaapi.Errorf(metaapi.ENOENT, "no storage node %v", req.Node)

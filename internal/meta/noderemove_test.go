@@ -132,3 +132,50 @@ func TestJoinChosenID(t *testing.T) {
 		t.Errorf("join asking for a free id below the others: %+v %v", r, err)
 	}
 }
+
+// TestRemoveSilentNodeRacingPlacement: a node silent past the timeout but
+// not yet marked down is removable (it is not up). A chunk placed between
+// the count of its holdings and the removal must not be left naming a
+// node that is gone: allocation marks silent nodes down first, and so
+// does the removal, and either moves the epoch, which has the count run
+// again.
+func TestRemoveSilentNodeRacingPlacement(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.NodeTimeout = 5 * time.Second })
+	ns := f.addNodes(3)
+	f.tree("/d/")
+	if _, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/d"), Policy: metaapi.Policy{Replicas: 2, Strategy: metaapi.StrategyRing}, Who: root}); err != nil {
+		t.Fatal(err)
+	}
+	f.tree("/d/f")
+	silent := ns[2]
+	// Heartbeats sweep silent nodes down, so the others report before
+	// the third falls silent, and nothing reports after.
+	f.clk.Advance(4 * time.Second)
+	f.heartbeat(ns[0])
+	f.heartbeat(ns[1])
+	f.clk.Advance(2 * time.Second)
+	placed := false
+	err := f.s.removeNode(metaapi.RemoveNodeReq{Node: silent}, func() {
+		if placed {
+			return
+		}
+		placed = true
+		for _, c := range f.layout("/d/f", 0, testChunkSize, true).Chunks {
+			for _, r := range c.Replicas {
+				if r.Node == silent {
+					t.Logf("chunk %v placed on silent node %v after the count", c.Chunk, silent)
+				}
+			}
+		}
+	})
+	h, herr := f.s.nodeHoldings(silent)
+	if herr != nil {
+		t.Fatal(herr)
+	}
+	if err == nil && h.members > 0 {
+		t.Fatalf("node %v removed while %d chunk records still place members on it", silent, h.members)
+	}
+	if err != nil && !strings.Contains(err.Error(), "only copy") && !strings.Contains(err.Error(), "still placed") {
+		t.Fatalf("remove: %v", err)
+	}
+}
