@@ -112,9 +112,12 @@ type Attr struct {
 	Target    ByteString `json:"target,omitempty"`     // symlinks
 	Rdev      uint64     `json:"rdev,omitempty"`       // devices: the device number (Mkdev)
 	// Files: Chunks is how many chunks (stripe groups) exist, counted
-	// since the file was created if Counted (files from before are not).
-	Chunks  int64 `json:"nchunks,omitempty"`
-	Counted bool  `json:"counted,omitempty"`
+	// since the file was created if Counted (files from before are not);
+	// ChunkEnd is one past the highest index among them, 0 if there are
+	// none or the file's chunks predate the field (see Allocated).
+	Chunks   int64 `json:"nchunks,omitempty"`
+	ChunkEnd int64 `json:"chunk_end,omitempty"`
+	Counted  bool  `json:"counted,omitempty"`
 }
 
 // Strategy names a replication strategy.
