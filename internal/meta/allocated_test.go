@@ -103,6 +103,46 @@ func TestFileKeepsItsLastChunk(t *testing.T) {
 	want("truncated to nothing", 0, 0, 0)
 }
 
+// TestChunkEndFromBefore: a file whose chunks were made before ChunkEnd
+// was kept has it 0 (not known) and counts whole chunks; a chunk made
+// below its unknown last one leaves it unknown rather than wrong (the
+// check would say so), and truncation that drops chunks finds it.
+func TestChunkEndFromBefore(t *testing.T) {
+	const cs = testChunkSize
+	f := newFixture(t)
+	f.addNodes(3)
+	f.tree("/old")
+	ino := f.ino("/old")
+	f.layout("/old", 0, 1, true)
+	f.layout("/old", 10*cs, 1, true)
+	size := int64(10*cs + 1)
+	if _, err := f.s.SetAttr(metaapi.SetAttrReq{Ino: ino, Size: &size, Who: root}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := loadInode(f.s.db, ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.ChunkEnd = 0 // as written before the field existed
+	if err := f.s.db.Set(inodeKey(ino), mustJSON(in), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	f.layout("/old", 3*cs, 1, true)
+	if a := f.attr("/old"); a.Chunks != 3 || a.ChunkEnd != 0 || a.Allocated() != 3*cs {
+		t.Fatalf("a chunk below an unknown last one: %d chunks ending at %d, %d bytes allocated", a.Chunks, a.ChunkEnd, a.Allocated())
+	}
+	if res := f.checkNS(false); len(res.Problems) != 0 {
+		t.Fatalf("an unknown last chunk is no problem: %+v", res.Problems)
+	}
+	size = 3*cs + 10
+	if _, err := f.s.SetAttr(metaapi.SetAttrReq{Ino: ino, Size: &size, Who: root}); err != nil {
+		t.Fatal(err)
+	}
+	if a := f.attr("/old"); a.Chunks != 2 || a.ChunkEnd != 4 || a.Allocated() != cs+10 {
+		t.Fatalf("truncated into chunk 3: %d chunks ending at %d, %d bytes allocated", a.Chunks, a.ChunkEnd, a.Allocated())
+	}
+}
+
 // TestErasureCodedFileAllocated: an erasure-coded file's chunk is a
 // stripe group, its ChunkSize the group's data bytes (not what its data
 // and parity units hold together), so st_blocks counts data: 8 KiB

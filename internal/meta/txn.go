@@ -231,8 +231,10 @@ func (tx *txn) dropChunks(ino ids.Ino, from int64) error {
 	tx.ctr.Chunks -= int64(len(recs))
 	if in, ok := tx.inodes[ino]; ok && len(recs) > 0 { // the caller writes it back (or frees it)
 		in.Chunks = max(in.Chunks-int64(len(recs)), 0)
-		if in.ChunkEnd, err = chunkEnd(tx.b, ino, from); err != nil {
-			return err
+		if in.ChunkEnd = 0; from > 0 {
+			if in.ChunkEnd, err = chunkEnd(tx.b, ino, from); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
