@@ -84,38 +84,56 @@ func TestCapacityCountsEachDiskOnce(t *testing.T) {
 	t.Logf("four nodes on two file systems: %+v", st.Totals)
 }
 
-// TestSparseFileBlocks (issue 17, item 3): on a FUSE mount, a file
-// truncated to 1 GiB with 4 KiB written at its end reports the blocks of
-// the one chunk it stores (st_blocks, `stat -c %b`), not of 1 GiB; a
-// dense file reports its size.
+// TestSparseFileBlocks (issue 17, item 3): on a FUSE mount, st_blocks
+// (`stat -c %b`) counts what a sparse file stores. A file truncated to
+// 1 GiB with 4 KiB appended reports those 4 KiB (meta knows which chunk
+// is the last and where the file ends), so does an erasure-coded one
+// (data, not parity); 4 KiB written at the end of the 1 GiB itself
+// report at most their chunk, from its start (meta does not know where
+// in a chunk writes landed); a dense file reports its size.
 func TestSparseFileBlocks(t *testing.T) {
-	_, m := fuseCluster(t)
-	p := filepath.Join(m.dir, "sparse")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, m := fuseCluster(t)
 	const size = 1 << 30
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
+	sparse := func(name string, at int64) (gotSize, allocated int64) {
+		t.Helper()
+		p := filepath.Join(m.dir, name)
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(randomBytes(t, 4096), at); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("stat", "-c", "%s %b %B", p).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var blocks, unit int64
+		if _, err := fmt.Sscan(string(out), &gotSize, &blocks, &unit); err != nil {
+			t.Fatalf("stat output %q: %v", out, err)
+		}
+		t.Logf("%s: 1 GiB with 4 KiB written at %d: stat says %s", name, at, strings.TrimSpace(string(out)))
+		return gotSize, blocks * unit
 	}
-	if _, err := f.WriteAt(randomBytes(t, 4096), size-4096); err != nil {
-		t.Fatal(err)
+	if gotSize, alloc := sparse("appended", size); gotSize != size+4096 || alloc != 4096 {
+		t.Errorf("1 GiB hole, 4 KiB appended: size %d, %d bytes allocated; want %d, 4096", gotSize, alloc, size+4096)
 	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
+	if gotSize, alloc := sparse("at-end", size-4096); gotSize != size || alloc > metaapi.DefaultChunkSize || alloc == 0 {
+		t.Errorf("1 GiB hole, 4 KiB at its end: size %d, %d bytes allocated; want at most one chunk (%d bytes), more than none",
+			gotSize, alloc, metaapi.DefaultChunkSize)
 	}
-	out, err := exec.Command("stat", "-c", "%s %b %B", p).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gotSize, blocks, unit int64
-	if _, err := fmt.Sscan(string(out), &gotSize, &blocks, &unit); err != nil {
-		t.Fatalf("stat output %q: %v", out, err)
-	}
-	t.Logf("1 GiB file with 4 KiB written at its end: stat says %s", strings.TrimSpace(string(out)))
-	if gotSize != size || blocks*unit > metaapi.DefaultChunkSize || blocks == 0 {
-		t.Errorf("sparse file: size %d, %d blocks of %d bytes; want at most one chunk (%d bytes), more than none", gotSize, blocks, unit, metaapi.DefaultChunkSize)
+	// Erasure-coded RS(2,1) on the three nodes: 6 KiB are stored for 4
+	// KiB of data, st_blocks counts the data as du would on one host.
+	mustRun(t, c.conf, nil, "mkdir", "/ec")
+	mustRun(t, c.conf, nil, "policy", "set", "/ec", "--ec", "2+1", "--cell", "4096")
+	if gotSize, alloc := sparse("ec/appended", size); gotSize != size+4096 || alloc != 4096 {
+		t.Errorf("RS(2,1), 1 GiB hole, 4 KiB appended: size %d, %d bytes allocated; want %d, 4096", gotSize, alloc, size+4096)
 	}
 
 	dense := filepath.Join(m.dir, "dense")

@@ -17,7 +17,7 @@ func (c *checker) checkRecords() error {
 	chunkIDs := map[ids.ChunkID]bool{}
 	// Records are in inode order: count each file's run of them.
 	var runIno ids.Ino
-	var run int64
+	var run, runEnd int64
 	err := c.scan(pChunk, func(k, val []byte) (bool, error) {
 		c.chunks++
 		if len(k) != 17 {
@@ -26,11 +26,12 @@ func (c *checker) checkRecords() error {
 		}
 		ino := ids.Ino(beUint64(k[1:9]))
 		if ino != runIno {
-			c.checkChunkCount(runIno, run)
+			c.checkChunkCount(runIno, run, runEnd)
 			runIno, run = ino, 0
 		}
 		run++
 		index := int64(beUint64(k[9:17]))
+		runEnd = index + 1 // in index order: the run's last is its highest
 		var rec chunkRec
 		if err := json.Unmarshal(val, &rec); err != nil {
 			c.metadataf("chunk %d of inode %d: record does not decode: %v", index, ino, err)
@@ -61,10 +62,10 @@ func (c *checker) checkRecords() error {
 	if err != nil {
 		return err
 	}
-	c.checkChunkCount(runIno, run)
+	c.checkChunkCount(runIno, run, runEnd)
 	for ino, n := range c.inodes { // counted files with no record at all
-		if n.chunks > 0 {
-			c.checkChunkCount(ino, 0)
+		if n.chunks > 0 || n.chunks == 0 && n.chunkEnd != 0 {
+			c.checkChunkCount(ino, 0, 0)
 		}
 	}
 	var indexed int64
@@ -100,15 +101,25 @@ func (c *checker) checkRecords() error {
 	return nil
 }
 
-// checkChunkCount compares a counted file's chunk count (what st_blocks
-// is made of) with the records it has, once.
-func (c *checker) checkChunkCount(ino ids.Ino, records int64) {
+// checkChunkCount compares a counted file's chunk count and the end of
+// its last chunk (what st_blocks is made of) with the records it has
+// (their number, one past the highest index), once. A ChunkEnd of 0 with
+// chunks is a file whose chunks predate the field: not known, not wrong.
+func (c *checker) checkChunkCount(ino ids.Ino, records, end int64) {
 	n, ok := c.inodes[ino]
 	if !ok || n.chunks < 0 {
 		return
 	}
 	if counted := n.chunks; counted != records {
 		c.problem(kMeta, func() string { return fmt.Sprintf("%s: counts %d chunks, has %d", c.path(ino), counted, records) })
+	}
+	if kept := n.chunkEnd; kept != 0 && kept != end {
+		c.problem(kMeta, func() string {
+			if end == 0 {
+				return fmt.Sprintf("%s: keeps its last chunk at index %d, has none", c.path(ino), kept-1)
+			}
+			return fmt.Sprintf("%s: keeps its last chunk at index %d, has it at %d", c.path(ino), kept-1, end-1)
+		})
 	}
 	n.chunks = -1
 	c.inodes[ino] = n

@@ -183,6 +183,9 @@ func (s *Service) layout(client ids.ClientID, req metaapi.LayoutReq, valid func(
 				c := indexedChunk{index: idx, rec: chunkRec{ID: tx.ctr.NextChunk, Nodes: nodes}}
 				tx.ctr.NextChunk++
 				tx.ctr.Chunks++
+				if in.Chunks == 0 || in.ChunkEnd > 0 { // else not known (Attr.ChunkEnd)
+					in.ChunkEnd = max(in.ChunkEnd, idx+1)
+				}
 				in.Chunks++
 				tx.dirty(in)
 				if err := tx.setJSON(chunkKey(in.Ino, idx), &c.rec); err != nil {

@@ -30,6 +30,9 @@ type nsInode struct {
 	// chunks: a counted file's recorded chunk count (Attr.Chunks), until
 	// checkRecords compared it with its chunk records; else -1.
 	chunks int64
+	// chunkEnd: a counted file's Attr.ChunkEnd, one past the highest
+	// index of its chunks (0: none, or not known).
+	chunkEnd int64
 }
 
 // checker walks one snapshot. Records that do not decode are problems
@@ -166,7 +169,7 @@ func (c *checker) scanInodes() error {
 		}
 		n := nsInode{typ: in.Type, nlink: in.Nlink, parent: in.Parent, size: in.Size, chunks: -1}
 		if in.Type == metaapi.TypeFile && in.Counted {
-			n.chunks = in.Chunks
+			n.chunks, n.chunkEnd = in.Chunks, in.ChunkEnd
 		}
 		switch in.Type {
 		case metaapi.TypeDir:

@@ -3,6 +3,7 @@ package meta
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"slices"
@@ -228,10 +229,31 @@ func (tx *txn) dropChunks(ino ids.Ino, from int64) error {
 		}
 	}
 	tx.ctr.Chunks -= int64(len(recs))
-	if in, ok := tx.inodes[ino]; ok {
-		in.Chunks = max(in.Chunks-int64(len(recs)), 0) // the caller writes it back (or frees it)
+	if in, ok := tx.inodes[ino]; ok && len(recs) > 0 { // the caller writes it back (or frees it)
+		in.Chunks = max(in.Chunks-int64(len(recs)), 0)
+		if in.ChunkEnd = 0; from > 0 {
+			if in.ChunkEnd, err = chunkEnd(tx.b, ino, from); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// chunkEnd is one past the highest index of ino's chunks below before, 0
+// if none: one seek back from before over the chunk records.
+func chunkEnd(r pebble.Reader, ino ids.Ino, before int64) (int64, error) {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: chunkPrefix(ino), UpperBound: chunkKey(ino, max(before, 0))})
+	if err != nil {
+		return 0, err
+	}
+	end := int64(0)
+	if it.Last() {
+		if k := it.Key(); len(k) == 17 {
+			end = int64(beUint64(k[9:])) + 1
+		}
+	}
+	return end, errors.Join(it.Error(), it.Close())
 }
 
 // flush writes the dirty inodes and the counters into the batch.

@@ -82,15 +82,36 @@ func addCapped(a, b int64) int64 {
 	return a + b
 }
 
-// Allocated is the bytes of a file's data that are stored, per copy:
-// the file's bytes in chunks that exist (st_blocks, NFS "used"). A hole
-// spanning whole chunks takes nothing; a chunk that exists counts whole
-// up to the file's end, however little of it was written (meta does not
-// know the nodes' allocation); replicas and parity are not counted.
-// Other types, and files not Counted, report their size.
+// Allocated is the bytes of a file's data that are stored, per copy
+// (st_blocks, NFS "used"): replicas and parity are not counted. Meta
+// knows which chunks exist (Chunks, ChunkEnd), not what the nodes
+// allocated inside them, so a hole spanning whole chunks takes nothing;
+// the last chunk counts from its start to the file's end, so a write
+// past a hole reports what it added from the chunk's start; every other
+// chunk counts whole, however little of it was written. If the last
+// chunk lies beyond the file's end (a write not committed yet) or is not
+// known (ChunkEnd 0: chunks made before it was kept), each chunk counts
+// whole up to the file's end. An erasure-coded file's chunk is a stripe
+// group and its ChunkSize the group's data bytes, so the same counts
+// data, not parity. Never more than the size nor negative. Other types,
+// and files not Counted, report their size.
 func (a *Attr) Allocated() int64 {
-	if a.Type != TypeFile || !a.Counted || a.ChunkSize <= 0 {
-		return max(a.Size, 0)
+	size, cs := max(a.Size, 0), a.ChunkSize
+	if a.Type != TypeFile || !a.Counted || cs <= 0 {
+		return size
 	}
-	return max(min(a.Size, a.Chunks*a.ChunkSize), 0)
+	n := max(a.Chunks, 0)
+	if n == 0 || size == 0 {
+		return 0
+	}
+	whole := size // n chunks of cs bytes fill the size
+	if n <= size/cs {
+		whole = n * cs
+	}
+	last := a.ChunkEnd - 1
+	if last < 0 || last > (size-1)/cs {
+		return whole
+	}
+	// The other chunks lie below the last one: at most last of them.
+	return min(whole, (min(n, last+1)-1)*cs+min(cs, size-last*cs))
 }

@@ -62,21 +62,56 @@ func TestValidDiskID(t *testing.T) {
 	}
 }
 
+// TestAllocated: what st_blocks reports, from a file's chunk count and
+// the index of its last chunk.
 func TestAllocated(t *testing.T) {
 	const cs = 64 << 20
+	const maxI = int64(^uint64(0) >> 1)
+	file := func(size, chunks, end int64) Attr {
+		return Attr{Type: TypeFile, Size: size, ChunkSize: cs, Chunks: chunks, ChunkEnd: end, Counted: true}
+	}
+	// Erasure-coded: a chunk is a stripe group of ChunkSize data bytes
+	// (48 MiB for 3+2 with 64 KiB cells), what its 5 units hold besides
+	// is parity.
+	ec := ErasureCode{Data: 3, Parity: 2, Cell: DefaultECCell}
+	ecs := ec.ChunkSize()
+	ecFile := func(size, chunks, end int64) Attr {
+		return Attr{Type: TypeFile, Size: size, ChunkSize: ecs, Chunks: chunks, ChunkEnd: end, Counted: true,
+			Policy: &Policy{EC: &ec}}
+	}
 	for _, tc := range []struct {
+		name string
 		a    Attr
 		want int64
 	}{
-		{Attr{Type: TypeFile, Size: 1<<30 + 4096, ChunkSize: cs, Chunks: 1, Counted: true}, cs},
-		{Attr{Type: TypeFile, Size: 3*cs - 5, ChunkSize: cs, Chunks: 3, Counted: true}, 3*cs - 5},
-		{Attr{Type: TypeFile, Size: 1 << 30, ChunkSize: cs, Counted: true}, 0},
-		{Attr{Type: TypeFile, Size: 1 << 30, ChunkSize: cs, Chunks: 2}, 1 << 30}, // not counted: its size
-		{Attr{Type: TypeDir, Size: 4096}, 4096},
+		{"4 KiB written past a 1 GiB hole", file(1<<30+4096, 1, 17), 4096},
+		{"4 KiB written at the end of a 1 GiB hole: the last chunk from its start", file(1<<30, 1, 16), cs},
+		{"last chunk not known: whole chunks", file(1<<30+4096, 1, 0), cs},
+		{"dense", file(3*cs-5, 3, 3), 3*cs - 5},
+		{"dense, chunk-aligned", file(3*cs, 3, 3), 3 * cs},
+		{"chunks 0 and 5: one whole, the last to the end", file(5*cs+10, 2, 6), cs + 10},
+		{"last chunk past the end (not committed yet): whole chunks", file(cs+100, 2, 4), cs + 100},
+		{"last chunk past the end, few chunks", file(10*cs, 2, 12), 2 * cs},
+		{"a hole only", file(1<<30, 0, 0), 0},
+		{"empty with a chunk (being written)", file(0, 1, 1), 0},
+		{"more chunks than the last index allows: no more than below it", file(10*cs, 5, 2), 2 * cs},
+		{"huge count", file(1<<50, maxI, 0), 1 << 50},
+		{"huge count and index", file(1<<50, maxI, maxI), 1 << 50},
+		{"negative size", file(-1, 1, 1), 0},
+		{"negative count", file(cs, -3, 1), 0},
+		{"not counted: its size", Attr{Type: TypeFile, Size: 1 << 30, ChunkSize: cs, Chunks: 2, ChunkEnd: 3}, 1 << 30},
+		{"no chunk size: its size", Attr{Type: TypeFile, Size: 4096, Counted: true}, 4096},
+		{"a directory: its size", Attr{Type: TypeDir, Size: 4096}, 4096},
+		{"EC: 8 KiB past a hole of 10 stripe groups", ecFile(10*ecs+8192, 1, 11), 8192},
+		{"EC: groups 0 and 2", ecFile(2*ecs+100<<10, 2, 3), ecs + 100<<10},
+		{"EC: dense", ecFile(3*ecs-1, 3, 3), 3*ecs - 1},
 	} {
 		if got := tc.a.Allocated(); got != tc.want {
-			t.Errorf("%+v: Allocated %d, want %d", tc.a, got, tc.want)
+			t.Errorf("%s (%+v): Allocated %d, want %d", tc.name, tc.a, got, tc.want)
 		}
+	}
+	if ecs != 48<<20 {
+		t.Errorf("3+2 with %d-byte cells: stripe groups of %d data bytes, want 48 MiB", ec.Cell, ecs)
 	}
 }
 

@@ -10,7 +10,8 @@ import (
 
 // TestFattrUsedCountsStoredData: a fattr3's used is what the file stores
 // (Attr.Allocated), not its size: a 1 GiB file with one 64 MiB chunk uses
-// 64 MiB; a dense one its size; files from before chunks were counted,
+// 64 MiB, 4 KiB if that chunk is known to be the last and to hold the
+// file's last 4 KiB; a dense one its size; files from before chunks were counted,
 // and symlinks, their size.
 func TestFattrUsedCountsStoredData(t *testing.T) {
 	const G, M = 1 << 30, 1 << 20
@@ -20,6 +21,7 @@ func TestFattrUsedCountsStoredData(t *testing.T) {
 		used uint64
 	}{
 		{"sparse", metaapi.Attr{Type: metaapi.TypeFile, Size: G + 4096, ChunkSize: 64 * M, Chunks: 1, Counted: true}, 64 * M},
+		{"sparse, its last chunk known", metaapi.Attr{Type: metaapi.TypeFile, Size: G + 4096, ChunkSize: 64 * M, Chunks: 1, ChunkEnd: 17, Counted: true}, 4096},
 		{"dense", metaapi.Attr{Type: metaapi.TypeFile, Size: 100*M + 1, ChunkSize: 64 * M, Chunks: 2, Counted: true}, 100*M + 4096},
 		{"empty", metaapi.Attr{Type: metaapi.TypeFile, Size: G, ChunkSize: 64 * M, Counted: true}, 0},
 		{"not counted", metaapi.Attr{Type: metaapi.TypeFile, Size: G, ChunkSize: 64 * M}, G},
