@@ -81,6 +81,15 @@ func TestCapacityCountsEachDiskOnce(t *testing.T) {
 	c.startNodeIn(t, "n4", filepath.Join(own, "n4"))
 	waitNodesUp(t, c.conf, 4, 15*time.Second)
 	st = want("a fourth node on its own tmpfs", sharedSize-128<<20+ownSize, 2, 3*24<<20)
+	// Each node reports its file system's size (the margin's base), not
+	// its Capacity (which leaves out the other tenant's 128 MiB).
+	sizes := map[int64]int{}
+	for _, n := range st.Nodes {
+		sizes[n.FSSize]++
+	}
+	if len(st.Nodes) != 4 || sizes[sharedSize] != 3 || sizes[ownSize] != 1 {
+		t.Errorf("file system sizes the nodes report (size: nodes): %v; want 3 of %d and 1 of %d", sizes, sharedSize, ownSize)
+	}
 	t.Logf("four nodes on two file systems: %+v", st.Totals)
 }
 

@@ -263,6 +263,7 @@ type nodeRec struct {
 	Draining      bool       `json:"draining,omitempty"`
 	Reclaimable   int64      `json:"reclaimable,omitempty"`
 	Disk          string     `json:"disk,omitempty"`
+	FSSize        int64      `json:"fs_size,omitempty"`
 }
 
 // counters are the singletons every mutation may touch.

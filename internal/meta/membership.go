@@ -46,7 +46,7 @@ func (m *member) info() metaapi.NodeInfo {
 	return metaapi.NodeInfo{
 		ID: m.rec.ID, Addr: m.rec.Addr, Domain: m.rec.Domain, State: m.state,
 		Capacity: m.rec.Capacity, Used: m.rec.Used, Free: m.rec.Free, Chunks: m.rec.Chunks,
-		Reclaimable: m.rec.Reclaimable, Disk: m.rec.Disk,
+		Reclaimable: m.rec.Reclaimable, Disk: m.rec.Disk, FSSize: m.rec.FSSize,
 		LastHeartbeat: m.rec.LastHeartbeat, Draining: m.rec.Draining, Members: -1,
 	}
 }
@@ -107,7 +107,7 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 	if len(req.Domain) > 256 {
 		return out, metaapi.Errorf(metaapi.EINVAL, "failure domain name of %d bytes", len(req.Domain))
 	}
-	if err := validUsage(req.Capacity, req.Used, req.Free, req.Reclaimable, req.Chunks, req.Disk); err != nil {
+	if err := validUsage(req.Capacity, req.Used, req.Free, req.Reclaimable, req.Chunks, req.FSSize, req.Disk); err != nil {
 		return out, err
 	}
 	err := s.update(func(tx *txn) error {
@@ -131,7 +131,7 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 		rec := nodeRec{
 			ID: id, Addr: req.Addr, Domain: req.Domain,
 			Capacity: req.Capacity, Used: req.Used, Free: req.Free, Chunks: req.Chunks,
-			Reclaimable: req.Reclaimable, Disk: req.Disk, LastHeartbeat: tx.now,
+			Reclaimable: req.Reclaimable, Disk: req.Disk, FSSize: req.FSSize, LastHeartbeat: tx.now,
 		}
 		if old != nil {
 			rec.Draining = old.rec.Draining // an operator's decision outlives restarts
@@ -156,10 +156,13 @@ func (s *Service) Register(req metaapi.RegisterReq) (metaapi.RegisterResp, error
 	return out, err
 }
 
-// validUsage checks a node's report of its space.
-func validUsage(capacity, used, free, reclaimable, chunks int64, disk string) error {
-	if capacity < 0 || used < 0 || free < 0 || chunks < 0 || reclaimable < 0 {
+// validUsage checks a node's report of its space (fsSize 0: not known).
+func validUsage(capacity, used, free, reclaimable, chunks, fsSize int64, disk string) error {
+	if capacity < 0 || used < 0 || free < 0 || chunks < 0 || reclaimable < 0 || fsSize < 0 {
 		return metaapi.Errorf(metaapi.EINVAL, "negative capacity or usage")
+	}
+	if fsSize > 0 && fsSize < free {
+		return metaapi.Errorf(metaapi.EINVAL, "%d bytes free on a file system of %d", free, fsSize)
 	}
 	if reclaimable > used || reclaimable > free {
 		return metaapi.Errorf(metaapi.EINVAL, "%d bytes reclaimable of %d used, %d free", reclaimable, used, free)
@@ -176,7 +179,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 			return out, err
 		}
 	}
-	if err := validUsage(req.Capacity, req.Used, req.Free, req.Reclaimable, req.Chunks, req.Disk); err != nil {
+	if err := validUsage(req.Capacity, req.Used, req.Free, req.Reclaimable, req.Chunks, req.FSSize, req.Disk); err != nil {
 		return out, err
 	}
 	if len(req.Deleted) > maxDeletedAcks {
@@ -197,7 +200,7 @@ func (s *Service) Heartbeat(req metaapi.HeartbeatReq) (metaapi.HeartbeatResp, er
 		}
 		rec := m.rec
 		rec.Capacity, rec.Used, rec.Free, rec.Chunks = req.Capacity, req.Used, req.Free, req.Chunks
-		rec.Reclaimable, rec.Disk = req.Reclaimable, req.Disk
+		rec.Reclaimable, rec.Disk, rec.FSSize = req.Reclaimable, req.Disk, req.FSSize
 		rec.LastHeartbeat = tx.now
 		persist := false
 		if req.Addr != "" && req.Addr != rec.Addr {

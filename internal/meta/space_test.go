@@ -230,3 +230,46 @@ func TestFailoverMovesOffFullNode(t *testing.T) {
 		t.Fatalf("the full node is not told to drop %v and %v: %v", l.Chunk, ecl.Chunk, d)
 	}
 }
+
+// TestMarginOfSharedDisk: the margin is a share of the node's file
+// system (reported as FSSize), not of its Capacity. A node on a 1000 GiB
+// disk that other programs fill to 940 GiB has a Capacity of 60 GiB; 40
+// GiB free is below 5% of the disk, so it is full (a share of Capacity,
+// 3 GiB, would have it take chunks down to the disk's last 0.3%). A node
+// that does not report the size is judged by its Capacity; a size below
+// the free space, or negative, is refused.
+func TestMarginOfSharedDisk(t *testing.T) {
+	f := newFixture(t)
+	shared, err := f.s.Register(metaapi.RegisterReq{Addr: "127.0.0.1:9100", Capacity: 60 * gib, Free: 40 * gib, Used: 20 * gib, FSSize: 1000 * gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := f.s.Register(metaapi.RegisterReq{Addr: "127.0.0.1:9101", Capacity: 60 * gib, Free: 40 * gib, Used: 20 * gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := f.nodeInfo(shared.ID); !n.Full || n.FSSize != 1000*gib {
+		t.Errorf("node with 40 GiB free on a 1000 GiB disk: %+v, want full", n)
+	}
+	if n := f.nodeInfo(old.ID); n.Full || n.FSSize != 0 {
+		t.Errorf("node not reporting its file system's size: %+v, want room (a share of its capacity)", n)
+	}
+	hb := metaapi.HeartbeatReq{ID: shared.ID, Capacity: 80 * gib, Free: 60 * gib, Used: 20 * gib, FSSize: 1000 * gib}
+	if _, err := f.s.Heartbeat(hb); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.nodeInfo(shared.ID); n.Full {
+		t.Errorf("node with 60 GiB free on a 1000 GiB disk: %+v, want room", n)
+	}
+	for _, size := range []int64{-1, 59 * gib} {
+		bad := hb
+		bad.FSSize = size
+		_, err := f.s.Heartbeat(bad)
+		wantCode(t, err, metaapi.EINVAL)
+		_, err = f.s.Register(metaapi.RegisterReq{ID: shared.ID, Addr: "127.0.0.1:9100", Capacity: 80 * gib, Free: 60 * gib, Used: 20 * gib, FSSize: size})
+		wantCode(t, err, metaapi.EINVAL)
+	}
+	if n := f.nodeInfo(shared.ID); n.FSSize != 1000*gib || n.Free != 60*gib {
+		t.Errorf("after refused reports: %+v", n)
+	}
+}

@@ -218,7 +218,10 @@ func (s *Service) removeTemp(tx *txn, ino ids.Ino, rec tempRec) error {
 
 // tempUsage counts the temporary files and the bytes they hold at most:
 // their size, or their chunks' whole size if more (a put commits its
-// size only at the end).
+// size only at the end). A file's chunks are its count (Attr.Chunks);
+// only a file from before counts existed has its chunk records scanned.
+// Every Status call runs this: the count spares it a scan of the chunk
+// records of up to 65,536 files.
 func tempUsage(v view) (files, bytes int64, err error) {
 	err = scan(v.r, []byte{pTemp}, []byte{pTemp + 1}, func(k, val []byte) (bool, error) {
 		var rec tempRec
@@ -230,10 +233,13 @@ func tempUsage(v view) (files, bytes int64, err error) {
 		if err != nil || !named {
 			return err == nil, err
 		}
-		chunks := int64(0)
-		p := chunkPrefix(ino)
-		if err := scan(v.r, p, prefixEnd(p), func(_, _ []byte) (bool, error) { chunks++; return true, nil }); err != nil {
-			return false, err
+		chunks := in.Chunks
+		if !in.Counted {
+			chunks = 0
+			p := chunkPrefix(ino)
+			if err := scan(v.r, p, prefixEnd(p), func(_, _ []byte) (bool, error) { chunks++; return true, nil }); err != nil {
+				return false, err
+			}
 		}
 		files++
 		bytes += max(in.Size, chunks*in.ChunkSize)

@@ -125,7 +125,7 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
 	deadline := start.Add(retryFor)
 	backoff := 20 * time.Millisecond
 	for {
-		err = c.once(ctx, op, body, resp)
+		err = c.once(ctx, op, body, resp, attemptTimeout(op, c.RetryFor, time.Until(start.Add(c.RetryFor))))
 		var me *Error
 		retry, unreachable := false, false
 		switch {
@@ -158,6 +158,40 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
 	}
 }
 
+// How long one attempt may take. Retries end when RetryFor (the caller's
+// op timeout) has passed, and so does each attempt: without a bound of
+// its own an attempt waited the HTTP client's 30 s for a meta that takes
+// connections but never answers (stopped, say), whatever the op timeout.
+const (
+	attemptMax = 30 * time.Second // the HTTP client's timeout
+	attemptMin = time.Second      // even the last attempt, at the deadline
+	// heldSlack is what a call meta holds by design may take beyond
+	// the hold: the round trip and meta's work.
+	heldSlack = 5 * time.Second
+)
+
+// attemptTimeout is how long an attempt of op may take when left of the
+// op timeout retryFor remains (0: none, an attempt takes the usual
+// time): what is left, never below what meta may hold op before
+// answering by design (heldAtMeta), and within attemptMax.
+func attemptTimeout(op string, retryFor, left time.Duration) time.Duration {
+	if retryFor <= 0 {
+		return attemptMax
+	}
+	return min(attemptMax, max(left, attemptMin, heldAtMeta(op)))
+}
+
+// heldAtMeta is how long meta may hold op before it answers, by design:
+// a waiting Reconcile is held until the repair is done or
+// MaxReconcileWait has passed. Other calls are answered at once (a
+// check, a lock and a backup are polled or streamed, not held).
+func heldAtMeta(op string) time.Duration {
+	if op == OpReconcile {
+		return MaxReconcileWait + heldSlack
+	}
+	return 0
+}
+
 // Addr is the meta address the client calls.
 func (c *Client) Addr() string { return c.addr }
 
@@ -181,11 +215,14 @@ func notSent(err error) bool {
 	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
-func (c *Client) once(ctx context.Context, op string, body []byte, resp any) error {
+// once makes one attempt, of at most timeout.
+func (c *Client) once(ctx context.Context, op string, body []byte, resp any, timeout time.Duration) error {
 	if c.noTLS {
 		return fmt.Errorf("meta %s: %w", op, &TLSError{Reason: "no TLS configuration (no cluster CA)"})
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+op, bytes.NewReader(body))
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(actx, http.MethodPost, c.base+op, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("meta %s: %w", op, err)
 	}
@@ -193,6 +230,9 @@ func (c *Client) once(ctx context.Context, op string, body []byte, resp any) err
 	hreq.Header.Set("Authorization", c.auth)
 	hresp, err := c.hc.Do(hreq)
 	if err != nil {
+		if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("meta %s: no answer within %s: %w", op, timeout.Round(time.Millisecond), err)
+		}
 		return fmt.Errorf("meta %s: %w", op, explainTLS(err))
 	}
 	c.reached.Store(true)

@@ -63,3 +63,64 @@ func TestCallResendsWhatIsRepeatable(t *testing.T) {
 		t.Errorf("GetAttr sent %d times, want it retried", n)
 	}
 }
+
+// TestCallEndsWithinRetryFor: a meta that takes connections but never
+// answers (a stopped process) fails a call within about RetryFor (the
+// caller's --op-timeout), not after the HTTP client's 30 s, and the
+// error names meta's address.
+func TestCallEndsWithinRetryFor(t *testing.T) {
+	stop := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) }) // runs first: the handlers return
+	addr := strings.TrimPrefix(srv.URL, "https://")
+	c := NewClient(addr, "", &tls.Config{InsecureSkipVerify: true})
+	t.Cleanup(c.Close)
+	c.RetryFor, c.FirstContactRetry = 2*time.Second, 2*time.Second
+	for _, reached := range []bool{false, true} {
+		c.reached.Store(reached)
+		for _, op := range []string{OpGetAttr, OpCreate} {
+			start := time.Now()
+			err := c.Call(context.Background(), op, struct{}{}, nil)
+			took := time.Since(start)
+			if err == nil || !strings.Contains(err.Error(), addr) {
+				t.Errorf("%s (reached before: %v): error %v, want one naming %s", op, reached, err, addr)
+			}
+			// RetryFor, and the last attempt's second; generous for a loaded machine.
+			if took > 10*time.Second {
+				t.Errorf("%s (reached before: %v): took %s with RetryFor %s", op, reached, took, c.RetryFor)
+			}
+		}
+	}
+}
+
+// TestAttemptTimeout: an attempt takes what is left of the op timeout,
+// at least a second and at most the HTTP client's 30 s; a Reconcile,
+// which meta holds up to MaxReconcileWait by design, is never cut below
+// that hold; without an op timeout an attempt takes the usual 30 s.
+func TestAttemptTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		op             string
+		retryFor, left time.Duration
+		want           time.Duration
+	}{
+		{OpGetAttr, 5 * time.Second, 5 * time.Second, 5 * time.Second},
+		{OpGetAttr, 5 * time.Second, 2 * time.Second, 2 * time.Second},
+		{OpGetAttr, 5 * time.Second, 0, time.Second},
+		{OpGetAttr, 5 * time.Second, -time.Second, time.Second},
+		{OpGetAttr, time.Minute, time.Minute, 30 * time.Second},
+		{OpGetAttr, 0, 0, 30 * time.Second},
+		{OpReconcile, 5 * time.Second, 5 * time.Second, MaxReconcileWait + 5*time.Second},
+		{OpReconcile, time.Hour, time.Hour, 30 * time.Second},
+	} {
+		if got := attemptTimeout(tc.op, tc.retryFor, tc.left); got != tc.want {
+			t.Errorf("attemptTimeout(%s, %s, %s) = %s, want %s", tc.op, tc.retryFor, tc.left, got, tc.want)
+		}
+	}
+}

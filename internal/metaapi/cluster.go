@@ -41,6 +41,9 @@ type NodeInfo struct {
 	// count once in Totals.
 	Reclaimable int64  `json:"reclaimable"`
 	Disk        string `json:"disk,omitempty"`
+	// FSSize is the size of its file system (statfs): what meta's
+	// free-space margin is a share of. 0: not reported (an older node).
+	FSSize int64 `json:"fs_size,omitempty"`
 	// Blocked, for a draining node: its members the last scan found
 	// repair cannot move now, by reason.
 	Blocked []Blocked `json:"blocked,omitempty"`
@@ -238,6 +241,7 @@ type RegisterReq struct {
 	// As in HeartbeatReq.
 	Reclaimable int64  `json:"reclaimable,omitempty"`
 	Disk        string `json:"disk,omitempty"`
+	FSSize      int64  `json:"fs_size,omitempty"`
 }
 type RegisterResp struct {
 	ID                ids.NodeID `json:"id"`
@@ -257,7 +261,8 @@ type RegisterResp struct {
 // among them, Capacity what the file system can still hold plus Used
 // (other tenants of the disk are not counted), and Disk names the file
 // system (at most MaxDiskID bytes): nodes sharing one report the same,
-// and count once in Totals (docs/space.md).
+// and count once in Totals (docs/space.md). FSSize is the file system's
+// size (0: not known), at least Free.
 type HeartbeatReq struct {
 	ID       ids.NodeID    `json:"id"`
 	Addr     string        `json:"addr"`
@@ -270,9 +275,10 @@ type HeartbeatReq struct {
 	// the node's own (its scrub, a write, a repair reading it; Node 0 or
 	// its own id) or another node's that a repair read from.
 	Corrupt []CorruptCopy `json:"corrupt,omitempty"`
-	// Reclaimable and Disk: see above.
+	// Reclaimable, Disk and FSSize: see above.
 	Reclaimable int64  `json:"reclaimable,omitempty"`
 	Disk        string `json:"disk,omitempty"`
+	FSSize      int64  `json:"fs_size,omitempty"`
 }
 
 // RetiredCopy is a node's copy of Chunk that meta moved elsewhere, at

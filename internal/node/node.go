@@ -411,13 +411,17 @@ func saveFile(dir, name string, raw []byte) error {
 // what its file system can still hold plus what its store takes there
 // (Capacity), what it can still take (Free: free bytes and recycled chunk
 // files), what the store takes (Used, allocated bytes) and of that the
-// recycled files (Reclaimable), and which file system it is (Disk).
+// recycled files (Reclaimable), and which file system it is (Disk) and
+// its size (FSSize: meta's free-space margin is a share of it).
 // Without statfs (not Linux) it reports no size, and meta then places as
 // if it had room.
 func (n *Node) usage() (sp usage) {
 	if st, err := n.store.Space(); err == nil {
 		sp.Capacity, sp.Free, sp.Used, sp.Disk = st.Avail+st.Used, st.Free(), st.Used, st.Disk
 		sp.Reclaimable = min(st.Recycled, st.Used)
+		if st.Total > 0 {
+			sp.FSSize = max(st.Total, sp.Free) // two readings: keep them consistent
+		}
 	} else {
 		n.log.Debug("no file system space to report", "err", err)
 	}
@@ -426,8 +430,8 @@ func (n *Node) usage() (sp usage) {
 }
 
 type usage struct {
-	Capacity, Free, Used, Reclaimable, Chunks int64
-	Disk                                      string
+	Capacity, Free, Used, Reclaimable, Chunks, FSSize int64
+	Disk                                              string
 }
 
 // reportSoon has the control loop heartbeat now: the store met a full
@@ -445,7 +449,7 @@ func (n *Node) reportSoon() {
 func (n *Node) register(ctx context.Context) error {
 	sp := n.usage()
 	req := metaapi.RegisterReq{ID: n.ID(), Addr: n.opts.Advertise, Domain: n.opts.Domain, Capacity: sp.Capacity, Used: sp.Used, Free: sp.Free,
-		Reclaimable: sp.Reclaimable, Disk: sp.Disk, Chunks: sp.Chunks}
+		Reclaimable: sp.Reclaimable, Disk: sp.Disk, FSSize: sp.FSSize, Chunks: sp.Chunks}
 	var resp metaapi.RegisterResp
 	backoff := 100 * time.Millisecond
 	for {
@@ -546,7 +550,7 @@ func (n *Node) heartbeat(ctx context.Context) error {
 	}
 	n.mu.Unlock()
 	req := metaapi.HeartbeatReq{ID: n.ID(), Addr: n.opts.Advertise, Capacity: sp.Capacity, Used: sp.Used, Free: sp.Free,
-		Reclaimable: sp.Reclaimable, Disk: sp.Disk, Chunks: sp.Chunks, Deleted: deleted, Corrupt: corrupt}
+		Reclaimable: sp.Reclaimable, Disk: sp.Disk, FSSize: sp.FSSize, Chunks: sp.Chunks, Deleted: deleted, Corrupt: corrupt}
 	var resp metaapi.HeartbeatResp
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -7,7 +7,7 @@
 //
 //  1. Only live nodes (State == up), never an excluded node, never a
 //     full one: a node must have more than a margin free (MinFree: a
-//     number of bytes or a share of its capacity, whichever is more).
+//     number of bytes or a share of its file system, whichever is more).
 //     NodeInfo.Free is what meta expects the node to have — its last
 //     report less what meta placed there since — and the margin absorbs
 //     what that estimate misses (appends to existing chunks, a burst
@@ -39,21 +39,29 @@ import (
 )
 
 // MinFree is the free space a node must keep to be given new chunks:
-// Bytes, or Percent of its capacity if that is more.
+// Bytes, or Percent of its file system's size if that is more.
 type MinFree struct {
 	Bytes   int64
 	Percent float64
 }
 
-// Of is the free space a node of capacity bytes must keep.
-func (m MinFree) Of(capacity int64) int64 {
-	return max(m.Bytes, int64(float64(max(capacity, 0))*m.Percent/100))
+// Of is the free space a node on a file system of size bytes must keep.
+func (m MinFree) Of(size int64) int64 {
+	return max(m.Bytes, int64(float64(max(size, 0))*m.Percent/100))
 }
 
 // Full reports whether n has no more than the margin free (a node that
-// reports no capacity never is).
+// reports no capacity never is). The share is of the file system's size
+// (FSSize), not of Capacity: on a disk other programs mostly fill,
+// Capacity (free space plus what Sluice takes) is small, and a share of
+// it would leave the file system to run at its last percent. A node that
+// does not report the size (an older one) is judged by its Capacity.
 func (m MinFree) Full(n *metaapi.NodeInfo) bool {
-	return n.Capacity > 0 && n.Free <= m.Of(n.Capacity)
+	size := n.FSSize
+	if size <= 0 {
+		size = n.Capacity
+	}
+	return size > 0 && n.Free <= m.Of(size)
 }
 
 // Choose returns k distinct node ids for a new chunk, chosen from nodes as

@@ -338,6 +338,39 @@ func TestMinFree(t *testing.T) {
 	}
 }
 
+// TestMarginIsShareOfFileSystem: the margin's share is of the node's
+// file system, not of its Capacity (free space plus what Sluice takes).
+// On a 1 TB disk other programs fill to 940 GB, a share of Capacity
+// (60 GB) is 3 GB, and the file system would run at its last 0.3%; the
+// margin is 5% of the disk, as before capacity counted only Sluice's own
+// use. A node that does not report its file system's size (an older
+// one) keeps the share of its Capacity.
+func TestMarginIsShareOfFileSystem(t *testing.T) {
+	const gb = 1000 * 1000 * 1000
+	m := MinFree{Bytes: 1 << 30, Percent: 5}
+	for _, tc := range []struct {
+		name                   string
+		free, capacity, fsSize int64
+		full                   bool
+	}{
+		{"shared disk, 40 GB free of 1 TB", 40 * gb, 60 * gb, 1000 * gb, true},
+		{"shared disk, 50 GB free of 1 TB", 50 * gb, 70 * gb, 1000 * gb, true},
+		{"shared disk, 51 GB free of 1 TB", 51 * gb, 71 * gb, 1000 * gb, false},
+		{"own disk, 40 GB free of 1 TB", 40 * gb, 1000 * gb, 1000 * gb, true},
+		{"own disk, 60 GB free of 1 TB", 60 * gb, 1000 * gb, 1000 * gb, false},
+		{"size not reported: share of capacity", 40 * gb, 60 * gb, 0, false},
+		{"size not reported, below the share", 2 * gb, 60 * gb, 0, true},
+		{"small file system: the fixed part", gb, 2 * gb, 4 * gb, true},
+		{"nothing reported", 0, 0, 0, false},
+	} {
+		n := node(1, "", metaapi.NodeUp, tc.free, tc.capacity)
+		n.FSSize = tc.fsSize
+		if got := m.Full(&n); got != tc.full {
+			t.Errorf("%s: Full = %v, want %v (margin %d)", tc.name, got, tc.full, m.Of(tc.fsSize))
+		}
+	}
+}
+
 // TestFullByFreeSpace is issue 15's defect 5 in miniature: a node whose
 // chunks hold little (Used far below Capacity) but whose file system has
 // no room left (Free below the margin) gets no new chunk, from Choose or

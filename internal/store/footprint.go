@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"io/fs"
@@ -25,27 +26,33 @@ import (
 const footprintEvery = 10 * time.Second
 
 type footprint struct {
-	walking atomic.Bool
+	walking atomic.Bool // a walk is under way: one at a time
 	mu      sync.Mutex
 	walked  bool
 	next    time.Time // when the next walk may start
 	bytes   int64     // allocated bytes under the store's directory, as walked
 	used    int64     // Usage's bytes when the walk began
 	pooled  int64     // the pool's bytes when the walk began
+	// beforeWalk, if set, runs as a walk starts (tests hold a walk with it).
+	beforeWalk func()
 }
 
 // allocated is the bytes the store takes on its file system now: the last
-// walk's, moved by what was committed and recycled since. The first call
-// walks at once; later ones start a walk in the background when one is due.
+// walk's, moved by what was committed and recycled since. A walk due
+// (the first one too) starts in the background; until the first ends,
+// what is known counts: the committed bytes and the recycle pool. The
+// first call must not wait for it: the node reports its space when it
+// registers, and walking a large store would hold up its start.
 func (s *Store) allocated() int64 {
 	fp := &s.footprint
 	fp.mu.Lock()
-	walked := fp.walked
+	due := time.Now().After(fp.next)
 	fp.mu.Unlock()
-	if !walked {
-		s.walkFootprint()
-	} else if time.Now().After(fp.next) && fp.walking.CompareAndSwap(false, true) {
-		go s.walkFootprint()
+	if due && fp.walking.CompareAndSwap(false, true) {
+		go func() {
+			defer fp.walking.Store(false)
+			s.walkFootprint()
+		}()
 	}
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
@@ -53,11 +60,15 @@ func (s *Store) allocated() int64 {
 }
 
 // walkFootprint sums the allocated blocks of every file under the store's
-// directory (links in it are not followed). Files vanishing under it (a chunk deleted, a staging file
-// committed) are skipped: the next walk sees where they went.
+// directory (links in it are not followed, nor other file systems mounted
+// in it: they are not the store's). Files vanishing under it (a chunk
+// deleted, a staging file committed) are skipped: the next walk sees
+// where they went.
 func (s *Store) walkFootprint() {
 	fp := &s.footprint
-	defer fp.walking.Store(false)
+	if fp.beforeWalk != nil {
+		fp.beforeWalk()
+	}
 	start := time.Now()
 	used, pooled := s.usedBytes.Load(), s.pool.size()
 	var bytes int64
@@ -67,13 +78,25 @@ func (s *Store) walkFootprint() {
 	if err != nil {
 		root = s.dir
 	}
-	err = filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
+	var rootDev uint64
+	rootKnown := false
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil
 		}
 		fi, err := d.Info()
 		if err != nil {
 			return nil
+		}
+		dev, ok := deviceOf(fi)
+		switch {
+		case path == root:
+			rootDev, rootKnown = dev, ok
+		case ok && rootKnown && dev != rootDev:
+			if d.IsDir() {
+				return fs.SkipDir // another file system mounted here
+			}
+			return nil // a file bind-mounted here
 		}
 		bytes += allocatedBytes(fi)
 		return nil
@@ -91,19 +114,33 @@ func (s *Store) walkFootprint() {
 
 // diskID names the file system holding dir so that stores sharing one
 // are counted once: its device number and statfs id, qualified by the
-// host (machine id and boot id, so two hosts whose disks have the same
-// numbers differ). Empty if the platform cannot say.
+// running kernel's boot id, so that two hosts whose disks have the same
+// numbers differ while containers on one kernel and disk agree. Not the
+// machine id: containers may each have their own over one disk, which
+// would then count once per container. Only where no boot id is readable
+// does the machine id stand in for it. Empty if the platform cannot say.
 func diskID(dir string) string {
 	dev, fsid, ok := fsIdentity(dir)
 	if !ok {
 		return ""
 	}
-	h := sha256.New()
-	for _, f := range []string{"/etc/machine-id", "/proc/sys/kernel/random/boot_id"} {
-		if b, err := os.ReadFile(f); err == nil {
-			h.Write(b)
+	return diskIDOf(hostID(os.ReadFile), dev, fsid)
+}
+
+// hostID is what tells this host's file systems from another's with the
+// same numbers: the boot id, else the machine id, read with read.
+func hostID(read func(string) ([]byte, error)) []byte {
+	for _, f := range []string{"/proc/sys/kernel/random/boot_id", "/etc/machine-id"} {
+		if b, err := read(f); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			return b
 		}
 	}
+	return nil
+}
+
+func diskIDOf(host []byte, dev, fsid string) string {
+	h := sha256.New()
+	h.Write(host)
 	h.Write([]byte(dev + "/" + fsid))
 	return hex.EncodeToString(h.Sum(nil)[:12])
 }

@@ -1,11 +1,15 @@
 package store
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestSpaceUsedIsAllocation: a store's Used is what it takes on its file
@@ -111,5 +115,140 @@ func TestSpaceUsedThroughSymlinkedDir(t *testing.T) {
 	}
 	if sp.Used < 1<<20 {
 		t.Errorf("a store holding a 1 MiB chunk through a symlinked directory reports %d bytes used", sp.Used)
+	}
+}
+
+// TestFootprintStaysOnItsFileSystem: a file system mounted inside the
+// data directory is not the store's: the walk does not count what it
+// holds as used.
+func TestFootprintStaysOnItsFileSystem(t *testing.T) {
+	dir := smallFS(t, 64<<20)
+	sdir := filepath.Join(dir, "store")
+	s := openStore(t, Options{Dir: sdir, BlockSize: 4096})
+	rng := rand.New(rand.NewPCG(3, 4))
+	if _, err := write(s, rng, 9, 0, randBytes(rng, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	s.walkFootprint()
+	sp0, err := s.Space()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := filepath.Join(sdir, "mnt")
+	if err := os.Mkdir(inner, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", inner, "tmpfs", 0, "size=32m"); err != nil {
+		t.Skipf("mounting a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(inner, syscall.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(inner, "other"), make([]byte, 16<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.walkFootprint()
+	sp, err := s.Space()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if grew := sp.Used - sp0.Used; grew > 1<<20 {
+		t.Errorf("16 MiB on a file system mounted inside the data directory grew Used by %d bytes (%d -> %d)", grew, sp0.Used, sp.Used)
+	}
+}
+
+// TestFirstFootprintWalkDoesNotBlock: the first walk runs in the
+// background — Space answers at once with what is known (the committed
+// bytes), so a node with a large store registers without waiting for it
+// — and callers meanwhile, however many, start no second walk.
+func TestFirstFootprintWalkDoesNotBlock(t *testing.T) {
+	s := openStore(t, Options{BlockSize: 4096})
+	rng := rand.New(rand.NewPCG(5, 6))
+	if _, err := write(s, rng, 9, 0, randBytes(rng, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	var walks atomic.Int32
+	release := make(chan struct{})
+	s.footprint.beforeWalk = func() {
+		walks.Add(1)
+		<-release
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	const callers = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sp, err := s.Space()
+			if err == nil && sp.Used < 1<<20 {
+				err = fmt.Errorf("Used %d before the first walk, with 1 MiB committed", sp.Used)
+			}
+			errs <- err
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Space waited for the first walk of the store's directory")
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	close(release)
+	released = true
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s.footprint.mu.Lock()
+		walked := s.footprint.walked
+		s.footprint.mu.Unlock()
+		if walked && !s.footprint.walking.Load() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first walk did not finish")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := walks.Load(); n != 1 {
+		t.Errorf("%d concurrent first calls walked %d times, want 1", callers, n)
+	}
+}
+
+// TestDiskIDIgnoresMachineID: containers on one kernel and disk, each
+// with a machine id of its own, name the disk alike (the boot id, one per
+// running kernel, tells hosts apart); other kernels differ; without a
+// boot id the machine id stands in.
+func TestDiskIDIgnoresMachineID(t *testing.T) {
+	files := func(boot, machine string) func(string) ([]byte, error) {
+		return func(name string) ([]byte, error) {
+			v := map[string]string{"/proc/sys/kernel/random/boot_id": boot, "/etc/machine-id": machine}[name]
+			if v == "" {
+				return nil, os.ErrNotExist
+			}
+			return []byte(v + "\n"), nil
+		}
+	}
+	id := func(boot, machine string) string { return diskIDOf(hostID(files(boot, machine)), "803", "1:2:ef53") }
+	if a, b := id("boot-1", "container-a"), id("boot-1", "container-b"); a != b {
+		t.Errorf("two containers on one kernel and disk: %s and %s", a, b)
+	}
+	if a, b := id("boot-1", "m"), id("boot-2", "m"); a == b {
+		t.Errorf("two kernels with the same device numbers: both %s", a)
+	}
+	if a, b := id("", "host-a"), id("", "host-b"); a == b {
+		t.Errorf("no boot id, two machine ids: both %s", a)
+	}
+	if diskIDOf(nil, "803", "1:2:ef53") == diskIDOf(nil, "804", "1:2:ef53") {
+		t.Error("two devices named alike")
 	}
 }

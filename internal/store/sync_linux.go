@@ -69,3 +69,11 @@ func allocatedBytes(fi fs.FileInfo) int64 {
 	}
 	return fi.Size()
 }
+
+// deviceOf is the device number of the file system holding a file.
+func deviceOf(fi fs.FileInfo) (uint64, bool) {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Dev), true
+	}
+	return 0, false
+}

@@ -18,3 +18,5 @@ func allocate(f *os.File, size int64) error { return writeZeros(f, 0, size) }
 func fsIdentity(dir string) (dev, fsid string, ok bool) { return "", "", false }
 
 func allocatedBytes(fi fs.FileInfo) int64 { return fi.Size() }
+
+func deviceOf(fs.FileInfo) (uint64, bool) { return 0, false }
