@@ -198,7 +198,7 @@ func (s *Service) judgeHeld(c *checkRun, now pebble.Reader, ctr counters, p *pro
 			}
 			verdict := inventory.Judge(id, ctr.NextChunk, r)
 			switch verdict {
-			case inventory.Unknown, inventory.NotMember:
+			case inventory.Unknown, inventory.NotMember, inventory.Displaced:
 				if then, err := copyRecord(c.before, n, id); err != nil || then != r {
 					continue // the file removed, or the copy moved, during the check
 				}
