@@ -10,6 +10,14 @@
 // no reconciliation fenced it there after meta judged (store.Collect).
 // An id meta never gave out is never collected: it means meta's state is
 // older than the node's, which is for an operator to look at.
+//
+// A copy of a file's chunk on a node its record does not name is
+// collected only while every member the record names is up and listed an
+// intact copy at least as new in its own inventory (Tracker.Covered):
+// after meta is restored from a backup, the records name the members of
+// the backup's time, and copies moved since (a repair, a drain) are the
+// chunk's only ones. Until then such a copy is Displaced: kept, and meta
+// may adopt it as a member.
 package inventory
 
 import (
@@ -31,6 +39,10 @@ type Record struct {
 	Member bool
 	// Queued: the chunk is queued for deletion on this node.
 	Queued bool
+	// Covered: every member the record names is up, whole as far as meta
+	// knows, and holds an intact copy at least as new as this one
+	// (Tracker.Covered): a copy elsewhere is surplus.
+	Covered bool
 }
 
 // Verdict is the judgement of one copy.
@@ -42,6 +54,7 @@ const (
 	NotMember
 	Queued
 	Ahead
+	Displaced
 )
 
 // Kind names a stray verdict for reports (Keep has none).
@@ -55,6 +68,8 @@ func (v Verdict) Kind() metaapi.StrayKind {
 		return metaapi.StrayQueued
 	case Ahead:
 		return metaapi.StrayAhead
+	case Displaced:
+		return metaapi.StrayDisplaced
 	}
 	return ""
 }
@@ -74,6 +89,10 @@ func Judge(id, next ids.ChunkID, r Record) Verdict {
 		return Queued
 	case !r.Exists:
 		return Unknown
+	case !r.Member && !r.Covered:
+		// Perhaps the chunk's only copy (its members are down, gone or
+		// lost it): kept.
+		return Displaced
 	case !r.Member:
 		return NotMember
 	}
@@ -90,6 +109,82 @@ type Tracker struct {
 	Grace time.Duration
 	Limit int // strays remembered per node; DefaultLimit if 0
 	nodes map[ids.NodeID]*nodeState
+	// watch: for each chunk a node holds a Displaced or NotMember copy
+	// of, what every node listed of it in its latest round.
+	watch map[ids.ChunkID]*watched
+}
+
+// watched is what the nodes hold of a chunk some node holds a copy of
+// that its record does not name.
+type watched struct {
+	refs int                   // strays keeping it watched
+	held map[ids.NodeID]uint64 // the version of each intact copy listed
+}
+
+// watches: the verdicts whose strays are judged by what the chunk's
+// members hold.
+func watches(v Verdict) bool { return v == Displaced || v == NotMember }
+
+func (t *Tracker) ref(id ids.ChunkID) {
+	if t.watch == nil {
+		t.watch = map[ids.ChunkID]*watched{}
+	}
+	w := t.watch[id]
+	if w == nil {
+		w = &watched{held: map[ids.NodeID]uint64{}}
+		t.watch[id] = w
+	}
+	w.refs++
+}
+
+func (t *Tracker) unref(id ids.ChunkID) {
+	if w := t.watch[id]; w != nil {
+		if w.refs--; w.refs <= 0 {
+			delete(t.watch, id)
+		}
+	}
+}
+
+// intact: the copy is listed with no block failing its checksum.
+func intact(h metaapi.HeldChunk) bool { return len(h.Bad) == 0 && !h.BadUnlisted }
+
+// Covered reports whether each of members listed an intact copy of
+// chunk id at version or later in its latest round since a copy of it
+// was found on a node its record does not name (Record.Covered; the
+// caller knows whether the members are up). Until the members' rounds
+// have been seen, it is not.
+func (t *Tracker) Covered(id ids.ChunkID, members []ids.NodeID, version uint64) bool {
+	w := t.watch[id]
+	if w == nil || len(members) == 0 {
+		return false
+	}
+	for _, m := range members {
+		if v, ok := w.held[m]; !ok || v < version {
+			return false
+		}
+	}
+	return true
+}
+
+// Found is a Displaced copy: a node holding an intact copy of a chunk
+// its record does not place there.
+type Found struct {
+	Node    ids.NodeID
+	Version uint64
+	Length  int64
+}
+
+// Displaced lists the intact Displaced copies of chunk id the last
+// rounds found, by node id.
+func (t *Tracker) Displaced(id ids.ChunkID) []Found {
+	var out []Found
+	for n, ns := range t.nodes {
+		if s := ns.strays[id]; s != nil && s.verdict == Displaced && s.intact {
+			out = append(out, Found{Node: n, Version: s.version, Length: s.length})
+		}
+	}
+	slices.SortFunc(out, func(a, b Found) int { return cmp.Compare(a.Node, b.Node) })
+	return out
 }
 
 type nodeState struct {
@@ -106,6 +201,7 @@ type stray struct {
 	since   int64
 	version uint64
 	length  int64
+	intact  bool
 }
 
 // roundResult is what a complete round found.
@@ -158,9 +254,32 @@ func (t *Tracker) Page(node ids.NodeID, after ids.ChunkID, held []metaapi.HeldCh
 			listed[h.Chunk] = true
 		}
 	}
-	for id := range ns.strays {
-		if id > after && (done || id <= last) && !listed[id] {
+	inRange := func(id ids.ChunkID) bool { return id > after && (done || id <= last) }
+	for id, s := range ns.strays {
+		if inRange(id) && !listed[id] {
+			if watches(s.verdict) {
+				t.unref(id)
+			}
 			delete(ns.strays, id)
+		}
+	}
+	// What the node holds of watched chunks, for Covered.
+	if len(t.watch) > 0 {
+		seen := map[ids.ChunkID]bool{}
+		for _, h := range held {
+			if w := t.watch[h.Chunk]; w != nil {
+				seen[h.Chunk] = true
+				if intact(h) {
+					w.held[node] = h.Version
+				} else {
+					delete(w.held, node)
+				}
+			}
+		}
+		for id, w := range t.watch {
+			if inRange(id) && !seen[id] {
+				delete(w.held, node)
+			}
 		}
 	}
 	var collect []ids.ChunkID
@@ -182,7 +301,13 @@ func (t *Tracker) Page(node ids.NodeID, after ids.ChunkID, held []metaapi.HeldCh
 		if v.collectable() && !s.verdict.collectable() {
 			s.since = now // the grace runs from when it became collectable
 		}
-		s.verdict, s.version, s.length = v, h.Version, h.Length
+		switch was := watches(s.verdict); {
+		case watches(v) && !was:
+			t.ref(h.Chunk)
+		case !watches(v) && was:
+			t.unref(h.Chunk)
+		}
+		s.verdict, s.version, s.length, s.intact = v, h.Version, h.Length, intact(h)
 		if v.collectable() && now-s.since >= int64(t.Grace) {
 			collect = append(collect, h.Chunk)
 		}

@@ -17,7 +17,11 @@ func TestJudge(t *testing.T) {
 		want Verdict
 	}{
 		{5, Record{Exists: true, Member: true}, Keep},
-		{5, Record{Exists: true}, NotMember},
+		{5, Record{Exists: true, Covered: true}, NotMember},
+		// Not every member holds it: perhaps the only copy, kept.
+		{5, Record{Exists: true}, Displaced},
+		{5, Record{Exists: true, Member: true, Covered: true}, Keep},
+		{5, Record{Exists: true, Queued: true, Covered: true}, Queued},
 		{5, Record{}, Unknown},
 		{5, Record{Queued: true}, Queued},
 		{5, Record{Exists: true, Queued: true}, Queued},
@@ -31,7 +35,7 @@ func TestJudge(t *testing.T) {
 		if got := Judge(c.id, next, c.r); got != c.want {
 			t.Errorf("Judge(%d, next %d, %+v) = %v, want %v", c.id, next, c.r, got, c.want)
 		}
-		if v := Judge(c.id, next, c.r); v.collectable() != (v == Unknown || v == NotMember) {
+		if v := Judge(c.id, next, c.r); v.collectable() != (v == Unknown || v == NotMember) || v == Displaced && v.collectable() {
 			t.Errorf("%v collectable: %v", v, v.collectable())
 		}
 	}
@@ -166,5 +170,79 @@ func TestTrackerLimit(t *testing.T) {
 	}
 	if r := tr.Report(9, 10); r.Rounds != 0 || r.RoundDone != 0 || len(r.List) != 0 {
 		t.Fatalf("report of a node never heard: %+v", r)
+	}
+}
+
+// TestCoveredDisplaced: a copy of a file's chunk on a node its record does
+// not name is kept (Displaced, never collected) until every recorded
+// member has listed an intact copy at least as new in a round seen since
+// the copy was found; then it is NotMember and collected after the
+// grace. A member that stops listing it, or lists it with bad blocks,
+// uncovers it again.
+func TestCoveredDisplaced(t *testing.T) {
+	tr := Tracker{Grace: 10 * time.Second}
+	members := []ids.NodeID{1, 2}
+	copyOn3 := []metaapi.HeldChunk{{Chunk: 7, Version: 4, Length: 70}}
+	// Node 3 holds chunk 7, which the record places on 1 and 2: judged
+	// as meta does, from what the members listed.
+	judge3 := func(now int64) ([]ids.ChunkID, Verdict) {
+		v := Judge(7, 100, Record{Exists: true, Covered: tr.Covered(7, members, 4)})
+		return tr.Page(3, 0, copyOn3, []Verdict{v}, true, now), v
+	}
+	member := func(n ids.NodeID, h []metaapi.HeldChunk, now int64) {
+		vs := make([]Verdict, len(h))
+		tr.Page(n, 0, h, vs, true, now)
+	}
+	if tr.Covered(7, members, 4) {
+		t.Fatal("covered before any round")
+	}
+	// Before node 3's copy is found, the members' rounds are not watched.
+	member(1, []metaapi.HeldChunk{{Chunk: 7, Version: 4}}, 0)
+	if got, v := judge3(1 * sec); v != Displaced || len(got) != 0 {
+		t.Fatalf("first sighting: %v, collects %v", v, got)
+	}
+	if f := tr.Displaced(7); !slices.Equal(f, []Found{{Node: 3, Version: 4, Length: 70}}) {
+		t.Fatalf("Displaced(7) = %v", f)
+	}
+	// Only one member listed it since: still kept, however long.
+	member(1, []metaapi.HeldChunk{{Chunk: 7, Version: 4}}, 2*sec)
+	if got, v := judge3(100 * sec); v != Displaced || len(got) != 0 {
+		t.Fatalf("one member of two seen: %v, collects %v", v, got)
+	}
+	// Member 2 lists an older version, then a copy with a bad block:
+	// neither covers it.
+	member(2, []metaapi.HeldChunk{{Chunk: 7, Version: 3}}, 101*sec)
+	if _, v := judge3(102 * sec); v != Displaced {
+		t.Fatalf("a member behind: %v", v)
+	}
+	member(2, []metaapi.HeldChunk{{Chunk: 7, Version: 4, BadUnlisted: true}}, 103*sec)
+	if _, v := judge3(104 * sec); v != Displaced {
+		t.Fatalf("a member's copy corrupt: %v", v)
+	}
+	// Both hold it whole: not a member, collected a grace later.
+	member(2, []metaapi.HeldChunk{{Chunk: 6}, {Chunk: 7, Version: 5}}, 105*sec)
+	if got, v := judge3(106 * sec); v != NotMember || len(got) != 0 {
+		t.Fatalf("covered: %v, collects %v", v, got)
+	}
+	if f := tr.Displaced(7); len(f) != 0 {
+		t.Fatalf("a covered copy listed as displaced: %v", f)
+	}
+	// Member 1's next round no longer lists it: uncovered, the grace
+	// starts again once it is covered again.
+	member(1, held(5), 110*sec)
+	if got, v := judge3(120 * sec); v != Displaced || len(got) != 0 {
+		t.Fatalf("a member lost its copy: %v, collects %v", v, got)
+	}
+	member(1, []metaapi.HeldChunk{{Chunk: 7, Version: 4}}, 121*sec)
+	if got, _ := judge3(122 * sec); len(got) != 0 {
+		t.Fatalf("covered again: collects %v at once", got)
+	}
+	if got, _ := judge3(132 * sec); !slices.Equal(got, []ids.ChunkID{7}) {
+		t.Fatalf("covered for the grace: collects %v, want [7]", got)
+	}
+	// Once node 3 no longer lists it, nothing is watched.
+	tr.Page(3, 0, nil, nil, true, 133*sec)
+	if len(tr.watch) != 0 || tr.Covered(7, members, 4) {
+		t.Fatalf("chunk 7 still watched after its copy went: %v", tr.watch)
 	}
 }

@@ -168,7 +168,8 @@ func (s *Service) judgeCheck(c *checkRun) (metaapi.CheckResp, error) {
 	}
 	for i := range res.Problems {
 		if res.Problems[i].Kind == metaapi.CheckUnknownCopy && res.Problems[i].Action == "" {
-			res.Problems[i].Action = fmt.Sprintf("each is collected once the nodes' inventories have found it stray for --orphan-grace (%s)", s.opts.OrphanGrace)
+			res.Problems[i].Action = fmt.Sprintf("each is collected once the nodes' inventories have found it stray for --orphan-grace (%s); "+
+				"a displaced one only once its chunk's recorded members all hold it whole (else it may be adopted: docs/backup.md)", s.opts.OrphanGrace)
 		}
 	}
 	return res, nil
@@ -198,7 +199,7 @@ func (s *Service) judgeHeld(c *checkRun, now pebble.Reader, ctr counters, p *pro
 			}
 			verdict := inventory.Judge(id, ctr.NextChunk, r)
 			switch verdict {
-			case inventory.Unknown, inventory.NotMember:
+			case inventory.Unknown, inventory.NotMember, inventory.Displaced:
 				if then, err := copyRecord(c.before, n, id); err != nil || then != r {
 					continue // the file removed, or the copy moved, during the check
 				}

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/inventory"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/repairplan"
 )
 
 // Inventories: nodes list the chunks they hold (metaapi.InventoryReq);
@@ -51,38 +52,87 @@ func (iv *inventories) wanted(node ids.NodeID) (round, verify bool) {
 	return round, verify
 }
 
+// displaced lists the intact copies of chunk id the last inventories
+// found on nodes its record does not name (kept: inventory.Displaced).
+func (iv *inventories) displaced(id ids.ChunkID) []inventory.Found {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	return iv.tr.Displaced(id)
+}
+
 // errIndex: the chunk id index disagrees with the chunk records.
 var errIndex = errors.New("chunk id index is inconsistent")
 
 // copyRecord is what meta's state says of chunk id for node.
 func copyRecord(r pebble.Reader, node ids.NodeID, id ids.ChunkID) (inventory.Record, error) {
+	out, _, err := copyRecordOf(r, node, id)
+	return out, err
+}
+
+// placedChunk is a chunk's record and where it is, for a copy of it.
+type placedChunk struct {
+	ref chunkRef
+	rec chunkRec
+}
+
+// copyRecordOf is copyRecord, with the chunk's record when a file has
+// the chunk (nil if not).
+func copyRecordOf(r pebble.Reader, node ids.NodeID, id ids.ChunkID) (inventory.Record, *placedChunk, error) {
 	var out inventory.Record
 	_, queued, err := getRaw(r, gcKey(node, id))
 	if err != nil {
-		return out, err
+		return out, nil, err
 	}
 	out.Queued = queued
 	raw, found, err := getRaw(r, chunkIDKey(id))
 	if err != nil || !found {
-		return out, err
+		return out, nil, err
 	}
 	ref, err := decodeChunkRef(raw)
 	if err != nil {
-		return out, err
+		return out, nil, err
 	}
 	var rec chunkRec
 	found, err = getJSON(r, chunkKey(ref.ino, ref.index), &rec)
 	if err != nil {
-		return out, err
+		return out, nil, err
 	}
 	if !found || rec.ID != id {
 		// The index disagrees with the records (Check reports it): keep
 		// the copy rather than judge it on that.
-		return inventory.Record{Exists: true, Member: true}, fmt.Errorf("%w: chunk %v points at chunk %d of file %d, which is %v", errIndex, id, ref.index, ref.ino, rec.ID)
+		return inventory.Record{Exists: true, Member: true}, nil, fmt.Errorf("%w: chunk %v points at chunk %d of file %d, which is %v", errIndex, id, ref.index, ref.ino, rec.ID)
 	}
 	out.Exists = true
 	out.Member = slices.Contains(rec.Nodes, node) || slices.Contains(rec.Replaced, node)
-	return out, nil
+	return out, &placedChunk{ref: ref, rec: rec}, nil
+}
+
+// elsewhere is what meta knows of a chunk a node holds a copy of that
+// its record does not place there.
+type elsewhere struct {
+	placedChunk
+	whole bool // every member is up and not being reconciled, just placed or corrupt
+	lost  bool // some member is down or no longer a node
+	ec    bool
+}
+
+// judgeElsewhere is what meta knows of the chunk of a copy on a node
+// its record does not name (s.mu held).
+func (s *Service) judgeElsewhere(v view, pc *placedChunk) (*elsewhere, error) {
+	e := &elsewhere{placedChunk: *pc}
+	rec := &pc.rec
+	e.whole = !rec.Reconciling && len(rec.Fresh) == 0 && len(rec.Corrupt) == 0
+	for _, n := range rec.Nodes {
+		if m := s.nodes[n]; m == nil || m.state != metaapi.NodeUp {
+			e.whole, e.lost = false, true
+		}
+	}
+	in, err := v.inode(pc.ref.ino)
+	if err != nil {
+		return nil, err
+	}
+	e.ec = in.Policy != nil && in.Policy.EC != nil
+	return e, nil
 }
 
 // Inventory judges one page of a node's inventory round and answers the
@@ -105,21 +155,32 @@ func (s *Service) Inventory(req metaapi.InventoryReq) (metaapi.InventoryResp, er
 		}
 		prev = c.Chunk
 	}
-	verdicts := make([]inventory.Verdict, len(req.Chunks))
+	records := make([]inventory.Record, len(req.Chunks))
+	others := map[int]*elsewhere{} // by index in req.Chunks
+	var next ids.ChunkID
 	err := s.read(func(v view) error {
 		if s.nodes[req.Node] == nil {
 			return metaapi.Errorf(metaapi.ENOENT, "unknown storage node %d: register first", req.Node)
 		}
 		out.Epoch = s.ctr.Epoch
-		next := s.ctr.NextChunk
+		next = s.ctr.NextChunk
 		for i, c := range req.Chunks {
-			r, err := copyRecord(v.r, req.Node, c.Chunk)
+			r, pc, err := copyRecordOf(v.r, req.Node, c.Chunk)
 			if errors.Is(err, errIndex) {
 				s.log.Error("inventory: judging a copy", "node", req.Node, "err", err)
 			} else if err != nil {
 				return err
 			}
-			verdicts[i] = inventory.Judge(c.Chunk, next, r)
+			records[i] = r
+			if pc != nil && !r.Member && !r.Queued {
+				e, err := s.judgeElsewhere(v, pc)
+				if metaapi.IsCode(err, metaapi.ENOENT) {
+					continue // the file went meanwhile; kept this round
+				} else if err != nil {
+					return err
+				}
+				others[i] = e
+			}
 		}
 		return nil
 	})
@@ -127,13 +188,21 @@ func (s *Service) Inventory(req metaapi.InventoryReq) (metaapi.InventoryResp, er
 		return metaapi.InventoryResp{}, err
 	}
 	s.chk.feed(&req)
+	verdicts := make([]inventory.Verdict, len(req.Chunks))
 	s.inv.mu.Lock()
+	for i, c := range req.Chunks {
+		if e := others[i]; e != nil {
+			records[i].Covered = e.whole && s.inv.tr.Covered(c.Chunk, e.rec.Nodes, max(e.rec.Version, c.Version))
+		}
+		verdicts[i] = inventory.Judge(c.Chunk, next, records[i])
+	}
 	out.Collect = s.inv.tr.Page(req.Node, req.After, req.Chunks, verdicts, req.Done, s.opts.Now().UnixNano())
 	s.inv.mu.Unlock()
 	if len(out.Collect) > 0 {
 		s.log.Info("inventory: node collects stray copies", "node", req.Node, "chunks", len(out.Collect),
 			"first", out.Collect[0], "grace", s.opts.OrphanGrace.String())
 	}
+	s.adoptDisplaced(req, verdicts, others)
 	for i, v := range verdicts {
 		if v == inventory.Ahead {
 			s.log.Error("inventory: node holds a chunk id meta never gave out (meta's state older than the node's?); kept",
@@ -142,6 +211,30 @@ func (s *Service) Inventory(req metaapi.InventoryReq) (metaapi.InventoryResp, er
 		}
 	}
 	return out, nil
+}
+
+// adoptDisplaced queues for repair the chunks some of whose members are
+// down or gone and of which the node holds an intact copy at least as
+// new as recorded: the repair makes that copy a member in place of a
+// lost one (beginReconcile). After a restore from a backup older than
+// a move, such a copy is the chunk's. A unit of an erasure-coded chunk
+// is not adopted: the node does not know which unit it holds, and a
+// unit adopted at the wrong index reads back as wrong data. It is kept
+// (Displaced) and the group is rebuilt from its members.
+func (s *Service) adoptDisplaced(req metaapi.InventoryReq, verdicts []inventory.Verdict, others map[int]*elsewhere) {
+	n := 0
+	for i, v := range verdicts {
+		e, c := others[i], req.Chunks[i]
+		if v != inventory.Displaced || e == nil || !e.lost || e.ec || c.Version < e.rec.Version || len(c.Bad) > 0 || c.BadUnlisted {
+			continue
+		}
+		s.repairs.add(e.ref, repairplan.Margin(0, 1), false)
+		n++
+	}
+	if n > 0 {
+		s.log.Warn("inventory: node holds copies of chunks whose recorded members are down or gone; repairing them from these copies",
+			"node", req.Node, "chunks", n)
+	}
 }
 
 // Strays reports what the nodes' last inventory rounds found: the

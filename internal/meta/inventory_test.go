@@ -93,8 +93,17 @@ func TestInventory(t *testing.T) {
 	// Node 0 holds its own chunk, node 1's (planted) and /c's, plus an
 	// id from the future.
 	held := []ids.ChunkID{member, other, cc.Chunk, ahead}
+	// Node 1's chunk is kept on node 0 until node 1 has been seen
+	// holding it: until then node 0's may be its only copy.
 	if r := ask(nodes[0], held...); len(r.Collect) != 0 || r.Epoch == 0 {
 		t.Fatalf("first round: %+v", r)
+	}
+	if rep, _ := f.s.Strays(metaapi.StraysReq{Node: nodes[0]}); rep.Nodes[0].Strays[metaapi.StrayDisplaced] != 1 {
+		t.Fatalf("before node 1's round: %+v, want one displaced copy", rep.Nodes[0])
+	}
+	ask(nodes[1], on[1]...)
+	if r := ask(nodes[0], held...); len(r.Collect) != 0 || r.Epoch == 0 {
+		t.Fatalf("second round: %+v", r)
 	}
 	f.clk.Advance(time.Minute - time.Nanosecond)
 	if r := ask(nodes[0], held...); len(r.Collect) != 0 {
@@ -118,7 +127,7 @@ func TestInventory(t *testing.T) {
 	if cnode == nodes[0] {
 		counts = map[metaapi.StrayKind]int64{metaapi.StrayAhead: 1, metaapi.StrayNotMember: 1, metaapi.StrayQueued: 1}
 	}
-	if r0.Held != 4 || r0.Rounds != 3 || r0.Collected != int64(len(want)) || !maps.Equal(r0.Strays, counts) ||
+	if r0.Held != 4 || r0.Rounds != 4 || r0.Collected != int64(len(want)) || !maps.Equal(r0.Strays, counts) ||
 		len(r0.List) != 3 || rep.Grace != int64(time.Minute) {
 		t.Fatalf("report: %+v, want strays %v", r0, counts)
 	}

@@ -243,6 +243,12 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			}
 			replace = append(replace, i)
 		}
+		// Copies of the chunk found on nodes its record does not name
+		// take lost members' places before new ones are placed: they hold
+		// it (after a restore from an older backup, they may be its only
+		// copies: docs/backup.md).
+		adopt := s.adoptableLocked(&rec, len(replace), ec)
+		sound += len(adopt)
 		// Never replace so many members that fewer than the chunk needs
 		// would hold it: their copies are the only source (a drain of a
 		// single replica waits; dead members are replaced once enough
@@ -276,7 +282,10 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 				}
 			}
 			infos := s.placementInfosLocked()
-			nodes, err := placement.Replace(infos, len(replace)+len(grow), rec.Nodes, kept, s.minFree, s.rng)
+			var nodes []ids.NodeID
+			if need := len(replace) - len(adopt) + len(grow); need > 0 {
+				nodes, err = placement.Replace(infos, need, slices.Concat(rec.Nodes, adopt), slices.Concat(kept, adopt), s.minFree, s.rng)
+			}
 			if err != nil {
 				err = s.placementError(err)
 				if me, ok := err.(*metaapi.Error); ok {
@@ -295,6 +304,7 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 			placed := charges{}
 			placed.add(infos, nodes, placedBytes(pol, in.ChunkSize, j.ref.index, 0, in.Size))
 			tx.after = append(tx.after, func() { s.commitCharges(placed) })
+			nodes = slices.Concat(adopt, nodes) // the adopted take the first places
 			for k, i := range replace {
 				old := rec.Nodes[i]
 				rec.Nodes[i] = nodes[k]
@@ -303,6 +313,11 @@ func (s *Service) beginReconcile(j *repairJob) (p reconcilePlan, skip bool, err 
 				}
 				if err := tx.b.Delete(gcKey(nodes[k], rec.ID), nil); err != nil {
 					return err
+				}
+				if k < len(adopt) {
+					s.log.Warn("a copy found on a node the chunk's record did not name becomes its member", "ino", j.ref.ino, "index", j.ref.index,
+						"chunk", rec.ID, "node", nodes[k], "in_place_of", old)
+					continue
 				}
 				rec.Fresh = append(rec.Fresh, nodes[k])
 			}
@@ -383,4 +398,28 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 		}
 		return tx.setJSON(key, &rec)
 	})
+}
+
+// adoptableLocked picks up to n live nodes, not draining, that the last
+// inventories found holding an intact copy of rec's chunk at its
+// recorded version or later though its record does not name them, to
+// take the places of n lost members. A unit of an erasure-coded chunk
+// is not adopted: the node does not know which unit it holds. s.mu is
+// held (taken before s.inv.mu).
+func (s *Service) adoptableLocked(rec *chunkRec, n int, ec bool) []ids.NodeID {
+	if ec || n == 0 {
+		return nil
+	}
+	var out []ids.NodeID
+	for _, f := range s.inv.displaced(rec.ID) {
+		m := s.nodes[f.Node]
+		if len(out) == n {
+			break
+		}
+		if m == nil || m.state != metaapi.NodeUp || m.rec.Draining || f.Version < rec.Version || slices.Contains(rec.Nodes, f.Node) {
+			continue
+		}
+		out = append(out, f.Node)
+	}
+	return out
 }

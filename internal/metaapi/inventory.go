@@ -66,8 +66,13 @@ const (
 	// truncated, and the copy outlived the deletion). Collected.
 	StrayUnknown StrayKind = "unknown"
 	// StrayNotMember: a file's chunk, but not placed on this node (any
-	// more). Collected.
+	// more), while every member holds it intact. Collected.
 	StrayNotMember StrayKind = "not-member"
+	// StrayDisplaced: a file's chunk, not placed on this node, while
+	// some member is down, gone, or was not found holding it intact (meta
+	// restored from a backup older than a move?). Kept; meta may adopt
+	// it as a member (docs/backup.md).
+	StrayDisplaced StrayKind = "displaced"
 	// StrayQueued: queued for deletion on this node; the heartbeat's
 	// garbage collection deletes it.
 	StrayQueued StrayKind = "queued"

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -32,10 +33,15 @@ type RestoreOptions struct {
 }
 
 // Restore writes the backup at file into the data directory dir, which
-// must be empty or missing (or, with Force, hold a meta of the backup's
-// own cluster that is not running). Nothing under dir changes unless
-// the whole backup verified and was written out: it is unpacked beside
-// dir and renamed into place. It returns the backup's header.
+// must be empty (but for lost+found) or missing (or, with Force, hold a
+// meta of the backup's own cluster that is not running). A symbolic
+// link is followed: the backup goes where it points, and it stays a
+// link. Nothing under dir changes unless the whole backup verified and
+// was written out: a missing dir is unpacked beside where it goes and
+// renamed into place; an existing one (perhaps a mount point, which
+// cannot be renamed) has it unpacked into a hidden directory inside it
+// and its entries renamed into place, those renamed undone if one
+// fails. It returns the backup's header.
 func Restore(file, dir string, opts RestoreOptions) (Header, error) {
 	f, err := os.Open(file)
 	if err != nil {
@@ -53,23 +59,25 @@ func Restore(file, dir string, opts RestoreOptions) (Header, error) {
 	if err := a.hasAll(opts.Required); err != nil {
 		return a.Header, fmt.Errorf("%s: %w", file, err)
 	}
-	exists, err := checkTarget(dir, a.Header.Cluster, opts)
+	target, err := resolve(dir)
 	if err != nil {
 		return a.Header, err
 	}
-	abs, err := filepath.Abs(dir)
+	exists, err := checkTarget(target, dir, a.Header.Cluster, opts)
 	if err != nil {
 		return a.Header, err
 	}
-	parent := filepath.Dir(abs)
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return a.Header, err
+	parent := filepath.Dir(target)
+	var tmp string
+	if exists {
+		tmp, err = os.MkdirTemp(target, ".restore-*")
+	} else if err = os.MkdirAll(parent, 0o700); err == nil {
+		tmp, err = os.MkdirTemp(parent, "."+filepath.Base(target)+".restore-*")
 	}
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(abs)+".restore-*")
 	if err != nil {
 		return a.Header, fmt.Errorf("making a directory to restore into: %w", err)
 	}
-	defer os.RemoveAll(tmp) // gone once renamed
+	defer os.RemoveAll(tmp) // gone once its entries are in place
 	if err := a.Walk(func(name string, size int64, r io.Reader) error {
 		return writeFile(filepath.Join(tmp, filepath.FromSlash(name)), size, r)
 	}); err != nil {
@@ -88,28 +96,102 @@ func Restore(file, dir string, opts RestoreOptions) (Header, error) {
 		return a.Header, err
 	}
 	if exists {
-		// Empty, or (Force) this cluster's: moved aside, then removed.
-		old, err := os.MkdirTemp(parent, "."+filepath.Base(abs)+".replaced-*")
-		if err != nil {
-			return a.Header, err
-		}
-		if err := os.Rename(abs, filepath.Join(old, "d")); err != nil {
-			os.Remove(old)
-			return a.Header, err
-		}
-		if err := os.Rename(tmp, abs); err != nil {
-			// dir must be as it was: put it back, never remove it.
-			if berr := os.Rename(filepath.Join(old, "d"), abs); berr != nil {
-				return a.Header, fmt.Errorf("%w; moving %s back from %s failed too: %v", err, dir, old, berr)
-			}
-			os.Remove(old)
-			return a.Header, err
-		}
-		defer os.RemoveAll(old)
-	} else if err := os.Rename(tmp, abs); err != nil {
+		return a.Header, moveInto(target, tmp)
+	}
+	if err := os.Rename(tmp, target); err != nil {
 		return a.Header, err
 	}
 	return a.Header, syncDir(parent)
+}
+
+// lostFound is the directory mkfs makes at a file system's root: a
+// freshly made volume mounted as the data directory holds it, and is
+// empty for a restore.
+const lostFound = "lost+found"
+
+// resolve is dir made absolute with symbolic links followed, even to
+// where nothing is yet (the restore makes it there).
+func resolve(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		return real, nil
+	}
+	for range 40 { // a dangling link: follow it by hand
+		st, err := os.Lstat(abs)
+		if err != nil || st.Mode()&os.ModeSymlink == 0 {
+			return abs, nil
+		}
+		to, err := os.Readlink(abs)
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(to) {
+			to = filepath.Join(filepath.Dir(abs), to)
+		}
+		abs = filepath.Clean(to)
+	}
+	return "", fmt.Errorf("%s: too many levels of symbolic links", dir)
+}
+
+// moveInto replaces what dir holds (but lost+found and tmp) with the
+// entries of tmp, a directory inside it: dir itself is never renamed,
+// so it may be a mount point. What dir held is moved aside into another
+// directory inside it first, and removed once the new entries are in
+// place; if a rename fails, those done are undone.
+func moveInto(dir, tmp string) (err error) {
+	old, err := os.MkdirTemp(dir, ".replaced-*")
+	if err != nil {
+		return err
+	}
+	skip := map[string]bool{lostFound: true, filepath.Base(tmp): true, filepath.Base(old): true}
+	var aside, in []string
+	defer func() {
+		if err == nil {
+			return
+		}
+		var undo []error
+		for _, n := range slices.Backward(in) {
+			undo = append(undo, os.Rename(filepath.Join(dir, n), filepath.Join(tmp, n)))
+		}
+		for _, n := range slices.Backward(aside) {
+			undo = append(undo, os.Rename(filepath.Join(old, n), filepath.Join(dir, n)))
+		}
+		if uerr := errors.Join(undo...); uerr != nil {
+			// dir must be as it was: what it held stays in old.
+			err = fmt.Errorf("%w; putting %s back as it was failed too (what it held is in %s): %v", err, dir, old, uerr)
+			return
+		}
+		os.Remove(old)
+	}()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if skip[e.Name()] {
+			continue
+		}
+		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(old, e.Name())); err != nil {
+			return err
+		}
+		aside = append(aside, e.Name())
+	}
+	if ents, err = os.ReadDir(tmp); err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.Rename(filepath.Join(tmp, e.Name()), filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+		in = append(in, e.Name())
+	}
+	if err := syncDir(dir); err != nil {
+		return err
+	}
+	return errors.Join(os.RemoveAll(old), os.Remove(tmp))
 }
 
 // hasAll checks that the backup holds every name in names.
@@ -138,20 +220,21 @@ func hasPrefix(seen map[string]bool, prefix string) bool {
 	return false
 }
 
-// checkTarget decides whether dir may be restored into: whether it
-// exists, or why not.
-func checkTarget(dir, cluster string, opts RestoreOptions) (exists bool, err error) {
-	ents, err := os.ReadDir(dir)
+// checkTarget decides whether target (dir resolved) may be restored
+// into: whether it exists, or why not.
+func checkTarget(target, dir, cluster string, opts RestoreOptions) (exists bool, err error) {
+	ents, err := os.ReadDir(target)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
+	ents = slices.DeleteFunc(ents, func(e os.DirEntry) bool { return e.Name() == lostFound && e.IsDir() })
 	if len(ents) == 0 {
 		return true, nil
 	}
-	caPEM, err := os.ReadFile(filepath.Join(dir, pki.CACertFile))
+	caPEM, err := os.ReadFile(filepath.Join(target, pki.CACertFile))
 	if err != nil {
 		return true, fmt.Errorf("%s is not empty and holds no meta (no readable %s): restore into an empty or new directory", dir, pki.CACertFile)
 	}
@@ -167,7 +250,7 @@ func checkTarget(dir, cluster string, opts RestoreOptions) (exists bool, err err
 		return true, fmt.Errorf("%s already holds this cluster's meta: --force replaces it with the backup", dir)
 	}
 	if opts.Lock != "" {
-		lock := filepath.Join(dir, opts.Lock)
+		lock := filepath.Join(target, opts.Lock)
 		if _, err := os.Stat(lock); err == nil {
 			l, err := vfs.Default.Lock(lock)
 			if err != nil {
