@@ -159,6 +159,7 @@ func (s *Service) afterRestore() error {
 		return nil
 	}
 	c := s.ctr
+	c.RestoredChunks = max(c.RestoredChunks, c.NextChunk)
 	c.NextIno += restoreGapIDs
 	c.NextChunk += restoreGapIDs
 	c.NextNode += restoreGapNodes

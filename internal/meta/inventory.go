@@ -157,13 +157,13 @@ func (s *Service) Inventory(req metaapi.InventoryReq) (metaapi.InventoryResp, er
 	}
 	records := make([]inventory.Record, len(req.Chunks))
 	others := map[int]*elsewhere{} // by index in req.Chunks
-	var next ids.ChunkID
+	var next, restored ids.ChunkID
 	err := s.read(func(v view) error {
 		if s.nodes[req.Node] == nil {
 			return metaapi.Errorf(metaapi.ENOENT, "unknown storage node %d: register first", req.Node)
 		}
 		out.Epoch = s.ctr.Epoch
-		next = s.ctr.NextChunk
+		next, restored = s.ctr.NextChunk, s.ctr.RestoredChunks
 		for i, c := range req.Chunks {
 			r, pc, err := copyRecordOf(v.r, req.Node, c.Chunk)
 			if errors.Is(err, errIndex) {
@@ -202,7 +202,7 @@ func (s *Service) Inventory(req metaapi.InventoryReq) (metaapi.InventoryResp, er
 		s.log.Info("inventory: node collects stray copies", "node", req.Node, "chunks", len(out.Collect),
 			"first", out.Collect[0], "grace", s.opts.OrphanGrace.String())
 	}
-	s.adoptDisplaced(req, verdicts, others)
+	s.adoptDisplaced(req, verdicts, others, restored)
 	for i, v := range verdicts {
 		if v == inventory.Ahead {
 			s.log.Error("inventory: node holds a chunk id meta never gave out (meta's state older than the node's?); kept",
@@ -220,12 +220,14 @@ func (s *Service) Inventory(req metaapi.InventoryReq) (metaapi.InventoryResp, er
 // a move, such a copy is the chunk's. A unit of an erasure-coded chunk
 // is not adopted: the node does not know which unit it holds, and a
 // unit adopted at the wrong index reads back as wrong data. It is kept
-// (Displaced) and the group is rebuilt from its members.
-func (s *Service) adoptDisplaced(req metaapi.InventoryReq, verdicts []inventory.Verdict, others map[int]*elsewhere) {
+// (Displaced) and the group is rebuilt from its members. Only chunks
+// made before the last restore (ids below restored) are adopted
+// (adoptableLocked).
+func (s *Service) adoptDisplaced(req metaapi.InventoryReq, verdicts []inventory.Verdict, others map[int]*elsewhere, restored ids.ChunkID) {
 	n := 0
 	for i, v := range verdicts {
 		e, c := others[i], req.Chunks[i]
-		if v != inventory.Displaced || e == nil || !e.lost || e.ec || c.Version < e.rec.Version || len(c.Bad) > 0 || c.BadUnlisted {
+		if v != inventory.Displaced || e == nil || !e.lost || e.ec || c.Chunk >= restored || c.Version < e.rec.Version || len(c.Bad) > 0 || c.BadUnlisted {
 			continue
 		}
 		s.repairs.add(e.ref, repairplan.Margin(0, 1), false)

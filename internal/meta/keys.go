@@ -278,6 +278,11 @@ type counters struct {
 	// NextPrincipal is the next principal id (principal.go); 0 in a
 	// database from before principals.
 	NextPrincipal ids.ClientID `json:"next_principal,omitempty"`
+	// RestoredChunks: chunk ids below it were given out before the last
+	// restore from a backup (the backup's NextChunk), so their records
+	// may name the members of the backup's time and a copy found
+	// elsewhere may be adopted (reconcile.go). 0: never restored.
+	RestoredChunks ids.ChunkID `json:"restored_chunks,omitempty"`
 }
 
 // ---- reading ----

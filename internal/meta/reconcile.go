@@ -404,10 +404,14 @@ func (s *Service) endReconcile(ref chunkRef, id ids.ChunkID, epoch, version uint
 // inventories found holding an intact copy of rec's chunk at its
 // recorded version or later though its record does not name them, to
 // take the places of n lost members. A unit of an erasure-coded chunk
-// is not adopted: the node does not know which unit it holds. s.mu is
-// held (taken before s.inv.mu).
+// is not adopted: the node does not know which unit it holds. Nor is a
+// copy of a chunk made since the last restore from a backup (or in a
+// cluster never restored): its record names every node that may hold
+// it, and a copy elsewhere is one retired or made up (a node may list
+// any id at any version: adopted, it would be the source the members'
+// copies are overwritten from). s.mu is held (taken before s.inv.mu).
 func (s *Service) adoptableLocked(rec *chunkRec, n int, ec bool) []ids.NodeID {
-	if ec || n == 0 {
+	if ec || n == 0 || rec.ID >= s.ctr.RestoredChunks {
 		return nil
 	}
 	var out []ids.NodeID
