@@ -85,7 +85,10 @@ func (s *Service) registerFrom(req metaapi.RegisterReq, remote string) (metaapi.
 	return s.Register(req)
 }
 
-// heartbeatFrom is Heartbeat for a node whose call came from remote.
+// heartbeatFrom is Heartbeat for a node whose call came from remote. A
+// new address is probed like a registering node's; one meta cannot
+// reach (a node on every interface calling from another one, or through
+// NAT) is not taken: the node keeps the address it has, and stays up.
 func (s *Service) heartbeatFrom(req metaapi.HeartbeatReq, remote string) (metaapi.HeartbeatResp, error) {
 	if req.Addr != "" {
 		addr, err := reachableAddr(req.Addr, remote)
@@ -93,6 +96,16 @@ func (s *Service) heartbeatFrom(req metaapi.HeartbeatReq, remote string) (metaap
 			return metaapi.HeartbeatResp{}, err
 		}
 		req.Addr = addr
+		s.mu.RLock()
+		m := s.nodes[req.ID]
+		moved := m != nil && m.rec.Addr != addr
+		s.mu.RUnlock()
+		if moved {
+			if err := s.probeNodeAddr(addr); err != nil {
+				s.log.Warn("storage node's heartbeat names an address meta cannot reach: kept at its address", "node", req.ID, "addr", addr, "err", fmt.Sprint(err))
+				req.Addr = ""
+			}
+		}
 	}
 	return s.Heartbeat(req)
 }

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"testing"
@@ -82,5 +83,54 @@ func TestRegisterEveryInterface(t *testing.T) {
 	st, err := f.s.Status()
 	if err != nil || len(st.Nodes) != 1 || st.Nodes[0].Addr != want {
 		t.Fatalf("status: %+v, %v; want the node at %s", st.Nodes, err, want)
+	}
+}
+
+// TestHeartbeatAddrProbed: a node listening on every interface is
+// re-addressed by each heartbeat from where the call came; a heartbeat
+// from a source meta cannot reach the node at (a second interface, a
+// route through NAT) keeps the address meta probed rather than putting
+// an unreachable one in every layout — and the node stays up.
+func TestHeartbeatAddrProbed(t *testing.T) {
+	var probed []string
+	f := newFixture(t, func(o *Options) {
+		o.ProbeNodeAddr = func(addr string) error {
+			probed = append(probed, addr)
+			if strings.HasPrefix(addr, "10.0.0.2:") {
+				return errors.New("no route to host")
+			}
+			return nil
+		}
+	})
+	r, err := f.s.registerFrom(metaapi.RegisterReq{Addr: "0.0.0.0:7001", Capacity: 1 << 40, Free: 1 << 40}, "10.0.0.1:40000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrOf := func() string {
+		st, err := f.s.Status()
+		if err != nil || len(st.Nodes) != 1 {
+			t.Fatalf("status: %+v, %v", st.Nodes, err)
+		}
+		return st.Nodes[0].Addr
+	}
+	hb := metaapi.HeartbeatReq{ID: r.ID, Addr: "0.0.0.0:7001", Capacity: 1 << 40, Free: 1 << 40}
+	if _, err := f.s.heartbeatFrom(hb, "10.0.0.2:40001"); err != nil {
+		t.Fatalf("heartbeat from an unreachable source: %v", err)
+	}
+	if got := addrOf(); got != "10.0.0.1:7001" {
+		t.Fatalf("after a heartbeat from 10.0.0.2 (unreachable): node at %s (probed %v), want 10.0.0.1:7001 kept", got, probed)
+	}
+	if _, err := f.s.heartbeatFrom(hb, "10.0.0.3:40002"); err != nil {
+		t.Fatal(err)
+	}
+	if got := addrOf(); got != "10.0.0.3:7001" {
+		t.Fatalf("after a heartbeat from 10.0.0.3 (reachable): node at %s, want it moved there", got)
+	}
+	n := len(probed)
+	if _, err := f.s.heartbeatFrom(hb, "10.0.0.3:40003"); err != nil {
+		t.Fatal(err)
+	}
+	if len(probed) != n {
+		t.Fatalf("a heartbeat at the recorded address probed it again: %v", probed)
 	}
 }
