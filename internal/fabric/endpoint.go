@@ -23,15 +23,17 @@ type Options struct {
 	MTU int
 	// Quota is the number of receive buffers per connection. Default 16.
 	Quota int
-	// WriteTimeout fails a connection whose peer stops reading. Default 30s.
+	// WriteTimeout fails a connection whose peer stops reading. Default
+	// 30s. On Linux over TCP, PeerTimeout cuts such a peer first.
 	WriteTimeout time.Duration
 	// HandshakeTimeout bounds the TCP connect of a Dial and the hello
 	// exchange, each. Default 5s.
 	HandshakeTimeout time.Duration
 	// PeerTimeout fails a connection whose peer leaves what was sent
 	// to it unacknowledged (at the TCP level) this long: a peer cut off
-	// from the network. Default DefaultPeerTimeout; negative: the
-	// kernel's (minutes).
+	// from the network, and on Linux 5.11 and later one whose receive
+	// window stays closed this long (it has stopped reading). Default
+	// DefaultPeerTimeout; negative: the kernel's (minutes).
 	PeerTimeout time.Duration
 	// MaxConns bounds inbound connections, those still in their hello
 	// included; more are refused. Default 4096; negative: no bound.

@@ -12,8 +12,11 @@ import (
 // (TCP_USER_TIMEOUT): a peer whose host is cut off sends no reset, and
 // without it a request to it waits out the kernel's retransmissions
 // (about 15 minutes) or the caller's own timeout, while another replica
-// could answer. A peer that is merely slow still acknowledges at the TCP
-// level. Connections that are not TCP are left alone.
+// could answer. A peer that reads slowly still acknowledges and reopens
+// its window; one that stops reading altogether (a zero window) is cut
+// after d too, as Linux 5.11 and later apply the timeout to zero-window
+// probes: a peer stalled that long is treated as gone, sooner than
+// WriteTimeout would. Connections that are not TCP are left alone.
 func setPeerTimeout(nc net.Conn, d time.Duration) {
 	tc, ok := nc.(*net.TCPConn)
 	if !ok || d <= 0 {
