@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -308,48 +309,42 @@ func parseNodeID(s string) (ids.NodeID, error) {
 }
 
 func (a *app) revokeNodeCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "revoke NODE",
-		Short: "Retire a storage node's identity: meta refuses its certificate from now on (admin)",
-		Long: "Retire a storage node's identity: meta refuses every certificate naming the node (a stolen key\n" +
-			"included) and takes it for down at once, so its data is repaired elsewhere after --repair-grace.\n" +
-			"Drain it first to keep full redundancy throughout. It may join again, keeping its id, with a token\n" +
+	return a.nodeAdminCmd("revoke NODE",
+		"Retire a storage node's identity: meta refuses its certificate from now on (admin)",
+		"Retire a storage node's identity: meta refuses every certificate naming the node (a stolen key\n"+
+			"included) and takes it for down at once, so its data is repaired elsewhere after --repair-grace.\n"+
+			"Drain it first to keep full redundancy throughout. It may join again, keeping its id, with a token\n"+
 			"from `sluice join-token --node NODE`.",
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseNodeID(args[0])
-			if err != nil {
-				return err
-			}
-			return a.withClient(func(c *client.Client) error {
-				if err := c.RevokeNode(cmd.Context(), id); err != nil {
-					return fmt.Errorf("revoke %v: %w", id, err)
-				}
-				fmt.Fprintf(a.stdout, "sluice: %v's identity is revoked: meta refuses its certificates\n", id)
-				return nil
-			})
-		},
-	}
+		"revoke", "%v's identity is revoked: meta refuses its certificates", (*client.Client).RevokeNode)
 }
 
 func (a *app) removeNodeCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "remove NODE",
-		Short: "Take a drained storage node (or a dead one whose data was repaired elsewhere) out of the cluster for good (admin)",
-		Long: "Take a storage node out of the cluster for good: meta forgets it (status no longer lists it, placements\n" +
-			"never choose it) and refuses its certificate. Refused while the node is up and not draining, or is still\n" +
+	return a.nodeAdminCmd("remove NODE",
+		"Take a drained storage node (or a dead one whose data was repaired elsewhere) out of the cluster for good (admin)",
+		"Take a storage node out of the cluster for good: meta forgets it (status no longer lists it, placements\n"+
+			"never choose it) and refuses its certificate. Refused while the node is up and not draining, or is still\n"+
 			"placed in chunks: drain it first (sluice node drain NODE). Its id may later be given to a new node (--id).",
-		Args: cobra.ExactArgs(1),
+		"remove", "%v is removed from the cluster", (*client.Client).RemoveNode)
+}
+
+// nodeAdminCmd is a `sluice node VERB NODE` that makes one call about a
+// node and says what it did (done, given the node).
+func (a *app) nodeAdminCmd(use, short, long, verb, done string, call func(*client.Client, context.Context, ids.NodeID) error) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Long:  long,
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseNodeID(args[0])
 			if err != nil {
 				return err
 			}
 			return a.withClient(func(c *client.Client) error {
-				if err := c.RemoveNode(cmd.Context(), id); err != nil {
-					return fmt.Errorf("remove %v: %w", id, err)
+				if err := call(c, cmd.Context(), id); err != nil {
+					return fmt.Errorf("%s %v: %w", verb, id, err)
 				}
-				fmt.Fprintf(a.stdout, "sluice: %v is removed from the cluster\n", id)
+				fmt.Fprintf(a.stdout, "sluice: "+done+"\n", id)
 				return nil
 			})
 		},
