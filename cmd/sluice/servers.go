@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -222,55 +221,27 @@ func (a *app) metaCmd() *cobra.Command {
 			if err := cf.check(); err != nil {
 				return err
 			}
-			if _, err := advertiseAddr(advertise, &net.TCPAddr{}); err != nil {
-				return err // before anything is made
-			}
-			ms, err := meta.Open(meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
+			srv, err := meta.Start(meta.StartOptions{Options: meta.Options{Dir: dir, Logger: a.logger(), NodeTimeout: nodeTimeout, LockLease: lockLease,
 				RepairGrace: repairGrace, RepairRate: repairRate, DefaultReplicas: replicas, OrphanGrace: orphanGrace, TempGrace: tempGrace,
 				MinFreeBytes: minFree, MinFreePercent: minFreePct, MaxConns: cf.max, MaxConnsPerHost: cf.perHost,
-				CapabilityTTL: capTTL, CapKeyRotate: capRotate, TLSNames: tlsNames, ProbeNodeAddr: meta.DialProbe(meta.DefaultProbeTimeout)})
+				CapabilityTTL: capTTL, CapKeyRotate: capRotate, TLSNames: tlsNames},
+				Listen: listen, Advertise: advertise,
+				RepairParallel: repairPar, NewRepairer: cluster.RepairClient(a.fabricTLS, a.logger().With("svc", "repair"))})
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				ms.Close()
-				return fmt.Errorf("meta: listening on %s: %w", listen, err)
+			if advertise == "" && isUnspecified(srv.ListenAddr) {
+				fmt.Fprintf(a.stderr, "sluice: warning: listening on every interface, but client.conf names %s: give --advertise an address other hosts reach meta at\n", srv.Addr)
 			}
-			addr, err := advertiseAddr(advertise, ln.Addr())
-			if err != nil {
-				ln.Close()
-				ms.Close()
-				return err
-			}
-			if advertise == "" && isUnspecified(ln.Addr()) {
-				fmt.Fprintf(a.stderr, "sluice: warning: listening on every interface, but client.conf names %s: give --advertise an address other hosts reach meta at\n", addr)
-			}
-			ms.SetMetaAddr(addr)
-			conf, err := ms.WriteClientConf(addr)
-			if err != nil {
-				ms.Close()
-				return err
-			}
-			if repairPar > 0 {
-				rc, err := cluster.StartRepair(ms, addr, repairPar, a.fabricTLS, a.logger().With("svc", "repair"))
-				if err != nil {
-					ms.Close()
-					return err
-				}
-				defer rc.Close() // after ms.Close, below
-			}
-			fmt.Fprintf(a.stdout, "sluice: meta listening on %s\n", addr)
-			fmt.Fprintf(a.stdout, "sluice: cluster secret %s, client config %s\n", filepath.Join(dir, "cluster.secret"), conf)
+			fmt.Fprintf(a.stdout, "sluice: meta listening on %s\n", srv.Addr)
+			fmt.Fprintf(a.stdout, "sluice: cluster secret %s, client config %s\n", filepath.Join(dir, "cluster.secret"), srv.ConfPath)
 			fmt.Fprintf(a.stdout, "sluice: cluster CA %s; add storage nodes with: %s=\"$(SLUICE_CONF=%s sluice join-token)\" sluice node --meta %s --data DIR\n",
-				filepath.Join(dir, pki.CACertFile), envJoin, conf, addr)
-			errc := make(chan error, 1)
-			go func() { errc <- ms.Serve(ln) }()
+				filepath.Join(dir, pki.CACertFile), envJoin, srv.ConfPath, srv.Addr)
 			select {
 			case <-cmd.Context().Done():
-				return ms.Close()
-			case err := <-errc:
-				ms.Close()
+				return srv.Close()
+			case err := <-srv.Err():
+				srv.Close()
 				return err
 			}
 		},
@@ -397,30 +368,6 @@ func (a *app) nodeCmd() *cobra.Command {
 	daemonconf.Add(cmd)
 	cmd.AddCommand(a.drainCmd(), a.revokeNodeCmd(), a.removeNodeCmd())
 	return cmd
-}
-
-// advertiseAddr is the address meta tells clients: the --advertise value
-// (its port defaulting to the one meta listens on), else the listen
-// address (meta.AdvertiseAddr).
-func advertiseAddr(advertise string, ln net.Addr) (string, error) {
-	if advertise == "" {
-		return meta.AdvertiseAddr(ln.String()), nil
-	}
-	_, lport, _ := net.SplitHostPort(ln.String())
-	host, port, err := net.SplitHostPort(advertise)
-	if err != nil {
-		host, port = advertise, lport // a host alone
-	}
-	if port == "" || port == "0" {
-		port = lport
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		return "", fmt.Errorf("--advertise %q: give an address other hosts can reach meta at, not an unspecified one", advertise)
-	}
-	if strings.ContainsAny(host, "/ ") {
-		return "", fmt.Errorf("--advertise %q: not a host name or address", advertise)
-	}
-	return net.JoinHostPort(host, port), nil
 }
 
 // isUnspecified reports whether a listener listens on every interface.

@@ -10,9 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -87,8 +85,7 @@ type Cluster struct {
 	MetaAddr string
 	Nodes    []*node.Node
 	ConfPath string
-	metaErr  chan error
-	repair   io.Closer
+	srv      *meta.Server
 }
 
 // Start starts meta, then the nodes, and writes Dir/client.conf.
@@ -117,33 +114,17 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.DefaultReplicas == 0 {
 		opts.DefaultReplicas = min(3, opts.Nodes)
 	}
-	ms, err := meta.Open(meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
+	repairPar := cmp.Or(opts.RepairParallel, 4) // negative: none (Start)
+	srv, err := meta.Start(meta.StartOptions{Options: meta.Options{Dir: filepath.Join(opts.Dir, "meta"), Logger: opts.Logger.With("svc", "meta"),
 		DefaultReplicas: opts.DefaultReplicas, ChunkSize: opts.ChunkSize, NodeTimeout: opts.NodeTimeout, HeartbeatInterval: opts.HeartbeatInterval,
 		RepairGrace: opts.RepairGrace, RepairRate: opts.RepairRate, OrphanGrace: opts.OrphanGrace,
-		MinFreeBytes: opts.MinFreeBytes, MinFreePercent: opts.MinFreePercent, ProbeNodeAddr: meta.DialProbe(meta.DefaultProbeTimeout)})
+		MinFreeBytes: opts.MinFreeBytes, MinFreePercent: opts.MinFreePercent},
+		Listen: opts.MetaListen, ConfPath: filepath.Join(opts.Dir, config.FileName),
+		RepairParallel: repairPar, NewRepairer: RepairClient(opts.FabricTLS, opts.Logger.With("svc", "repair"))})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	ln, err := net.Listen("tcp", opts.MetaListen)
-	if err != nil {
-		ms.Close()
-		return nil, fmt.Errorf("cluster: meta listening on %s: %w", opts.MetaListen, err)
-	}
-	c := &Cluster{Meta: ms, MetaAddr: meta.AdvertiseAddr(ln.Addr().String()), metaErr: make(chan error, 1)}
-	ms.SetMetaAddr(c.MetaAddr)
-	go func() { c.metaErr <- ms.Serve(ln) }()
-
-	if opts.RepairParallel >= 0 {
-		if c.repair, err = StartRepair(ms, c.MetaAddr, cmp.Or(opts.RepairParallel, 4), opts.FabricTLS, opts.Logger.With("svc", "repair")); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("cluster: %w", err)
-		}
-	}
-	c.ConfPath = filepath.Join(opts.Dir, config.FileName)
-	if err := ms.SaveClientConf(c.ConfPath, c.MetaAddr); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("cluster: %w", err)
-	}
+	c := &Cluster{Meta: srv.Service, MetaAddr: srv.Addr, ConfPath: srv.ConfPath, srv: srv}
 	for i := 1; i <= opts.Nodes; i++ {
 		domain := ""
 		if opts.DomainPerNode {
@@ -160,7 +141,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		if joined, id := node.Joined(dataDir); !joined {
 			// The same join a node on another host makes, token and all
 			// (again, keeping its id, for a node from before TLS).
-			tok, err := ms.NewJoinToken(time.Minute, id)
+			tok, err := c.Meta.NewJoinToken(time.Minute, id)
 			if err != nil {
 				c.Close()
 				return nil, fmt.Errorf("cluster: join token for node %d: %w", i, err)
@@ -216,7 +197,7 @@ func (c *Cluster) waitMaps(d time.Duration) {
 func (c *Cluster) Conf() (config.ClientConf, error) { return config.Load(c.ConfPath) }
 
 // MetaErr yields the meta server's exit error.
-func (c *Cluster) MetaErr() <-chan error { return c.metaErr }
+func (c *Cluster) MetaErr() <-chan error { return c.srv.Err() }
 
 // Close stops the nodes, then meta.
 func (c *Cluster) Close() error {
@@ -225,9 +206,6 @@ func (c *Cluster) Close() error {
 		errs = append(errs, n.Close())
 	}
 	errs = append(errs, c.Meta.Shutdown(context.Background()))
-	errs = append(errs, c.Meta.Close())
-	if c.repair != nil {
-		errs = append(errs, c.repair.Close())
-	}
+	errs = append(errs, c.srv.Close())
 	return errors.Join(errs...)
 }
