@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,40 +23,6 @@ import (
 	"github.com/sluicefs/sluice/internal/oncrpc"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
-
-// statsProg is a private RPC program (in the transient range) the
-// gateway serves beside NFS and MOUNT, to callers on the same machine:
-// procedure 1 returns its transport and cache counters as JSON, for
-// `sluice bench nfs`.
-const statsProg = 0x40534c55
-
-// gatewayStats are the counters the stats program reports.
-type gatewayStats struct {
-	TCP    oncrpc.Stats    `json:"tcp"`
-	Fabric fabricrpc.Stats `json:"fabric"`
-	// The read cache: block lookups that hit and missed, bytes held.
-	CacheHits, CacheMisses, CacheBytes int64
-}
-
-func statsProgram(get func() gatewayStats) oncrpc.Program {
-	return oncrpc.Program{Prog: statsProg, Low: 1, High: 1,
-		Handle: func(_ context.Context, c *oncrpc.Call, _ *xdr.Reader, res *xdr.Writer) oncrpc.AcceptStat {
-			// Only for callers on this machine: the counters describe
-			// every client's traffic.
-			if host, _, err := net.SplitHostPort(c.Remote); err != nil || !net.ParseIP(host).IsLoopback() {
-				return oncrpc.ProgUnavail
-			}
-			switch c.Proc {
-			case 0:
-			case 1:
-				b, _ := json.Marshal(get())
-				res.Opaque(b)
-			default:
-				return oncrpc.ProcUnavail
-			}
-			return oncrpc.Success
-		}}
-}
 
 // exportsFrom builds the export table from --exports FILE and each
 // --export line; with neither, nfsexport.Default().
@@ -89,15 +53,6 @@ func exportsFrom(file string, lines []string) ([]nfsexport.Export, error) {
 		return nil, fmt.Errorf("--exports %s: no exports in it", file)
 	}
 	return exports, nil
-}
-
-// handleKey is the key the gateway MACs file handles with, derived from
-// its client credential: the same for every gateway of the cluster and
-// across restarts, so handles outlive them, and unknown to NFS clients.
-func handleKey(credential string) []byte {
-	m := hmac.New(sha256.New, []byte(credential))
-	m.Write([]byte("sluice nfs file handles v1"))
-	return m.Sum(nil)
 }
 
 func (a *app) nfsCmd() *cobra.Command {
@@ -146,54 +101,29 @@ COMMIT has nothing left to do.`,
 				if cache <= 0 {
 					cache = -1 // none
 				}
-				g, err := nfs3.New(nfs3.Options{Client: cl, Logger: a.logger().With("svc", "nfs"), CacheBytes: cache,
-					Exports: exports, HandleKey: handleKey(credential)})
-				if err != nil {
-					return err
-				}
-				ln, err := net.Listen("tcp", listen)
-				if err != nil {
-					return fmt.Errorf("nfs: %w", err)
-				}
-				srv := &oncrpc.Server{MaxRecord: nfs3.MaxData + 64<<10, Logger: a.logger().With("svc", "nfs"),
-					MaxConns: cf.max, MaxConnsPerHost: cf.perHost}
 				if err := errors.Join(fo.check(), cf.check()); err != nil {
-					ln.Close()
 					return err
 				}
-				fsrv := &fabricrpc.Server{RPC: srv, Logger: a.logger().With("svc", "nfs-fabric"),
-					BufSize: fo.bufSize, BufCount: fo.bufCount, ChunkMin: fo.chunkMin, MaxConns: cf.max, MaxConnsPerHost: cf.perHost}
-				srv.Programs = append(g.Programs(), statsProgram(func() gatewayStats {
-					st := gatewayStats{TCP: srv.Stats(), Fabric: fsrv.Stats()}
-					st.CacheHits, st.CacheMisses, st.CacheBytes = g.CacheStats()
-					return st
-				}))
-				fmt.Fprintf(a.stdout, "sluice: NFSv3 gateway listening on %s (NFS and MOUNT)\n", ln.Addr())
+				srv, err := nfs3.Listen(nfs3.ServeOptions{Options: nfs3.Options{Client: cl, Logger: a.logger().With("svc", "nfs"), CacheBytes: cache,
+					Exports: exports, HandleKey: nfs3.HandleKey(credential)},
+					Listen: listen, FabricListen: fabricListen, Fabric: nfs3.FabricOptions{BufSize: fo.bufSize, BufCount: fo.bufCount, ChunkMin: fo.chunkMin},
+					MaxConns: cf.max, MaxConnsPerHost: cf.perHost})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "sluice: NFSv3 gateway listening on %s (NFS and MOUNT)\n", srv.Addr())
 				for _, e := range exports {
 					fmt.Fprintf(a.stdout, "sluice: export %s\n", e)
 				}
 				if exportsFile == "" && len(exportLines) == 0 {
-					if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil && !ap.Addr().IsLoopback() {
+					if ap, err := netip.ParseAddrPort(srv.Addr().String()); err == nil && !ap.Addr().IsLoopback() {
 						a.logger().Warn("nfs: no --export given: only this machine's clients (127.0.0.1, ::1) are admitted")
 					}
 				}
-				if fabricListen != "" {
-					fa, err := fsrv.Listen(fabricListen)
-					if err != nil {
-						ln.Close()
-						return fmt.Errorf("nfs: fabric transport: %w", err)
-					}
-					defer fsrv.Close()
+				if fa := srv.FabricAddr(); fa != nil {
 					fmt.Fprintf(a.stdout, "sluice: NFSv3 over the fabric listening on %s\n", fa)
 				}
-				errc := make(chan error, 1)
-				go func() { errc <- srv.Serve(ln) }()
-				select {
-				case err := <-errc:
-					return err
-				case <-cmd.Context().Done():
-					return srv.Close()
-				}
+				return srv.Serve(cmd.Context())
 			}, func(o *client.Options) { credential = o.Conf.Credential })
 		},
 	}
@@ -253,14 +183,14 @@ type transferStats struct {
 	Seconds      float64         `json:"seconds"`
 	ClientTCP    oncrpc.Stats    `json:"client_tcp"`
 	ClientFabric fabricrpc.Stats `json:"client_fabric"`
-	ServerBefore gatewayStats    `json:"server_before"`
-	ServerAfter  gatewayStats    `json:"server_after"`
+	ServerBefore nfs3.Stats      `json:"server_before"`
+	ServerAfter  nfs3.Stats      `json:"server_after"`
 }
 
 // serverStats asks the gateway's stats program for its counters.
-func serverStats(ctx context.Context, rpc nfsclient.Caller) (gatewayStats, error) {
-	var st gatewayStats
-	r, err := rpc.Call(ctx, statsProg, 1, 1, nil, &xdr.Writer{}, nil)
+func serverStats(ctx context.Context, rpc nfsclient.Caller) (nfs3.Stats, error) {
+	var st nfs3.Stats
+	r, err := rpc.Call(ctx, nfs3.StatsProg, 1, 1, nil, &xdr.Writer{}, nil)
 	if err != nil {
 		return st, fmt.Errorf("gateway stats: %w", err)
 	}
