@@ -7,6 +7,12 @@
 // registered buffer, are verified block by block against the node's
 // checksums, and fail over to another replica when one is down, stale or
 // returns a bad checksum. Nothing unverified is ever returned.
+//
+// A program outside this module connects with NewFromFile and the
+// client.conf `sluice` writes, then uses Put, Get, Open, ReadAt and
+// WriteAt; examples/sdk is one. The methods that take internal types
+// (inode numbers, layouts, node ids) serve this module's front ends and
+// tools.
 package client
 
 import (
@@ -20,7 +26,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
@@ -30,12 +35,15 @@ import (
 
 // Options configure a client.
 type Options struct {
-	Conf config.ClientConf
+	// Conf says where meta is and who the client is (NewFromFile
+	// reads it from client.conf).
+	Conf Conf
 	// Who is the identity for permission checks; default the process's.
-	Who *metaapi.Who
+	Who *Who
 	// MTU of the client's fabric endpoint. Default fabric.DefaultMTU.
 	MTU int
-	// Link emulates the client's network link (benchmarks).
+	// Link emulates the client's network link (benchmarks; nil, the
+	// default, is the real one).
 	Link *fabric.Link
 	// WriteMsg is the largest write request sent to a node. Default 16 MiB.
 	WriteMsg int

@@ -16,7 +16,7 @@ type whoKey struct{}
 // WithWho returns a context whose calls are made as who (permission checks
 // at meta) instead of the client's default identity: a front end serving
 // many users passes each request's caller.
-func WithWho(ctx context.Context, who metaapi.Who) context.Context {
+func WithWho(ctx context.Context, who Who) context.Context {
 	return context.WithValue(ctx, whoKey{}, who)
 }
 

@@ -12,7 +12,6 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
-	"github.com/sluicefs/sluice/internal/policy"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -39,7 +38,7 @@ func directRead(off, n int64) bool {
 // maxReadLen is the largest read request this client sends: its reply's
 // checksums must fit one packet.
 func (c *Client) maxReadLen() int {
-	blocks := policy.MaxReadBlocks(c.opts.MTU) - 2
+	blocks := wire.MaxReadBlocks(c.opts.MTU) - 2
 	return min(c.opts.ReadReq, blocks*int(minAssumedBlock))
 }
 

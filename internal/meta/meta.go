@@ -53,6 +53,7 @@ import (
 	"github.com/sluicefs/sluice/internal/pki"
 	"github.com/sluicefs/sluice/internal/placement"
 	"github.com/sluicefs/sluice/internal/privfs"
+	"github.com/sluicefs/sluice/internal/privfs/privpebble"
 	"github.com/sluicefs/sluice/internal/secret"
 )
 
@@ -251,7 +252,7 @@ func Open(opts Options) (*Service, error) {
 	}
 	fs := opts.fs
 	if fs == nil {
-		fs = privfs.Pebble(vfs.Default)
+		fs = privpebble.FS(vfs.Default)
 	}
 	sec, err := secret.LoadOrCreate(filepath.Join(opts.Dir, SecretFile))
 	if err != nil {

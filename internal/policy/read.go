@@ -46,10 +46,6 @@ func (x *reader) context() *engine.Context {
 	}}
 }
 
-// MaxReadBlocks is how many block checksums fit in a reply on a
-// connection with the given MTU; a read may span at most that many blocks.
-func MaxReadBlocks(mtu int) int { return (mtu - wire.ReplySize(0, wire.MaxMsg)) / 4 }
-
 func (x *reader) header(r *engine.Request, hdr []byte) error {
 	st := &readState{}
 	h := &st.h
@@ -69,8 +65,8 @@ func (x *reader) header(r *engine.Request, hdr []byte) error {
 		return wire.Errorf(wire.StatusBadRequest, "read of %d bytes, at most %d", h.Len, x.d.MaxReadLen)
 	}
 	bs := uint64(x.d.Store.BlockSize())
-	if blocks := (h.Off+h.Len+bs-1)/bs - h.Off/bs; blocks > uint64(MaxReadBlocks(r.Conn.MTU())) {
-		return wire.Errorf(wire.StatusBadRequest, "read spans %d blocks, at most %d fit a reply at MTU %d", blocks, MaxReadBlocks(r.Conn.MTU()), r.Conn.MTU())
+	if blocks := (h.Off+h.Len+bs-1)/bs - h.Off/bs; blocks > uint64(wire.MaxReadBlocks(r.Conn.MTU())) {
+		return wire.Errorf(wire.StatusBadRequest, "read spans %d blocks, at most %d fit a reply at MTU %d", blocks, wire.MaxReadBlocks(r.Conn.MTU()), r.Conn.MTU())
 	}
 	h.Cap = nil
 	r.State = st

@@ -28,7 +28,7 @@ func MkdirAll(dir string) error {
 	if err := os.MkdirAll(dir, DirMode); err != nil {
 		return err
 	}
-	return tighten(dir)
+	return Tighten(dir)
 }
 
 // Mkdir creates one directory with DirMode; it is not an error if it
@@ -37,13 +37,13 @@ func MkdirAll(dir string) error {
 func Mkdir(dir string) (made bool, err error) {
 	err = os.Mkdir(dir, DirMode)
 	if errors.Is(err, fs.ErrExist) {
-		return false, tighten(dir)
+		return false, Tighten(dir)
 	}
 	return err == nil, err
 }
 
-// tighten clears the group and other bits of path's mode.
-func tighten(path string) error {
+// Tighten clears the group and other bits of path's mode.
+func Tighten(path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return err
@@ -62,7 +62,7 @@ func tighten(path string) error {
 // private first, which alone already shuts others out of the tree.
 // Symbolic links are not followed (their own mode means nothing).
 func Secure(dir string) error {
-	if err := tighten(dir); err != nil {
+	if err := Tighten(dir); err != nil {
 		return err
 	}
 	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {

@@ -8,9 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // withUmask runs the test under umask 022, the usual one, which leaves
@@ -114,39 +111,6 @@ func TestSecure(t *testing.T) {
 		if fi, _ := os.Stat(filepath.Join(dir, f)); fi.Mode().Perm() != want {
 			t.Errorf("%s: %v, want %v", f, fi.Mode().Perm(), want)
 		}
-	}
-}
-
-// TestPebble: a pebble database opened through Pebble creates nothing
-// others can read, whatever pebble asks for.
-func TestPebble(t *testing.T) {
-	withUmask(t)
-	base := t.TempDir()
-	if err := os.Chmod(base, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(base, "db")
-	db, err := pebble.Open(dir, &pebble.Options{FS: Pebble(vfs.Default)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 1000 {
-		if err := db.Set([]byte{byte(i), byte(i >> 8)}, make([]byte, 1000), pebble.NoSync); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := db.Flush(); err != nil { // an sstable too
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	ents, _ := os.ReadDir(dir)
-	if len(ents) < 4 {
-		t.Fatalf("pebble made only %d files", len(ents))
-	}
-	if got := open(t, dir); len(got) != 0 {
-		t.Errorf("pebble's files are open to others: %v", got)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/privfs"
+	"github.com/sluicefs/sluice/internal/privfs/privpebble"
 )
 
 // Info is a chunk's committed state.
@@ -103,7 +104,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	db, err := pebble.Open(filepath.Join(opts.Dir, indexDir), &pebble.Options{
 		Logger: pebbleLogger{opts.Logger},
-		FS:     vfs.OnDiskFull(privfs.Pebble(vfs.Default), s.indexFull),
+		FS:     vfs.OnDiskFull(privpebble.FS(vfs.Default), s.indexFull),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: open index in %s: %w", opts.Dir, err)

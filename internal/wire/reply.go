@@ -168,6 +168,12 @@ func (r *Reply) Err() error {
 // ReplySize is the encoded size of a reply with n checksums and msg.
 func ReplySize(n, msg int) int { return replyFixed + 4*n + min(msg, MaxMsg) }
 
+// MaxReadBlocks is how many block checksums fit in a reply on a
+// connection with the given MTU; a read may span at most that many
+// blocks. It lives here, beside the reply layout it derives from, so the
+// client can size its reads without linking the node's policy package.
+func MaxReadBlocks(mtu int) int { return (mtu - ReplySize(0, MaxMsg)) / 4 }
+
 // AppendReply encodes r with crcs as its checksums and msg as its text
 // (r.CRCs and r.Msg are ignored; they are for decoding).
 func AppendReply(b []byte, r *Reply, crcs []uint32, msg string) []byte {

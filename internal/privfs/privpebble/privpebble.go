@@ -1,4 +1,8 @@
-package privfs
+// Package privpebble makes what pebble creates private, the way privfs
+// does for the rest of a server's files. It is apart from privfs so that
+// privfs's users that hold no index (the SDK, through pki) do not link
+// pebble.
+package privpebble
 
 import (
 	"fmt"
@@ -6,15 +10,16 @@ import (
 	"os"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/sluicefs/sluice/internal/privfs"
 	"golang.org/x/sys/unix"
 )
 
-// Pebble wraps the OS's file system as pebble sees it (vfs.Default, or
+// FS wraps the OS's file system as pebble sees it (vfs.Default, or
 // a wrapper of it) so that what pebble creates is private: pebble's own
 // creates files 0666 and directories as asked (0755), less the umask.
 // Files are made FileMode as they are created (on their descriptor: one
 // fchmod per new WAL, table or manifest), directories DirMode.
-func Pebble(inner vfs.FS) vfs.FS { return pebbleFS{inner} }
+func FS(inner vfs.FS) vfs.FS { return pebbleFS{inner} }
 
 type pebbleFS struct{ vfs.FS }
 
@@ -33,10 +38,10 @@ func (p pebbleFS) ReuseForWrite(oldname, newname string, cat vfs.DiskWriteCatego
 }
 
 func (p pebbleFS) MkdirAll(dir string, _ os.FileMode) error {
-	if err := p.FS.MkdirAll(dir, DirMode); err != nil {
+	if err := p.FS.MkdirAll(dir, privfs.DirMode); err != nil {
 		return err
 	}
-	return tighten(dir)
+	return privfs.Tighten(dir)
 }
 
 func (p pebbleFS) Lock(name string) (io.Closer, error) {
@@ -44,7 +49,7 @@ func (p pebbleFS) Lock(name string) (io.Closer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := tighten(name); err != nil {
+	if err := privfs.Tighten(name); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -57,7 +62,7 @@ func private(f vfs.File, err error) (vfs.File, error) {
 		return f, err
 	}
 	if fd := f.Fd(); fd != vfs.InvalidFd {
-		if err := unix.Fchmod(int(fd), uint32(FileMode)); err != nil {
+		if err := unix.Fchmod(int(fd), uint32(privfs.FileMode)); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("making a new index file private: %w", err)
 		}
