@@ -34,7 +34,19 @@ func TestWritePathNamesExist(t *testing.T) {
 			t.Errorf("docs/architecture.md's write path names `%s`, which no Go file declares", n)
 		}
 	}
+	files := goFiles.FindAllStringSubmatch(section, -1)
+	if len(files) < 10 {
+		t.Fatalf("found only %d file paths in the write path", len(files))
+	}
+	for _, m := range files {
+		if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(m[1]))); err != nil {
+			t.Errorf("docs/architecture.md's write path names file %s, which does not exist", m[1])
+		}
+	}
 }
+
+// goFiles is a code span naming a Go file by its path in the module.
+var goFiles = regexp.MustCompile("`((?:[\\w.-]+/)+[\\w.-]+\\.go)`")
 
 // section returns the text from the heading to the next heading of the
 // same or a higher level.
