@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -268,83 +269,36 @@ func (c *Client) sendWriteParts(ctx context.Context, addr string, hdr []byte, pa
 	for _, p := range parts {
 		total += len(p)
 	}
-	pc, err := c.pool.Get(ctx, addr)
+	call, err := exchange.Begin(ctx, c.pool, addr, hdr, total == 0)
 	if err != nil {
 		return wire.Reply{}, err
 	}
-	id := pc.NewID()
-	replies := pc.Replies.Expect(id)
-	mw, err := pc.Begin(id, hdr, total == 0)
+	call.SetData(parts)
+	for call.Left() > 0 {
+		// The node may answer before the end: a refusal, or "already
+		// applied" (a retry of a write it committed). Either way the
+		// unfinished message dies with the connection.
+		answered, p, err := call.Pump(writePiece)
+		if answered {
+			return parseReply(p, err)
+		}
+		if err != nil {
+			return wire.Reply{}, err
+		}
+	}
+	return awaitReply(ctx, &call)
+}
+
+// awaitReply waits for the reply to a request (see exchange.Call.Finish).
+func awaitReply(ctx context.Context, call *exchange.Call) (wire.Reply, error) {
+	return parseReply(call.Finish(ctx, replyTimeout))
+}
+
+// parseReply decodes a reply packet (copying what outlives it), or
+// passes on the error that came instead.
+func parseReply(p *fabric.Packet, err error) (wire.Reply, error) {
 	if err != nil {
-		pc.Close()
 		return wire.Reply{}, err
-	}
-	sent, unflushed := 0, 0
-	for _, data := range parts {
-		for pos := 0; pos < len(data); {
-			select {
-			case p, ok := <-replies:
-				// The node answered before the end: a refusal, or "already
-				// applied" (a retry of a write it committed). Either way the
-				// unfinished message dies with the connection.
-				mw.Abort(errors.New("answered mid-message"))
-				return parseReply(p, ok, pc)
-			default:
-			}
-			end := min(pos+writePiece-unflushed, len(data))
-			sent += end - pos
-			unflushed += end - pos
-			if err := mw.Write(data[pos:end], sent == total); err != nil {
-				mw.Abort(err)
-				return wire.Reply{}, err
-			}
-			if unflushed >= writePiece || sent == total {
-				if err := mw.Flush(); err != nil {
-					mw.Abort(err)
-					return wire.Reply{}, err
-				}
-				unflushed = 0
-			}
-			pos = end
-		}
-	}
-	if err := mw.Close(); err != nil {
-		return wire.Reply{}, err
-	}
-	return c.awaitReply(ctx, pc, replies)
-}
-
-// awaitReply waits for the reply to a request and returns the
-// connection to the pool when the exchange ended cleanly.
-func (c *Client) awaitReply(ctx context.Context, pc *fabric.PeerConn, replies <-chan *fabric.Packet) (wire.Reply, error) {
-	t := time.NewTimer(replyTimeout)
-	defer t.Stop()
-	select {
-	case p, ok := <-replies:
-		rep, err := parseReply(p, ok, pc)
-		if ok {
-			c.pool.Put(pc)
-		}
-		return rep, err
-	case <-ctx.Done():
-		pc.Close()
-		pc.Wait()
-		return wire.Reply{}, ctx.Err()
-	case <-t.C:
-		pc.Close()
-		pc.Wait()
-		return wire.Reply{}, fmt.Errorf("no reply within %s", replyTimeout)
-	}
-}
-
-// parseReply decodes a reply packet (copying what outlives it).
-func parseReply(p *fabric.Packet, ok bool, pc *fabric.PeerConn) (wire.Reply, error) {
-	if !ok {
-		err := pc.Err()
-		if err == nil {
-			err = fabric.ErrClosed
-		}
-		return wire.Reply{}, fmt.Errorf("connection lost: %w", err)
 	}
 	defer p.Release()
 	var r wire.Reply

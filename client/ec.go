@@ -2,13 +2,11 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
-	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -330,12 +328,8 @@ func (c *Client) sendInterleaved(ctx context.Context, addrs []string, hdrs [][]b
 		return ok && s.Retryable()
 	}
 	type msg struct {
-		pc      *fabric.PeerConn
-		mw      *fabric.MessageWriter
-		replies <-chan *fabric.Packet
-		data    [][]byte // what is left to send
-		left    int
-		done    bool
+		call exchange.Call
+		done bool
 	}
 	ms := make([]*msg, n)
 	for i := range n {
@@ -343,64 +337,37 @@ func (c *Client) sendInterleaved(ctx context.Context, addrs []string, hdrs [][]b
 		for _, p := range parts[i] {
 			total += len(p)
 		}
-		pc, err := c.pool.Get(ctx, addrs[i])
+		call, err := exchange.Begin(ctx, c.pool, addrs[i], hdrs[i], total == 0)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		id := pc.NewID()
-		replies := pc.Replies.Expect(id)
-		mw, err := pc.Begin(id, hdrs[i], total == 0)
-		if err != nil {
-			pc.Close()
-			errs[i] = err
-			continue
-		}
-		// A copy: the cursor must not eat the caller's parts, which a
-		// retry sends again.
-		ms[i] = &msg{pc: pc, mw: mw, replies: replies, data: slices.Clone(parts[i]), left: total}
+		// The call's cursor leaves the caller's parts alone: a retry sends
+		// them again.
+		ms[i] = &msg{call: call}
+		ms[i].call.SetData(parts[i])
 	}
 	for active := true; active; {
 		active = false
 		for i, m := range ms {
-			if m == nil || m.done || m.left == 0 {
+			if m == nil || m.done || m.call.Left() == 0 {
 				continue
 			}
-			select {
-			case p, ok := <-m.replies:
+			answered, p, err := m.call.Pump(interleave)
+			if answered {
 				// Answered before the end: a refusal, or "already applied".
-				m.mw.Abort(errors.New("answered mid-message"))
-				_, errs[i] = parseReply(p, ok, m.pc)
+				_, errs[i] = parseReply(p, err)
 				m.done = true
 				if retryable(errs[i]) {
 					retry(i)
 				}
 				continue
-			default:
-			}
-			budget := interleave
-			var err error
-			for budget > 0 && m.left > 0 && err == nil {
-				d := m.data[0]
-				k := min(budget, len(d))
-				m.left -= k
-				budget -= k
-				err = m.mw.Write(d[:k], m.left == 0)
-				if k == len(d) {
-					m.data = m.data[1:]
-				} else {
-					m.data[0] = d[k:]
-				}
-			}
-			if err == nil {
-				err = m.mw.Flush()
 			}
 			if err != nil {
-				m.mw.Abort(err)
 				errs[i], m.done = err, true
 				continue
 			}
-			active = active || m.left > 0
+			active = active || m.call.Left() > 0
 		}
 	}
 	for i, m := range ms {
@@ -410,16 +377,12 @@ func (c *Client) sendInterleaved(ctx context.Context, addrs []string, hdrs [][]b
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := m.mw.Close(); err != nil {
-				errs[i] = err
-				return
-			}
 			// A busy verdict after the whole unit was sent may be a refusal
 			// at admission (a small unit is all sent before its header is
 			// answered): retried alone, briefly, like an early one. If the
 			// parity has given up on the write instead, the retry fails too
 			// and the whole stripe starts over (the caller's decision).
-			_, err := c.awaitReply(ctx, m.pc, m.replies)
+			_, err := awaitReply(ctx, &m.call)
 			if retryable(err) {
 				_, err = c.retryBusyFor(ctx, min(c.opts.BusyRetry, unitRetry), func() (uint64, error) {
 					rep, err := c.sendWriteParts(ctx, addrs[i], hdrs[i], parts[i])

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
@@ -174,21 +175,11 @@ func (c *Client) readCopy(ctx context.Context, r metaapi.Replica, l *metaapi.Chu
 			c.bufs.put(region)
 		}
 	}()
-	pc, err := c.pool.Get(ctx, r.Addr)
-	if err != nil {
-		return piece{}, err
-	}
 	hdr, err := wire.AppendRead(nil, &wire.ReadHeader{Chunk: l.Chunk, Off: uint64(off), Len: uint64(n), RegionKey: region.Key(), Cap: l.Cap})
 	if err != nil {
 		return piece{}, err
 	}
-	id := pc.NewID()
-	replies := pc.Replies.Expect(id)
-	if err := pc.Send(id, hdr); err != nil {
-		pc.Close()
-		return piece{}, err
-	}
-	rep, err := c.awaitReply(ctx, pc, replies)
+	rep, err := parseReply(exchange.Do(ctx, c.pool, r.Addr, replyTimeout, hdr))
 	if err != nil {
 		return piece{}, err
 	}

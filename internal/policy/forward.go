@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -151,15 +152,19 @@ func (f *forward) drain(sawLast bool) {
 }
 
 func (f *forward) send(hdr []byte, headerOnly bool) error {
-	dctx, cancel := context.WithTimeout(context.Background(), f.d.ReplyTimeout)
-	defer cancel()
+	// sctx ends when the forward is stopped; dialing also gives up after
+	// the reply timeout.
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
 	go func() {
 		select {
 		case <-f.stop:
-			cancel()
-		case <-dctx.Done():
+			scancel()
+		case <-sctx.Done():
 		}
 	}()
+	dctx, cancel := context.WithTimeout(sctx, f.d.ReplyTimeout)
+	defer cancel()
 	pc, err := dialReplicaWith(f.d, dctx, f.node, &f.addr, f.stop)
 	if err != nil {
 		if stopped(f.stop) {
@@ -175,33 +180,27 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 		f.drain(headerOnly)
 		return f.reason
 	}
-	id := pc.NewID()
-	replies := pc.Replies.Expect(id)
-	mw, err := pc.Begin(id, hdr, headerOnly)
+	call, err := exchange.Start(f.d.Forward, pc, hdr, headerOnly)
 	if err != nil {
-		pc.Close()
 		err = f.fail(err)
 		f.drain(headerOnly)
 		return err
 	}
 	var pending [64]item // sent but not yet flushed
 	np := 0
-	flush := func() error {
-		err := mw.Flush()
+	releasePending := func() {
 		for i := range np {
 			pending[i].release()
 			pending[i] = item{}
 		}
 		np = 0
-		return err
 	}
 	sawLast := headerOnly
 	if !headerOnly && len(f.q) == 0 {
 		// The header goes out at once, so the next replica admits the
 		// write while data is on its way; if data is already queued, the
 		// header leaves with it in one writev.
-		if err := mw.Flush(); err != nil {
-			mw.Close()
+		if err := call.Flush(); err != nil {
 			err = f.fail(err)
 			f.drain(false)
 			return err
@@ -211,15 +210,17 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 		select {
 		case p := <-f.q:
 			sawLast = p.last()
-			werr := mw.Write(p.data(), sawLast)
+			werr := call.Write(p.data(), sawLast)
 			pending[np] = p
 			np++
 			if werr == nil && (sawLast || np == len(pending) || len(f.q) == 0) {
-				werr = flush()
+				werr = call.Flush()
+				releasePending()
 			}
 			if werr != nil {
-				flush()
-				mw.Abort(werr)
+				// The call aborted the message, dropping the batched
+				// packets unsent.
+				releasePending()
 				err := f.fail(werr)
 				f.drain(sawLast)
 				return err
@@ -227,21 +228,16 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 		case <-f.stop:
 			// Do not flush: the replica may be the slow one. Aborting
 			// drops the batched packets and closes the connection.
-			mw.Abort(f.reason)
-			for i := range np {
-				pending[i].release()
-			}
+			call.Abort(f.reason)
+			releasePending()
 			f.drain(false)
 			return f.reason
-		case p, ok := <-replies:
+		case p, ok := <-call.Replies():
 			// An early reply: a refusal, or "already applied" (a retry the
 			// replica committed before). Either way stop sending; the
 			// unfinished message dies with the connection.
-			rerr := replyErr(p, ok, pc)
-			mw.Abort(errEarlyReply)
-			for i := range np {
-				pending[i].release()
-			}
+			rerr := replyErr(call.Answered(p, ok))
+			releasePending()
 			if rerr == nil {
 				f.conn.Store(nil)
 				f.drain(false)
@@ -252,29 +248,24 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 			return err
 		}
 	}
-	if err := mw.Close(); err != nil {
-		return f.fail(err)
+	// Everything is flushed: from here a stop cancels sctx, which closes
+	// the connection, so abort need not (the connection may go back to
+	// the pool).
+	f.conn.Store(nil)
+	if stopped(f.stop) {
+		call.Abort(f.reason)
+		return &wire.PartialError{Err: f.reason}
 	}
 	// The reply timeout counts from the end of the transfer: a slow
 	// transfer must not make a replica that has everything look dead.
-	t := time.NewTimer(f.d.ReplyTimeout)
-	defer t.Stop()
-	select {
-	case p, ok := <-replies:
-		if err := finalReply(p, ok, pc); err != nil {
-			pc.Close()
-			return f.fail(err)
-		}
-		f.conn.Store(nil)
-		f.d.Forward.Put(pc)
-		return nil
-	case <-t.C:
-		pc.Close()
-		return f.fail(noReply(f.d.ReplyTimeout))
-	case <-f.stop:
-		pc.Close()
+	p, err := call.Finish(sctx, f.d.ReplyTimeout)
+	if err != nil && stopped(f.stop) && errors.Is(err, context.Canceled) {
 		return &wire.PartialError{Err: f.reason}
 	}
+	if err := finalReply(p, err); err != nil {
+		return f.fail(err)
+	}
+	return nil
 }
 
 // noReply is a replica's silence after it was sent a whole write: it may
@@ -284,10 +275,14 @@ func noReply(d time.Duration) error {
 }
 
 // finalReply is replyErr for the reply to a whole write: anything but a
-// reply from the replica (a lost connection, a garbled reply) leaves open
-// whether it committed.
-func finalReply(p *fabric.Packet, ok bool, pc *fabric.PeerConn) error {
-	err := replyErr(p, ok, pc)
+// reply from the replica (a lost connection, silence, a garbled reply)
+// leaves open whether it committed.
+func finalReply(p *fabric.Packet, err error) error {
+	var silent *exchange.NoReplyError
+	if errors.As(err, &silent) {
+		return noReply(silent.After)
+	}
+	err = replyErr(p, err)
 	var we *wire.Error
 	if err != nil && !errors.As(err, &we) {
 		return &wire.PartialError{Err: err}
@@ -304,16 +299,15 @@ func stopped(c <-chan struct{}) bool {
 	}
 }
 
-var errEarlyReply = wire.Errorf(wire.StatusReplica, "replica replied before the end of the message")
-
-// replyErr turns a downstream reply (or a closed connection) into nil or
-// an error.
-func replyErr(p *fabric.Packet, ok bool, pc *fabric.PeerConn) error {
-	if !ok {
-		if err := pc.Err(); err != nil {
-			return err
+// replyErr turns a downstream reply (or the error that came instead, a
+// lost connection as the connection's own error) into nil or an error.
+func replyErr(p *fabric.Packet, err error) error {
+	if err != nil {
+		var lost *exchange.LostError
+		if errors.As(err, &lost) {
+			return lost.Err
 		}
-		return fabric.ErrClosed
+		return err
 	}
 	defer p.Release()
 	var r wire.Reply

@@ -3,10 +3,10 @@ package policy
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -182,30 +182,19 @@ func (x *writer) sendWhole(k child, hdr, data []byte) error {
 	if err != nil {
 		return wrapReplica(k.rank, k.addr, err)
 	}
-	id := pc.NewID()
-	replies := pc.Replies.Expect(id)
 	var parts [][]byte
 	if len(data) > 0 {
 		parts = [][]byte{data}
 	}
-	if err := pc.Send(id, hdr, parts...); err != nil {
-		pc.Close()
+	call, err := exchange.Post(x.d.Forward, pc, hdr, parts...)
+	if err != nil {
 		return wrapReplica(k.rank, k.addr, err)
 	}
-	t := time.NewTimer(x.d.ReplyTimeout)
-	defer t.Stop()
-	select {
-	case p, ok := <-replies:
-		if err := finalReply(p, ok, pc); err != nil {
-			pc.Close()
-			return wrapReplica(k.rank, k.addr, err)
-		}
-		x.d.Forward.Put(pc)
-		return nil
-	case <-t.C:
-		pc.Close()
-		return wrapReplica(k.rank, k.addr, noReply(x.d.ReplyTimeout))
+	// The reply timeout counts from the end of the transfer.
+	if err := finalReply(call.Finish(context.Background(), x.d.ReplyTimeout)); err != nil {
+		return wrapReplica(k.rank, k.addr, err)
 	}
+	return nil
 }
 
 // dialReplica connects to a replica at *addr; if that fails and the

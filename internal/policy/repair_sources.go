@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/sluicefs/sluice/internal/erasure"
+	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/store"
@@ -33,35 +33,27 @@ func (x *repairer) fetch(addr string, rh *wire.ReadHeader, version uint64, buf [
 	if err != nil {
 		return nil, err
 	}
-	id := pc.NewID()
-	replies := pc.Replies.Expect(id)
-	if err := pc.Send(id, hdr); err != nil {
-		pc.Close()
+	call, err := exchange.Post(x.d.Forward, pc, hdr)
+	if err != nil {
 		return nil, err
 	}
-	select {
-	case p, ok := <-replies:
-		if !ok {
-			return nil, fmt.Errorf("connection lost: %v", pc.Err())
-		}
-		defer x.d.Forward.Put(pc)
-		defer p.Release()
-		var rep wire.Reply
-		err := wire.ParseReply(p.Data, &rep)
-		if err == nil {
-			err = rep.Err()
-		}
-		if err != nil {
-			return nil, err
-		}
-		if err := checkPiece(&rep, rh.Off, len(buf), version); err != nil {
-			return nil, err
-		}
-		return rep.BadBlocks(buf, nil), nil
-	case <-time.After(x.d.ReplyTimeout):
-		pc.Close()
-		return nil, fmt.Errorf("no reply within %s", x.d.ReplyTimeout)
+	p, err := call.Finish(context.Background(), x.d.ReplyTimeout)
+	if err != nil {
+		return nil, err
 	}
+	defer p.Release()
+	var rep wire.Reply
+	err = wire.ParseReply(p.Data, &rep)
+	if err == nil {
+		err = rep.Err()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPiece(&rep, rh.Off, len(buf), version); err != nil {
+		return nil, err
+	}
+	return rep.BadBlocks(buf, nil), nil
 }
 
 // checkPiece checks a survivor's reply describes the piece asked for.
