@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -18,7 +17,7 @@ import (
 
 // maxBlockSize is the largest checksum block a node may use; read
 // buffers leave this much slack on each side for block alignment.
-const maxBlockSize = 1 << 20
+const maxBlockSize = wire.MaxBlockSize
 
 // writePiece is how much of a write is queued before flushing to the
 // socket, and between checks for an early refusal.
@@ -26,8 +25,6 @@ const writePiece = 1 << 20
 
 // replyTimeout bounds waiting for a node's reply after a request is sent.
 const replyTimeout = 2 * time.Minute
-
-var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // NodeError is a failure reported by (or talking to) a storage node.
 type NodeError struct {

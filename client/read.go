@@ -45,7 +45,7 @@ func (c *Client) maxReadLen() int {
 
 // minAssumedBlock is the smallest block size a store accepts; sizing read
 // requests with it keeps their checksum list within a reply packet.
-const minAssumedBlock = 4096
+const minAssumedBlock = wire.MinBlockSize
 
 // readChunk reads [off, off+n) of chunk l, trying its replicas in turn
 // from replica first, and returns the verified bytes in a registered
@@ -190,7 +190,7 @@ func (c *Client) readCopy(ctx context.Context, r metaapi.Replica, l *metaapi.Chu
 		c.reportCorrupt(l, r.Node, rep.Version, nil)
 		return piece{}, fmt.Errorf("%w: at version %d, the last committed write is %d", errStale, rep.Version, l.Version)
 	}
-	data, bad, err := verify(region.Bytes(), &rep, off, n)
+	data, bad, err := rep.ReadData(region.Bytes(), off, n)
 	if err != nil {
 		return piece{}, err
 	}
@@ -207,36 +207,6 @@ func (c *Client) readCopy(ctx context.Context, r metaapi.Replica, l *metaapi.Chu
 	}
 	ok = true
 	return piece{region: region, data: data, off: off, version: rep.Version, length: int64(rep.ChunkLen), bad: bad}, nil
-}
-
-// verify checks a read reply's shape and every block against its
-// checksum, and returns the requested bytes [off, off+n), zero-filled past
-// the chunk's end, with the bytes among them that failed. buf holds the
-// reply's data from its DataOff at offset 0.
-func verify(buf []byte, rep *wire.Reply, off, n int64) ([]byte, extent.List, error) {
-	bs := int64(rep.BlockSize)
-	dOff, dLen := int64(rep.DataOff), int64(rep.DataLen)
-	switch {
-	case bs < minAssumedBlock || bs > maxBlockSize || bs&(bs-1) != 0:
-		return nil, nil, fmt.Errorf("reply has block size %d", bs)
-	case dOff%bs != 0 || dOff > off || off-dOff >= bs:
-		return nil, nil, fmt.Errorf("reply data starts at %d for a read at %d", dOff, off)
-	case dLen > int64(len(buf)) || dLen > off+n-dOff+bs:
-		return nil, nil, fmt.Errorf("reply carries %d bytes for a read of %d", dLen, n)
-	case int64(rep.NCRC()) != (dLen+bs-1)/bs:
-		return nil, nil, fmt.Errorf("reply has %d checksums for %d bytes", rep.NCRC(), dLen)
-	case dLen < n+off-dOff && dOff+dLen < int64(rep.ChunkLen):
-		return nil, nil, fmt.Errorf("short reply (%d bytes) although the chunk has %d", dLen, rep.ChunkLen)
-	case off-dOff+n > int64(len(buf)):
-		return nil, nil, fmt.Errorf("read of %d bytes does not fit the %d-byte buffer", n, len(buf))
-	}
-	bad := rep.BadBlocks(buf[:dLen], nil).Clip(off, n)
-	start := off - dOff
-	data := buf[start : start+n]
-	if have := dLen - start; have < n {
-		clear(data[max(have, 0):])
-	}
-	return data, bad, nil
 }
 
 // reportWindow is how long a client stays quiet about a copy it has

@@ -3,11 +3,11 @@ package policy
 import (
 	"context"
 	"errors"
-	"hash/crc32"
 	"io"
 	"sync"
 
 	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/extent"
@@ -176,8 +176,6 @@ func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
 	return nil, mw.Close()
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // readScaled serves a survivor's partial decoding: the data, checked
 // against the stored checksums here (a corrupt unit must not poison a
 // rebuild), times the coefficient, with the product's own checksums so
@@ -214,7 +212,7 @@ func (x *reader) readScaled(r *engine.Request, h *wire.ReadHeader) ([]byte, erro
 	var bad extent.List
 	for i := range nb {
 		b := data[int64(i)*bs : min(int64(i+1)*bs, end-start)]
-		if crc32.Checksum(b, castagnoli) != crcs[i] {
+		if crc32c.Checksum(b) != crcs[i] {
 			bad = bad.Add(start+int64(i)*bs, int64(len(b)))
 		}
 	}
@@ -228,7 +226,7 @@ func (x *reader) readScaled(r *engine.Request, h *wire.ReadHeader) ([]byte, erro
 		return nil, wire.Errorf(wire.StatusIO, "%v", err)
 	}
 	for i := range nb {
-		crcs[i] = crc32.Checksum(prod[int64(i)*bs:min(int64(i+1)*bs, end-start)], castagnoli)
+		crcs[i] = crc32c.Checksum(prod[int64(i)*bs : min(int64(i+1)*bs, end-start)])
 	}
 	if len(prod) > 0 {
 		if err := r.Conn.Write(context.Background(), h.RegionKey, h.RegionOff, prod, false); err != nil {

@@ -53,19 +53,18 @@ func (x *repairer) fetch(addr string, rh *wire.ReadHeader, version uint64, buf [
 	if err := checkPiece(&rep, rh.Off, len(buf), version); err != nil {
 		return nil, err
 	}
-	return rep.BadBlocks(buf, nil), nil
+	_, bad, err := rep.ReadData(buf, int64(rh.Off), int64(len(buf)))
+	return bad, err
 }
 
-// checkPiece checks a survivor's reply describes the piece asked for.
+// checkPiece checks a survivor's reply describes the piece asked for,
+// exactly (its checksums are checked by wire.Reply.ReadData).
 func checkPiece(rep *wire.Reply, off uint64, n int, version uint64) error {
-	bs := int64(rep.BlockSize)
 	switch {
 	case rep.Version != version:
 		return fmt.Errorf("%w: at version %d, the chunk is at %d", errOtherVersion, rep.Version, version)
 	case rep.DataOff != off || rep.DataLen != uint64(n):
 		return fmt.Errorf("sent [%d,+%d) for [%d,+%d)", rep.DataOff, rep.DataLen, off, n)
-	case bs <= 0 || int64(rep.NCRC()) != (int64(n)+bs-1)/bs:
-		return fmt.Errorf("%d checksums of %d-byte blocks for %d bytes", rep.NCRC(), bs, n)
 	}
 	return nil
 }

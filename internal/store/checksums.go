@@ -3,10 +3,10 @@ package store
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 )
@@ -212,7 +212,7 @@ func crcOfFile(w *Write, from, to int64, buf []byte) (uint32, error) {
 		if err := readFull(w.f, p, from); err != nil {
 			return 0, fmt.Errorf("read block edge [%d, %d): %w", from, to, err)
 		}
-		crc = crc32.Update(crc, castagnoli, p)
+		crc = crc32c.Update(crc, p)
 		from += int64(len(p))
 	}
 	return crc, nil

@@ -1,7 +1,5 @@
 package store
 
-import "hash/crc32"
-
 // CRC32C arithmetic beyond what hash/crc32 offers: combining the CRCs of
 // adjacent byte ranges without the bytes, after zlib's crc32_combine.
 //
@@ -14,11 +12,6 @@ import "hash/crc32"
 //
 // so a block's CRC is the XOR over its pieces of crcShift(crc(piece), bytes
 // of the block after the piece), accumulated in any order.
-
-// castagnoli is the CRC32C table. crc32.MakeTable hands back the package's
-// own Castagnoli table, which crc32.Update recognises and computes with the
-// CPU's CRC32 instruction.
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // castagnoliPoly is P, the Castagnoli polynomial, bit-reflected.
 const castagnoliPoly = 0x82f63b78

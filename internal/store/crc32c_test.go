@@ -6,6 +6,10 @@ import (
 	"testing"
 )
 
+// castagnoli is the tests' own CRC32C table, a reference independent of
+// package crc32c.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 // TestCRCCombineRandomSplits checks the block-accumulation identity the
 // store relies on: the CRC of a buffer equals the XOR over any split into
 // pieces of crcShift(crc(piece), bytes after the piece), in any order.

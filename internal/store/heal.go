@@ -2,10 +2,10 @@ package store
 
 import (
 	"fmt"
-	"hash/crc32"
 	"os"
 	"sync"
 
+	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 )
@@ -170,11 +170,11 @@ func (s *Store) heal(id ids.ChunkID, c *chunkState, version uint64, off int64, d
 	for j, want := range sums {
 		b := data[int64(j)*bsize : min(int64(j+1)*bsize, int64(len(data)))]
 		at := off + int64(j)*bsize
-		if got := crc32.Checksum(b, castagnoli); got != want {
+		if got := crc32c.Checksum(b); got != want {
 			return healed, fmt.Errorf("the block at %d given has crc %#08x, this copy's checksum is %#08x: %w", at, got, want, ErrCorrupt)
 		}
 		// A block that cannot be read (an I/O error) is rewritten too.
-		if p := cur[:len(b)]; readFull(f, p, at) == nil && crc32.Checksum(p, castagnoli) == want {
+		if p := cur[:len(b)]; readFull(f, p, at) == nil && crc32c.Checksum(p) == want {
 			continue
 		}
 		if err := s.writeAt(f, b, at); err != nil {

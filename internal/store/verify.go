@@ -3,8 +3,8 @@ package store
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 
+	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 )
@@ -101,7 +101,7 @@ func (r *Read) verifyPage(first int64, buf []byte, sums *[]uint32, bad extent.Li
 		i := first + int64(j)
 		start := i * bsize
 		p := buf[:min(bsize, r.info.Length-start)]
-		if err := readFull(r.f, p, start); err != nil || crc32.Checksum(p, castagnoli) != want {
+		if err := readFull(r.f, p, start); err != nil || crc32c.Checksum(p) != want {
 			bad = bad.Add(start, int64(len(p)))
 		}
 	}

@@ -3,12 +3,12 @@ package store
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
 	"os"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
@@ -320,7 +320,7 @@ func (w *Write) Place(off int64, p []byte) error {
 
 // accumulate folds p, placed at off, into the per-block CRCs. Places are
 // contiguous, so each block's covered part arrives in order and continuing
-// the CRC with crc32.Update is the combine step at no extra cost.
+// the CRC with crc32c.Update is the combine step at no extra cost.
 func (w *Write) accumulate(off int64, p []byte) {
 	shift := w.s.blockShift
 	bsize := int64(1) << shift
@@ -328,7 +328,7 @@ func (w *Write) accumulate(off int64, p []byte) {
 		b := off >> shift
 		k := min(int64(len(p)), (b+1)*bsize-off)
 		i := b - w.fb
-		w.crcs[i] = crc32.Update(w.crcs[i], castagnoli, p[:k])
+		w.crcs[i] = crc32c.Update(w.crcs[i], p[:k])
 		p, off = p[k:], off+k
 	}
 }

@@ -4,8 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 
+	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/extent"
 )
 
@@ -143,14 +143,49 @@ func (r *Reply) BadBlocks(data []byte, bad extent.List) extent.List {
 	bs := int(r.BlockSize)
 	for i := range r.NCRC() {
 		b := data[i*bs : min((i+1)*bs, len(data))]
-		if crc32.Checksum(b, castagnoli) != r.CRC(i) {
+		if crc32c.Checksum(b) != r.CRC(i) {
 			bad = bad.Add(int64(r.DataOff)+int64(i*bs), int64(len(b)))
 		}
 	}
 	return bad
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// MinBlockSize and MaxBlockSize bound the checksum block size a node may
+// use (and a read reply may claim).
+const (
+	MinBlockSize = 4 << 10
+	MaxBlockSize = 1 << 20
+)
+
+// ReadData checks the shape of a reply to a read of [off, off+n) and
+// every block against its checksum, and returns the requested bytes,
+// zero-filled past the chunk's end, with the bytes among them that
+// failed. buf holds the reply's data from its DataOff at offset 0.
+func (rep *Reply) ReadData(buf []byte, off, n int64) ([]byte, extent.List, error) {
+	bs := int64(rep.BlockSize)
+	dOff, dLen := int64(rep.DataOff), int64(rep.DataLen)
+	switch {
+	case bs < MinBlockSize || bs > MaxBlockSize || bs&(bs-1) != 0:
+		return nil, nil, fmt.Errorf("reply has block size %d", bs)
+	case dOff%bs != 0 || dOff > off || off-dOff >= bs:
+		return nil, nil, fmt.Errorf("reply data starts at %d for a read at %d", dOff, off)
+	case dLen > int64(len(buf)) || dLen > off+n-dOff+bs:
+		return nil, nil, fmt.Errorf("reply carries %d bytes for a read of %d", dLen, n)
+	case int64(rep.NCRC()) != (dLen+bs-1)/bs:
+		return nil, nil, fmt.Errorf("reply has %d checksums for %d bytes", rep.NCRC(), dLen)
+	case dLen < n+off-dOff && dOff+dLen < int64(rep.ChunkLen):
+		return nil, nil, fmt.Errorf("short reply (%d bytes) although the chunk has %d", dLen, rep.ChunkLen)
+	case off-dOff+n > int64(len(buf)):
+		return nil, nil, fmt.Errorf("read of %d bytes does not fit the %d-byte buffer", n, len(buf))
+	}
+	bad := rep.BadBlocks(buf[:dLen], nil).Clip(off, n)
+	start := off - dOff
+	data := buf[start : start+n]
+	if have := dLen - start; have < n {
+		clear(data[max(have, 0):])
+	}
+	return data, bad, nil
+}
 
 // Err returns nil for OK, else an *Error, wrapped in a *PartialError if
 // the reply says so (allocates).

@@ -330,3 +330,51 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestReplyReadData(t *testing.T) {
+	data := make([]byte, 3*4096+100) // the chunk's end: 8192+len(data)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	var crcs []uint32
+	for i := 0; i < len(data); i += 4096 {
+		crcs = append(crcs, crc32.Checksum(data[i:min(i+4096, len(data))], crc32.MakeTable(crc32.Castagnoli)))
+	}
+	reply := func(h Reply, crcs []uint32) *Reply {
+		var r Reply
+		if err := ParseReply(AppendReply(nil, &h, crcs, ""), &r); err != nil {
+			t.Fatal(err)
+		}
+		return &r
+	}
+	chunkLen := uint64(8192 + len(data))
+	r := reply(Reply{DataOff: 8192, DataLen: uint64(len(data)), BlockSize: 4096, ChunkLen: chunkLen}, crcs)
+	buf := make([]byte, 4*4096)
+	copy(buf, data)
+	// A read of [8202, +13000) reaches past the chunk's end.
+	got, bad, err := r.ReadData(buf, 8202, 13000)
+	if err != nil || bad != nil {
+		t.Fatalf("intact reply: %v, bad %v", err, bad)
+	}
+	if !bytes.Equal(got[:len(data)-10], data[10:]) || got[len(got)-1] != 0 || len(got) != 13000 {
+		t.Fatal("requested bytes wrong, or not zero-filled past the chunk's end")
+	}
+	copy(buf, data)
+	buf[4096+5]++
+	if _, bad, _ := r.ReadData(buf, 8202, 13000); len(bad) != 1 || bad[0] != (extent.Extent{Off: 8192 + 4096, Len: 4096}) {
+		t.Fatalf("bad %v, want the second block", bad)
+	}
+	for _, c := range []struct {
+		r   *Reply
+		off int64
+	}{
+		{reply(Reply{DataOff: 8192, DataLen: uint64(len(data)), BlockSize: 3000, ChunkLen: chunkLen}, crcs), 8202},
+		{reply(Reply{DataOff: 8192, DataLen: uint64(len(data)), BlockSize: 4096, ChunkLen: chunkLen}, crcs[:3]), 8202},
+		{reply(Reply{DataOff: 8192, DataLen: 4096, BlockSize: 4096, ChunkLen: chunkLen}, crcs[:1]), 8202},
+		{r, 8192 + 4096 + 10},
+	} {
+		if _, _, err := c.r.ReadData(buf, c.off, 13000); err == nil {
+			t.Fatalf("reply %+v accepted for a read at %d", c.r, c.off)
+		}
+	}
+}
