@@ -248,9 +248,9 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 			return err
 		}
 	}
-	// Everything is flushed: from here a stop cancels sctx, which closes
-	// the connection, so abort need not (the connection may go back to
-	// the pool).
+	// Everything is flushed (but a lone header, which cannot block): from
+	// here a stop cancels sctx, which closes the connection, so abort
+	// need not (the connection may go back to the pool).
 	f.conn.Store(nil)
 	if stopped(f.stop) {
 		call.Abort(f.reason)
