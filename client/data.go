@@ -275,7 +275,7 @@ func (c *Client) sendWriteParts(ctx context.Context, addr string, hdr []byte, pa
 		// The node may answer before the end: a refusal, or "already
 		// applied" (a retry of a write it committed). Either way the
 		// unfinished message dies with the connection.
-		answered, p, err := call.Pump(writePiece)
+		answered, p, err := call.Pump(parts, writePiece)
 		if answered {
 			return parseReply(p, err)
 		}

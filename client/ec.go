@@ -353,7 +353,7 @@ func (c *Client) sendInterleaved(ctx context.Context, addrs []string, hdrs [][]b
 			if m == nil || m.done || m.call.Left() == 0 {
 				continue
 			}
-			answered, p, err := m.call.Pump(interleave)
+			answered, p, err := m.call.Pump(parts[i], interleave)
 			if answered {
 				// Answered before the end: a refusal, or "already applied".
 				_, errs[i] = parseReply(p, err)

@@ -25,10 +25,10 @@ type Call struct {
 	mw      *fabric.MessageWriter // nil once the message is out (or for Post)
 	replies <-chan *fabric.Packet
 
-	// What Pump has yet to send: rest[0][pos:], rest[1:]; left bytes.
-	rest [][]byte
-	pos  int
-	left int
+	// Pump's cursor in SetData's data: parts[part][pos:] on, left bytes.
+	// The parts are not kept: a caller's slice of them then stays on its
+	// stack.
+	part, pos, left int
 }
 
 // NoReplyError is a node's silence for the timeout after the whole
@@ -149,10 +149,10 @@ func (c *Call) Answered(p *fabric.Packet, ok bool) (*fabric.Packet, error) {
 	return p, nil
 }
 
-// SetData gives Pump the message's data, the concatenation of parts
-// (which Pump does not modify).
+// SetData starts Pump on the message's data, the concatenation of parts;
+// every Pump must be given the same parts (which it does not modify).
 func (c *Call) SetData(parts [][]byte) {
-	c.rest, c.pos, c.left = parts, 0, 0
+	c.part, c.pos, c.left = 0, 0, 0
 	for _, p := range parts {
 		c.left += len(p)
 	}
@@ -161,15 +161,15 @@ func (c *Call) SetData(parts [][]byte) {
 // Left is how many bytes of SetData's data Pump has yet to send.
 func (c *Call) Left() int { return c.left }
 
-// Pump sends up to budget more bytes of SetData's data and flushes them,
-// after checking for an early reply (then answered is set, with the reply
-// or error as Early returns them).
-func (c *Call) Pump(budget int) (answered bool, p *fabric.Packet, err error) {
+// Pump sends up to budget more bytes of parts (as given to SetData) and
+// flushes them, after checking for an early reply (then answered is set,
+// with the reply or error as Early returns them).
+func (c *Call) Pump(parts [][]byte, budget int) (answered bool, p *fabric.Packet, err error) {
 	if answered, p, err = c.Early(); answered {
 		return answered, p, err
 	}
 	for budget > 0 && c.left > 0 {
-		d := c.rest[0][c.pos:]
+		d := parts[c.part][c.pos:]
 		k := min(budget, len(d))
 		c.left -= k
 		budget -= k
@@ -177,8 +177,8 @@ func (c *Call) Pump(budget int) (answered bool, p *fabric.Packet, err error) {
 			c.Abort(err)
 			return false, nil, err
 		}
-		if c.pos += k; c.pos == len(c.rest[0]) {
-			c.rest, c.pos = c.rest[1:], 0
+		if c.pos += k; c.pos == len(parts[c.part]) {
+			c.part, c.pos = c.part+1, 0
 		}
 	}
 	return false, nil, c.Flush()
@@ -191,6 +191,29 @@ func (c *Call) Pump(budget int) (answered bool, p *fabric.Packet, err error) {
 // caller to parse and release; otherwise the connection is closed and
 // the error is a *NoReplyError, a *LostError or ctx's.
 func (c *Call) Finish(ctx context.Context, timeout time.Duration) (*fabric.Packet, error) {
+	p, err := c.await(ctx.Done(), timeout)
+	if err == errStopped {
+		err = ctx.Err()
+	}
+	return p, err
+}
+
+// ErrStopped is FinishUnless's error when stop closed first.
+var ErrStopped = errors.New("exchange: stopped awaiting the reply")
+
+// FinishUnless is Finish for a caller that stops on a channel closing
+// rather than a context ending (then the error is ErrStopped).
+func (c *Call) FinishUnless(stop <-chan struct{}, timeout time.Duration) (*fabric.Packet, error) {
+	p, err := c.await(stop, timeout)
+	if err == errStopped {
+		err = ErrStopped
+	}
+	return p, err
+}
+
+var errStopped = errors.New("stopped")
+
+func (c *Call) await(stop <-chan struct{}, timeout time.Duration) (*fabric.Packet, error) {
 	if c.mw != nil {
 		err := c.mw.Close()
 		c.mw = nil
@@ -208,9 +231,9 @@ func (c *Call) Finish(ctx context.Context, timeout time.Duration) (*fabric.Packe
 		}
 		c.pool.Put(c.pc)
 		return p, nil
-	case <-ctx.Done():
+	case <-stop:
 		c.close()
-		return nil, ctx.Err()
+		return nil, errStopped
 	case <-t.C:
 		c.close()
 		return nil, &NoReplyError{After: timeout}

@@ -82,7 +82,7 @@ func TestStreamedCallAndReuse(t *testing.T) {
 		call.SetData(parts)
 		pumps := 0
 		for call.Left() > 0 {
-			answered, _, err := call.Pump(1000)
+			answered, _, err := call.Pump(parts, 1000)
 			if answered || err != nil {
 				t.Fatalf("pump: answered %v, %v", answered, err)
 			}
@@ -138,10 +138,11 @@ func TestEarlyReplyAbortsTheMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	call.SetData([][]byte{make([]byte, 1<<30)}) // never all sent
+	big := [][]byte{make([]byte, 1<<30)} // never all sent
+	call.SetData(big)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		answered, p, err := call.Pump(100)
+		answered, p, err := call.Pump(big, 100)
 		if answered {
 			if err != nil {
 				t.Fatal(err)
@@ -187,6 +188,18 @@ func TestSilenceTimesOut(t *testing.T) {
 	}
 	if pc.Err() == nil {
 		t.Fatal("the connection of an unanswered request stays open")
+	}
+	stop := make(chan struct{})
+	close(stop)
+	call, err = Begin(context.Background(), pool, addr, []byte("hdr"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := call.FinishUnless(stop, time.Hour); err != ErrStopped {
+		t.Fatalf("got %v, want ErrStopped", err)
+	}
+	if call.Conn().Err() == nil {
+		t.Fatal("the connection of a stopped request stays open")
 	}
 }
 

@@ -152,19 +152,15 @@ func (f *forward) drain(sawLast bool) {
 }
 
 func (f *forward) send(hdr []byte, headerOnly bool) error {
-	// sctx ends when the forward is stopped; dialing also gives up after
-	// the reply timeout.
-	sctx, scancel := context.WithCancel(context.Background())
-	defer scancel()
+	dctx, cancel := context.WithTimeout(context.Background(), f.d.ReplyTimeout)
+	defer cancel()
 	go func() {
 		select {
 		case <-f.stop:
-			scancel()
-		case <-sctx.Done():
+			cancel()
+		case <-dctx.Done():
 		}
 	}()
-	dctx, cancel := context.WithTimeout(sctx, f.d.ReplyTimeout)
-	defer cancel()
 	pc, err := dialReplicaWith(f.d, dctx, f.node, &f.addr, f.stop)
 	if err != nil {
 		if stopped(f.stop) {
@@ -249,7 +245,7 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 		}
 	}
 	// Everything is flushed (but a lone header, which cannot block): from
-	// here a stop cancels sctx, which closes the connection, so abort
+	// here a stop ends FinishUnless, which closes the connection, so abort
 	// need not (the connection may go back to the pool).
 	f.conn.Store(nil)
 	if stopped(f.stop) {
@@ -258,8 +254,8 @@ func (f *forward) send(hdr []byte, headerOnly bool) error {
 	}
 	// The reply timeout counts from the end of the transfer: a slow
 	// transfer must not make a replica that has everything look dead.
-	p, err := call.Finish(sctx, f.d.ReplyTimeout)
-	if err != nil && stopped(f.stop) && errors.Is(err, context.Canceled) {
+	p, err := call.FinishUnless(f.stop, f.d.ReplyTimeout)
+	if err == exchange.ErrStopped {
 		return &wire.PartialError{Err: f.reason}
 	}
 	if err := finalReply(p, err); err != nil {
@@ -278,13 +274,17 @@ func noReply(d time.Duration) error {
 // reply from the replica (a lost connection, silence, a garbled reply)
 // leaves open whether it committed.
 func finalReply(p *fabric.Packet, err error) error {
-	var silent *exchange.NoReplyError
-	if errors.As(err, &silent) {
-		return noReply(silent.After)
+	if err != nil {
+		var silent *exchange.NoReplyError
+		if errors.As(err, &silent) {
+			return noReply(silent.After)
+		}
 	}
-	err = replyErr(p, err)
+	if err = replyErr(p, err); err == nil {
+		return nil
+	}
 	var we *wire.Error
-	if err != nil && !errors.As(err, &we) {
+	if !errors.As(err, &we) {
 		return &wire.PartialError{Err: err}
 	}
 	return err
