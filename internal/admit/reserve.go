@@ -113,6 +113,12 @@ func (t *Reservations[H]) Close() map[ids.ChunkID]H {
 	return out
 }
 
+// Hold returns chunk's reservation's hold, if it is reserved.
+func (t *Reservations[H]) Hold(chunk ids.ChunkID) (H, bool) {
+	e, ok := t.m[chunk]
+	return e.hold, ok
+}
+
 // Len reports how many chunks are reserved.
 func (t *Reservations[H]) Len() int { return len(t.m) }
 
