@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 
 	"github.com/cockroachdb/pebble/v2"
+
 	"github.com/sluicefs/sluice/internal/admit"
 )
 
