@@ -14,16 +14,35 @@ import (
 // TestStep runs the chunk tables in testdata/: each file steps one chunk
 // through events and prints every decision and the state after it.
 //
+//	replicas (shows every replica's chunk; every other command takes on=R)
 //	chunk [version=V] [fence=E|tombstone] [doubt=(base,version,tag,off,end)]
 //	head off=O end=E [tag=T]        follow version=V base=B [wait]
 //	plan epoch=E   commit   abort [in-doubt]   fence epoch=E
 //	drop epoch=E version=V   collect epoch=E   resolve version=V
 func TestStep(t *testing.T) {
 	datadriven.Walk(t, "testdata/step", func(t *testing.T, path string) {
-		c := Chunk{ID: 7}
+		// One chunk's copies on three replicas; on=R picks the replica an
+		// event happens on (default rank 0, the head).
+		var cs [3]Chunk
+		for i := range cs {
+			cs[i] = Chunk{ID: 7}
+		}
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
-			if d.Cmd == "chunk" {
-				c = Chunk{ID: 7}
+			on := 0
+			d.MaybeScanArgs(t, "on", &on)
+			if on < 0 || on >= len(cs) {
+				t.Fatalf("%s: no replica %d", d.Pos, on)
+			}
+			c := &cs[on]
+			switch d.Cmd {
+			case "replicas":
+				var b strings.Builder
+				for i, c := range cs {
+					fmt.Fprintf(&b, "%d: %s\n", i, show(c))
+				}
+				return b.String()
+			case "chunk":
+				*c = Chunk{ID: 7}
 				d.MaybeScanArgs(t, "version", &c.Version)
 				d.MaybeScanArgs(t, "fence", &c.Fence)
 				if d.HasArg("tombstone") {
@@ -34,7 +53,7 @@ func TestStep(t *testing.T) {
 					d.ScanArgs(t, "doubt", &dbt.Base, &dbt.Version, &dbt.Tag, &dbt.Off, &dbt.End)
 					c.Doubt = &dbt
 				}
-				return show(c)
+				return show(*c)
 			}
 			var ev Event
 			switch d.Cmd {
@@ -78,14 +97,14 @@ func TestStep(t *testing.T) {
 			default:
 				t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
 			}
-			before := c
-			next, dec := Step(c, ev)
+			before := *c
+			next, dec := Step(before, ev)
 			_, ending := ev.(Abort)
 			if dec.Err != nil && !dec.SaveFence && !ending && show(next) != show(before) {
 				t.Fatalf("%s: a refused event changed the state:\n%s\n%s", d.Pos, show(before), show(next))
 			}
-			c = next
-			return decision(dec) + "\n" + show(c)
+			*c = next
+			return decision(dec) + "\n" + show(next)
 		})
 	})
 }
