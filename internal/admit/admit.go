@@ -24,6 +24,7 @@ const Tombstone = math.MaxUint64
 type Chunk struct {
 	ID      ids.ChunkID // for messages only
 	Version uint64      // the committed version; 0: no copy
+	Tag     uint64      // the tag of the write that made Version (0: none)
 	Fence   uint64      // the lowest epoch a write must be planned on (Tombstone: none)
 	Doubt   *Doubt      // the head's unresolved write, if any
 	Write   *Write      // the open write, if any (a chunk has at most one)
@@ -56,6 +57,7 @@ type BeginHead struct {
 // (the write before is still on its way), not stale.
 type BeginFollow struct {
 	Version, Base uint64
+	Tag           uint64
 	Wait          bool
 }
 
@@ -147,7 +149,7 @@ func Step(c Chunk, ev Event) (Chunk, Decision) {
 		if c.Fence != Tombstone && c.Fence > ev.Epoch {
 			return c, Decision{} // meta placed a member here after it judged
 		}
-		c.Version, c.Doubt = 0, nil
+		c.Version, c.Tag, c.Doubt = 0, 0, nil
 		return c, Decision{Delete: true}
 	case Resolve:
 		if c.Write != nil {
@@ -179,6 +181,16 @@ func (c Chunk) CheckFence(epoch uint64) error {
 		return fmt.Errorf("chunk is fenced at epoch %d, the write was planned on epoch %d: %w", c.Fence, epoch, ErrFenced)
 	}
 	return nil
+}
+
+// Applied reports whether write writeID (tag; 0 is none) is the one the
+// chunk committed last — at version, if the write names one (below the
+// head) — so a retry of it is answered "already applied" instead of
+// being written again: a client's retry after a lost reply, or after a
+// sibling replica refused it busy. (A replica commits only after the
+// replicas below it, so they have it too.)
+func (c Chunk) Applied(writeID, version uint64) bool {
+	return writeID != 0 && c.Version != 0 && c.Tag == writeID && (version == 0 || c.Version == version)
 }
 
 // CheckFollow refuses versions no head chooses: a write after base as
@@ -232,7 +244,7 @@ func beginFollow(c Chunk, ev BeginFollow) (Chunk, Decision) {
 	case c.Version < ev.Base || c.Version >= ev.Version:
 		return c, Decision{Err: fmt.Errorf("chunk is at version %d, write %d needs %d to %d: %w", c.Version, ev.Version, ev.Base, ev.Version-1, ErrStale)}
 	}
-	c.Write = &Write{Version: ev.Version, Base: ev.Base}
+	c.Write = &Write{Version: ev.Version, Base: ev.Base, Tag: ev.Tag}
 	return c, Decision{Version: ev.Version, Base: ev.Base}
 }
 
@@ -249,7 +261,7 @@ func commit(c Chunk) (Chunk, Decision) {
 	if c.Write.Resolves {
 		c.Doubt, d.ClearDoubt = nil, true
 	}
-	c.Version, c.Write = c.Write.Version, nil
+	c.Version, c.Tag, c.Write = c.Write.Version, c.Write.Tag, nil
 	return c, d
 }
 
@@ -289,6 +301,6 @@ func drop(c Chunk, ev Drop) (Chunk, Decision) {
 		d.Err = fmt.Errorf("at version %d, the drop was planned at %d: %w", c.Version, ev.Version, ErrStale)
 		return c, d
 	}
-	c.Version, c.Doubt, d.Delete = 0, nil, true
+	c.Version, c.Tag, c.Doubt, d.Delete = 0, 0, nil, true
 	return c, d
 }

@@ -16,7 +16,8 @@ import (
 //
 //	replicas (shows every replica's chunk; every other command takes on=R)
 //	chunk [version=V] [fence=E|tombstone] [doubt=(base,version,tag,off,end)]
-//	head off=O end=E [tag=T]        follow version=V base=B [wait]
+//	head off=O end=E [tag=T]        follow version=V base=B [tag=T] [wait]
+//	applied write=W [version=V]
 //	plan epoch=E   commit   abort [in-doubt]   fence epoch=E
 //	drop epoch=E version=V   collect epoch=E   resolve version=V
 func TestStep(t *testing.T) {
@@ -44,6 +45,7 @@ func TestStep(t *testing.T) {
 			case "chunk":
 				*c = Chunk{ID: 7}
 				d.MaybeScanArgs(t, "version", &c.Version)
+				d.MaybeScanArgs(t, "tag", &c.Tag)
 				d.MaybeScanArgs(t, "fence", &c.Fence)
 				if d.HasArg("tombstone") {
 					c.Fence = Tombstone
@@ -54,6 +56,11 @@ func TestStep(t *testing.T) {
 					c.Doubt = &dbt
 				}
 				return show(*c)
+			case "applied":
+				var write, version uint64
+				d.ScanArgs(t, "write", &write)
+				d.MaybeScanArgs(t, "version", &version)
+				return fmt.Sprint(c.Applied(write, version))
 			}
 			var ev Event
 			switch d.Cmd {
@@ -67,6 +74,7 @@ func TestStep(t *testing.T) {
 				var e BeginFollow
 				d.ScanArgs(t, "version", &e.Version)
 				d.ScanArgs(t, "base", &e.Base)
+				d.MaybeScanArgs(t, "tag", &e.Tag)
 				e.Wait = d.HasArg("wait")
 				ev = e
 			case "plan":
@@ -142,6 +150,9 @@ func kind(err error) string {
 func show(c Chunk) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "chunk: version=%d", c.Version)
+	if c.Tag != 0 {
+		fmt.Fprintf(&b, " tag=%d", c.Tag)
+	}
 	switch c.Fence {
 	case 0:
 	case Tombstone:
@@ -156,6 +167,8 @@ func show(c Chunk) string {
 		fmt.Fprintf(&b, " write=(version=%d base=%d", w.Version, w.Base)
 		if w.Head {
 			fmt.Fprintf(&b, " head tag=%d [%d,%d)", w.Tag, w.Off, w.End)
+		} else if w.Tag != 0 {
+			fmt.Fprintf(&b, " tag=%d", w.Tag)
 		}
 		if w.Epoch != 0 {
 			fmt.Fprintf(&b, " epoch=%d", w.Epoch)

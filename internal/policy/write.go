@@ -307,7 +307,7 @@ func (x *writer) alreadyApplied(h *wire.WriteHeader) ([]byte, bool) {
 		return nil, false
 	}
 	info, err := x.d.Store.Stat(h.Chunk)
-	if err != nil || info.Version == 0 || info.Tag != h.WriteID || (h.Version != 0 && info.Version != h.Version) {
+	if err != nil || !(admit.Chunk{Version: info.Version, Tag: info.Tag}).Applied(h.WriteID, h.Version) {
 		return nil, false
 	}
 	return wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, "already applied"), true
