@@ -135,6 +135,10 @@ func sink(log *os.File, ws ...io.Writer) io.Writer {
 // Spec returns what p was started with.
 func (p *Proc) Spec() Spec { return p.spec }
 
+// Cmd is the started command, for callers that signal the process
+// themselves (SIGSTOP) or read its ProcessState after Done.
+func (p *Proc) Cmd() *exec.Cmd { return p.cmd }
+
 // Pid is the process id (of the prefix program, if any).
 func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
