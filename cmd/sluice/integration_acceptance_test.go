@@ -37,13 +37,19 @@ type nodeProc struct {
 func startMeta(t *testing.T, dir string, extra ...string) *splitCluster {
 	t.Helper()
 	args := append([]string{"meta", "--data", filepath.Join(dir, "meta"), "--listen", "127.0.0.1:0", "--node-timeout", "2s"}, extra...)
-	p := startProc(t, dir, "meta", args...)
+	p := startDaemon(t, dir, "meta", args...)
 	c := &splitCluster{dir: dir, metaProc: p, nodes: map[ids.NodeID]*nodeProc{}}
-	c.meta = p.waitLine(t, reMetaListen, 20*time.Second)[1]
-	m := p.waitLine(t, reMetaConf, 5*time.Second)
-	c.secretFile, c.conf = m[1], m[2]
+	r := p.waitReady(t, 20*time.Second)
+	c.meta, c.secretFile, c.conf = r.Meta, r.Secret, r.Conf
 	if want := filepath.Join(dir, "meta", "cluster.secret"); c.secretFile != want {
-		t.Errorf("meta printed secret file %s, want %s", c.secretFile, want)
+		t.Errorf("meta's ready file names secret file %s, want %s", c.secretFile, want)
+	}
+	// What meta prints for people says the same.
+	if got := p.waitLine(t, reMetaListen, 5*time.Second)[1]; got != c.meta {
+		t.Errorf("meta printed address %s, its ready file %s", got, c.meta)
+	}
+	if m := p.waitLine(t, reMetaConf, 5*time.Second); m[1] != c.secretFile || m[2] != c.conf {
+		t.Errorf("meta printed secret file %s and client config %s, its ready file %s and %s", m[1], m[2], c.secretFile, c.conf)
 	}
 	return c
 }
@@ -77,9 +83,15 @@ func (c *splitCluster) startNodeIn(t *testing.T, name, dir string, extra ...stri
 	t.Helper()
 	args := append([]string{"node", "--data", dir, "--meta", c.meta, "--listen", "127.0.0.1:0"}, c.joinArgs(t, dir)...)
 	args = append(args, extra...)
-	p := startProc(t, c.dir, name, args...)
-	m := p.waitLine(t, reNodeListen, 20*time.Second)
-	n := &nodeProc{id: nodeID(t, m[1]), addr: m[2], dir: dir, proc: p}
+	p := startDaemon(t, c.dir, name, args...)
+	r := p.waitReady(t, 20*time.Second)
+	if len(r.Nodes) != 1 {
+		t.Fatalf("%s's ready file names nodes %v, want itself", name, r.Nodes)
+	}
+	n := &nodeProc{id: nodeID(t, r.Nodes[0].ID), addr: r.Nodes[0].Addr, dir: dir, proc: p}
+	if m := p.waitLine(t, reNodeListen, 5*time.Second); m[1] != r.Nodes[0].ID || m[2] != n.addr {
+		t.Errorf("%s printed node %s at %s, its ready file %v", name, m[1], m[2], r.Nodes)
+	}
 	if old, ok := c.nodes[n.id]; ok && old.dir != dir {
 		t.Fatalf("node id %v given to both %s and %s", n.id, old.dir, dir)
 	}

@@ -43,9 +43,12 @@ func mountAt(t *testing.T, conf, name string, extra ...string) *mounted {
 		t.Fatal(err)
 	}
 	args := append([]string{"mount", dir, "--conf", conf}, extra...)
-	p := startProc(t, base, "mount-"+name, args...)
+	p := startDaemon(t, base, "mount-"+name, args...)
 	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
-	p.waitLine(t, reMounted, 20*time.Second)
+	if r := p.waitReady(t, 20*time.Second); r.Mount != dir {
+		t.Errorf("the mount's ready file names %s, want %s", r.Mount, dir)
+	}
+	p.waitLine(t, reMounted, 5*time.Second)
 	return &mounted{dir: dir, proc: p}
 }
 

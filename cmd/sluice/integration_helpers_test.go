@@ -30,8 +30,10 @@ import (
 
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/launch"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/pki"
+	"github.com/sluicefs/sluice/internal/readyfile"
 )
 
 // sluiceBin is the binary built by TestMain.
@@ -174,7 +176,8 @@ func (b *lineBuffer) snapshot() []string {
 // proc is a long-running sluice process (meta, node or up).
 type proc struct {
 	name       string
-	cmd        *exec.Cmd
+	lp         *launch.Proc
+	cmd        *exec.Cmd // lp's
 	out        *lineBuffer
 	stderrPath string
 	done       chan struct{}
@@ -198,24 +201,34 @@ func startProcWith(t *testing.T, logDir, name string, stdin *os.File, args ...st
 // exec`, say).
 func startCmd(t *testing.T, logDir, name string, stdin *os.File, bin string, args ...string) *proc {
 	t.Helper()
+	return startSpec(t, logDir, name, launch.Spec{Path: bin, Args: args, Stdin: stdin})
+}
+
+// startDaemon is startProc for a daemon (meta, node, up, nfs, mount):
+// it is given --ready-file, which waitReady waits for.
+func startDaemon(t *testing.T, logDir, name string, args ...string) *proc {
+	t.Helper()
+	return startSpec(t, logDir, name, launch.Spec{Path: sluiceBin, Args: args, ReadyFile: filepath.Join(logDir, name+".ready")})
+}
+
+// startSpec starts spec with stdout into p.out and stderr into
+// logDir/name.stderr.
+func startSpec(t *testing.T, logDir, name string, spec launch.Spec) *proc {
+	t.Helper()
 	p := &proc{name: name, out: &lineBuffer{notify: make(chan struct{}, 1)}, done: make(chan struct{})}
 	p.stderrPath = filepath.Join(logDir, name+".stderr")
 	ef, err := os.OpenFile(p.stderrPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout = p.out
-	p.cmd.Stderr = ef
-	if stdin != nil {
-		p.cmd.Stdin = stdin
-	}
-	if err := p.cmd.Start(); err != nil {
+	spec.Name, spec.Stdout, spec.Stderr = name, p.out, ef
+	if p.lp, err = launch.Start(spec); err != nil {
 		ef.Close()
-		t.Fatalf("starting %s: %v", name, err)
+		t.Fatal(err)
 	}
+	p.cmd = p.lp.Cmd()
 	go func() {
-		p.waitErr = p.cmd.Wait()
+		p.waitErr = p.lp.Err()
 		ef.Close()
 		close(p.done)
 	}()
@@ -228,6 +241,16 @@ func startCmd(t *testing.T, logDir, name string, stdin *os.File, bin string, arg
 		}
 	})
 	return p
+}
+
+// waitReady waits for a daemon's ready file (see startDaemon).
+func (p *proc) waitReady(t *testing.T, timeout time.Duration) readyfile.Info {
+	t.Helper()
+	info, err := p.lp.WaitReady(context.Background(), timeout)
+	if err != nil {
+		t.Fatalf("%v\nstdout so far:\n%s", err, strings.Join(p.out.snapshot(), "\n"))
+	}
+	return info
 }
 
 // childCheck fails t if a child reported a data race or a panic.
@@ -468,14 +491,30 @@ type upCluster struct {
 func startUp(t *testing.T, dir string, n int, extra ...string) *upCluster {
 	t.Helper()
 	args := append([]string{"up", "--nodes", strconv.Itoa(n), "--data", dir, "--listen", "127.0.0.1:0"}, extra...)
-	p := startProc(t, filepath.Dir(dir), "up-"+filepath.Base(dir)+"-"+strconv.FormatInt(time.Now().UnixNano(), 36), args...)
+	p := startDaemon(t, filepath.Dir(dir), "up-"+filepath.Base(dir)+"-"+strconv.FormatInt(time.Now().UnixNano(), 36), args...)
 	c := &upCluster{dir: dir, proc: p, nodes: map[ids.NodeID]string{}}
-	c.meta = p.waitLine(t, reMetaListen, 20*time.Second)[1]
-	for i := 0; i < n; i++ {
-		m := p.waitLine(t, regexp.MustCompile(`^sluice: storage node (n`+strconv.Itoa(i+1)+`) listening on (\S+) \(data `), 20*time.Second)
-		c.nodes[nodeID(t, m[1])] = m[2]
+	r := p.waitReady(t, 20*time.Second)
+	c.meta, c.conf = r.Meta, r.Conf
+	for _, nd := range r.Nodes {
+		c.nodes[nodeID(t, nd.ID)] = nd.Addr
 	}
-	c.conf = p.waitLine(t, reUpConf, 20*time.Second)[1]
+	if len(c.nodes) != n {
+		t.Fatalf("up's ready file names nodes %v, want %d", r.Nodes, n)
+	}
+	// What up prints for people says the same (printed before the file
+	// is written).
+	if got := p.waitLine(t, reMetaListen, 5*time.Second)[1]; got != c.meta {
+		t.Errorf("up printed meta %s, its ready file %s", got, c.meta)
+	}
+	for i := 0; i < n; i++ {
+		m := p.waitLine(t, regexp.MustCompile(`^sluice: storage node (n`+strconv.Itoa(i+1)+`) listening on (\S+) \(data `), 5*time.Second)
+		if c.nodes[nodeID(t, m[1])] != m[2] {
+			t.Errorf("up printed %s at %s, its ready file %v", m[1], m[2], r.Nodes)
+		}
+	}
+	if got := p.waitLine(t, reUpConf, 5*time.Second)[1]; got != c.conf {
+		t.Errorf("up printed client config %s, its ready file %s", got, c.conf)
+	}
 	if want, _ := filepath.Abs(filepath.Join(dir, "client.conf")); c.conf != want {
 		t.Errorf("up wrote client config to %s, want %s", c.conf, want)
 	}

@@ -28,9 +28,15 @@ func nfsGateway(t *testing.T, conf string, extra ...string) (string, string) {
 	t.Helper()
 	base := filepath.Dir(filepath.Dir(conf))
 	args := append([]string{"nfs", "--listen", "127.0.0.1:0", "--fabric-listen", "127.0.0.1:0", "--conf", conf}, extra...)
-	p := startProc(t, base, "nfs-"+fmt.Sprint(time.Now().UnixNano()), args...)
-	tcp := p.waitLine(t, reNFSListen, 20*time.Second)[1]
-	return tcp, p.waitLine(t, reNFSFabricListen, 20*time.Second)[1]
+	p := startDaemon(t, base, "nfs-"+fmt.Sprint(time.Now().UnixNano()), args...)
+	r := p.waitReady(t, 20*time.Second)
+	if got := p.waitLine(t, reNFSListen, 5*time.Second)[1]; got != r.NFS {
+		t.Errorf("the gateway printed %s, its ready file %s", got, r.NFS)
+	}
+	if got := p.waitLine(t, reNFSFabricListen, 5*time.Second)[1]; got != r.NFSFabric {
+		t.Errorf("the gateway printed fabric address %s, its ready file %s", got, r.NFSFabric)
+	}
+	return r.NFS, r.NFSFabric
 }
 
 // requireLibnfs skips when the libnfs command-line client is missing

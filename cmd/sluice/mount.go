@@ -15,6 +15,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/fusefs"
+	"github.com/sluicefs/sluice/internal/readyfile"
 )
 
 // mountFlags are the FUSE mount's settings, shared by mount and up.
@@ -56,7 +57,8 @@ func (a *app) mountOptions(m *mountFlags) fusefs.Options {
 
 // serveMount mounts cl at dir and serves until ctx ends (SIGINT,
 // SIGTERM) or the mount is unmounted from outside (`sluice umount`).
-func (a *app) serveMount(ctx context.Context, cl *client.Client, dir string, m *mountFlags) error {
+// Once mounted it calls ready (nil: none).
+func (a *app) serveMount(ctx context.Context, cl *client.Client, dir string, m *mountFlags, ready func() error) error {
 	if st, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("mount point: %w", err)
 	} else if !st.IsDir() {
@@ -69,6 +71,12 @@ func (a *app) serveMount(ctx context.Context, cl *client.Client, dir string, m *
 	fmt.Fprintf(a.stdout, "sluice: mounted at %s\n", dir)
 	done := make(chan struct{})
 	go func() { server.Wait(); close(done) }()
+	if ready != nil {
+		if err := ready(); err != nil {
+			unmountServer(server, dir, done)
+			return err
+		}
+	}
 	select {
 	case <-done:
 		fmt.Fprintf(a.stdout, "sluice: %s was unmounted\n", dir)
@@ -96,17 +104,21 @@ func unmountServer(server *fusefs.Server, dir string, done <-chan struct{}) erro
 
 func (a *app) mountCmd() *cobra.Command {
 	var m mountFlags
+	var readyPath string
 	cmd := &cobra.Command{
 		Use:   "mount MOUNTPOINT",
 		Short: "Mount the cluster as a POSIX file system (FUSE), in the foreground until SIGINT/SIGTERM or `sluice umount`",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withClient(func(cl *client.Client) error {
-				return a.serveMount(cmd.Context(), cl, args[0], &m)
+				return a.serveMount(cmd.Context(), cl, args[0], &m, func() error {
+					return writeReady(readyPath, readyfile.Info{Mount: args[0]})
+				})
 			}, m.tune)
 		},
 	}
 	m.add(cmd)
+	addReadyFlag(cmd, &readyPath)
 	daemonconf.Add(cmd)
 	return cmd
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicefs/sluice/internal/nfsclient"
 	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/readyfile"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -61,6 +62,7 @@ func (a *app) nfsCmd() *cobra.Command {
 	var fo fabricRPCFlags
 	var cf connFlags
 	var cacheMiB int64
+	var readyPath string
 	cmd := &cobra.Command{
 		Use:   "nfs",
 		Short: "Serve the cluster over NFSv3 (NFS and MOUNT on one TCP port), in the foreground until SIGINT/SIGTERM",
@@ -120,8 +122,17 @@ COMMIT has nothing left to do.`,
 						a.logger().Warn("nfs: no --export given: only this machine's clients (127.0.0.1, ::1) are admitted")
 					}
 				}
+				info := readyfile.Info{NFS: srv.Addr().String()}
 				if fa := srv.FabricAddr(); fa != nil {
 					fmt.Fprintf(a.stdout, "sluice: NFSv3 over the fabric listening on %s\n", fa)
+					info.NFSFabric = fa.String()
+				}
+				if err := writeReady(readyPath, info); err != nil {
+					// Serving an ended context closes the transports.
+					ended, cancel := context.WithCancel(cmd.Context())
+					cancel()
+					srv.Serve(ended)
+					return err
 				}
 				return srv.Serve(cmd.Context())
 			}, func(o *client.Options) { credential = o.Conf.Credential })
@@ -132,6 +143,7 @@ COMMIT has nothing left to do.`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to serve the network, with --export naming its clients)")
 	cmd.Flags().Int64Var(&cacheMiB, "cache-mib", 256, "MiB of file data the gateway caches for READ (0 for none); other clients' writes show within a second, the gateway's own at once")
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
+	addReadyFlag(cmd, &readyPath)
 	fo.add(cmd, "replies")
 	cf.add(cmd, fabricrpc.DefaultMaxConns, fabricrpc.DefaultMaxConnsPerHost, 0) // oncrpc's defaults too
 	daemonconf.Add(cmd)

@@ -24,6 +24,7 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
 	"github.com/sluicefs/sluice/internal/pki"
+	"github.com/sluicefs/sluice/internal/readyfile"
 )
 
 // engineFlags are the data-plane settings shared by `up` and `node`.
@@ -84,6 +85,7 @@ func (a *app) upCmd() *cobra.Command {
 		mount  string
 		mf     mountFlags
 		sf     spaceFlags
+		ready  string
 	)
 	var nodeListen string
 	cmd := &cobra.Command{
@@ -111,8 +113,20 @@ func (a *app) upCmd() *cobra.Command {
 			abs, _ := filepath.Abs(c.ConfPath)
 			fmt.Fprintf(a.stdout, "sluice: client config written to %s\n", abs)
 			fmt.Fprintf(a.stdout, "sluice: try: SLUICE_CONF=%s sluice status\n", abs)
+			info := readyfile.Info{Meta: c.MetaAddr, Conf: abs}
+			for _, n := range c.Nodes {
+				info.Nodes = append(info.Nodes, readyfile.Node{ID: n.ID().String(), Addr: n.Addr()})
+			}
 			if mount != "" {
-				return a.upMounted(cmd.Context(), c, mount, &mf)
+				// Ready once mounted.
+				return a.upMounted(cmd.Context(), c, mount, &mf, func() error {
+					info.Mount = mount
+					return writeReady(ready, info)
+				})
+			}
+			if err := writeReady(ready, info); err != nil {
+				c.Close()
+				return err
 			}
 			select {
 			case <-cmd.Context().Done():
@@ -131,6 +145,7 @@ func (a *app) upCmd() *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", cluster.DefaultMetaListen, "meta service address")
 	cmd.Flags().StringVar(&nodeListen, "node-listen", cluster.DefaultNodeListen, "the storage nodes' address: HOST (ports the system picks) or HOST:PORT (node i on PORT+i-1)")
 	cmd.Flags().StringVar(&mount, "mount", "", "also mount the cluster here (FUSE); the cluster stops when it is unmounted")
+	addReadyFlag(cmd, &ready)
 	ef.add(cmd)
 	mf.add(cmd)
 	sf.add(cmd)
@@ -140,7 +155,7 @@ func (a *app) upCmd() *cobra.Command {
 
 // upMounted serves the mount of a cluster up started, then stops the
 // cluster: on a signal, on `sluice umount`, or when meta fails.
-func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf *mountFlags) error {
+func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf *mountFlags, ready func() error) error {
 	conf, err := config.Load(c.ConfPath)
 	if err != nil {
 		c.Close()
@@ -161,7 +176,7 @@ func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf 
 			cancel()
 		}
 	}()
-	err = a.serveMount(ctx, cl, dir, mf)
+	err = a.serveMount(ctx, cl, dir, mf, ready)
 	cl.Close()
 	fmt.Fprintln(a.stdout, "sluice: shutting down")
 	if cerr := c.Close(); err == nil {
@@ -174,6 +189,7 @@ func (a *app) metaCmd() *cobra.Command {
 	var (
 		dir, listen string
 		advertise   string
+		ready       string
 		nodeTimeout time.Duration
 		lockLease   time.Duration
 		repairGrace time.Duration
@@ -237,6 +253,11 @@ func (a *app) metaCmd() *cobra.Command {
 			fmt.Fprintf(a.stdout, "sluice: cluster secret %s, client config %s\n", filepath.Join(dir, "cluster.secret"), srv.ConfPath)
 			fmt.Fprintf(a.stdout, "sluice: cluster CA %s; add storage nodes with: %s=\"$(SLUICE_CONF=%s sluice join-token)\" sluice node --meta %s --data DIR\n",
 				filepath.Join(dir, pki.CACertFile), envJoin, srv.ConfPath, srv.Addr)
+			if err := writeReady(ready, readyfile.Info{Meta: srv.Addr, MetaListen: srv.ListenAddr.String(), Conf: srv.ConfPath,
+				Secret: filepath.Join(dir, "cluster.secret")}); err != nil {
+				srv.Close()
+				return err
+			}
 			select {
 			case <-cmd.Context().Done():
 				return srv.Close()
@@ -259,6 +280,7 @@ func (a *app) metaCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&capTTL, "cap-ttl", meta.DefaultCapabilityTTL, "capabilities (the tickets storage nodes check) expire this long after meta mints them")
 	cmd.Flags().DurationVar(&capRotate, "cap-key-rotate", meta.DefaultCapKeyRotate, "rotate the key that signs capabilities this often (longer than --cap-ttl; 0: never)")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "HOST or HOST:PORT that clients and nodes reach meta at: written into client.conf and named by meta's certificate (default: the listen address; every interface becomes 127.0.0.1)")
+	addReadyFlag(cmd, &ready)
 	cmd.Flags().StringSliceVar(&tlsNames, "tls-san", nil, "more host names or addresses meta's TLS certificate names (besides loopback, this host's name and the listen address)")
 	sf.add(cmd)
 	cf.add(cmd, connlimit.DefaultMax, connlimit.DefaultPerHost, 0)
@@ -303,6 +325,7 @@ func (a *app) nodeCmd() *cobra.Command {
 		scrubRate                                           int64
 		inventoryEvery                                      time.Duration
 		nodeID                                              uint32
+		ready                                               string
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -342,6 +365,10 @@ func (a *app) nodeCmd() *cobra.Command {
 				fmt.Fprintf(a.stderr, "sluice: warning: the join token given with --join is visible to other users of this host (ps) while the node runs; pass it in $%s instead\n", envJoin)
 			}
 			fmt.Fprintf(a.stdout, "sluice: storage node %v listening on %s\n", n.ID(), n.Addr())
+			if err := writeReady(ready, readyfile.Info{Nodes: []readyfile.Node{{ID: n.ID().String(), Addr: n.Addr()}}}); err != nil {
+				n.Close()
+				return err
+			}
 			select {
 			case <-cmd.Context().Done():
 				return n.Close()
@@ -358,6 +385,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&advertise, "advertise", "", "HOST:PORT registered with meta, that meta, clients and other nodes reach this node at (default: the listen address; listening on every interface, the address meta sees this node's calls come from)")
 	cmd.Flags().Uint32Var(&nodeID, "id", 0, "the node id a new node asks for when it joins (1 to 16777215; default: meta picks the next free one); a node that has one must be given it")
 	cmd.Flags().StringVar(&domain, "domain", "", "failure domain (rack, host)")
+	addReadyFlag(cmd, &ready)
 	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", 24*time.Hour, "re-read every chunk against its checksums this often (0: never)")
 	cmd.Flags().Int64Var(&scrubRate, "scrub-rate", 32<<20, "scrub at most this many bytes a second (0: unlimited)")
 	cmd.Flags().DurationVar(&inventoryEvery, "inventory-interval", node.DefaultInventoryInterval, "list this node's chunks to meta this often, to collect copies no file needs (negative: only when meta asks)")

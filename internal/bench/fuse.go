@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"sync"
@@ -94,7 +93,7 @@ func (r *runner) fuseCluster(ctx context.Context, k int, sz fuseSizes, add func(
 		return err
 	}
 	conf := filepath.Join(c.dir, "meta", "client.conf")
-	if _, err := c.start(ctx, r.cfg.Exe, "mount", regexp.MustCompile(`mounted at (\S+)`), "mount", mnt, "--conf", conf); err != nil {
+	if _, err := c.start(ctx, r.cfg.Exe, "mount", "mount", mnt, "--conf", conf); err != nil {
 		return err
 	}
 	if err := r.sdkSide(ctx, cl, dir, k, sz, add); err != nil {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,8 +52,7 @@ func nfsBench(ctx context.Context, r *runner) error {
 	}
 	conf := filepath.Join(c.dir, "meta", "client.conf")
 	cacheMiB := strconv.FormatInt(size>>20+64, 10)
-	addrs, err := c.start(ctx, r.cfg.Exe, "nfs",
-		regexp.MustCompile(`(?s)NFSv3 gateway listening on (\S+) .*NFSv3 over the fabric listening on (\S+)`),
+	ready, err := c.start(ctx, r.cfg.Exe, "nfs",
 		"nfs", "--listen", "127.0.0.1:0", "--fabric-listen", "127.0.0.1:0", "--cache-mib", cacheMiB, "--conf", conf,
 		// The benchmark only reads, and may run as a user who cannot bind
 		// the reserved port a secure export wants.
@@ -62,9 +60,8 @@ func nfsBench(ctx context.Context, r *runner) error {
 	if err != nil {
 		return err
 	}
-	addr := map[string]string{}
-	addr["tcp"], addr["fabric"], _ = strings.Cut(addrs, " ")
-	gw := c.procs[len(c.procs)-1].cmd.Process.Pid
+	addr := map[string]string{"tcp": ready.NFS, "fabric": ready.NFSFabric}
+	gw := c.procs[len(c.procs)-1].Pid()
 
 	type run struct {
 		mbps, clientCPU, gatewayCPU, copies, socketCopies float64

@@ -18,7 +18,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/launch"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
 )
@@ -50,20 +50,14 @@ type Options struct {
 	Logf      func(format string, args ...any)
 }
 
-var (
-	reMetaListen = regexp.MustCompile(`^sluice: meta listening on (\S+)$`)
-	reMetaConf   = regexp.MustCompile(`^sluice: cluster secret (\S+), client config (\S+)$`)
-	reNodeListen = regexp.MustCompile(`^sluice: storage node (\S+) listening on (\S+)$`)
-)
-
 // cluster is the processes of a run.
 type cluster struct {
 	o                   Options
 	metaAddr, conf      string
 	secret              string
-	meta                *proc
+	meta                *launch.Proc
 	mu                  sync.Mutex
-	nodes               []*proc // by index; nil or exited: down
+	nodes               []*launch.Proc // by index; nil or exited: down
 	kills, restarts, mr int
 	// repairs and repaired count what earlier meta incarnations
 	// reported (a restart starts meta's counters over).
@@ -77,17 +71,12 @@ func (c *cluster) startMeta(ctx context.Context, listen string) error {
 	if err != nil {
 		return err
 	}
-	m, err := p.waitLine(ctx, reMetaListen, 30*time.Second)
+	r, err := p.WaitReady(ctx, 30*time.Second)
 	if err != nil {
-		p.kill()
+		p.Kill()
 		return err
 	}
-	cm, err := p.waitLine(ctx, reMetaConf, 10*time.Second)
-	if err != nil {
-		p.kill()
-		return err
-	}
-	c.meta, c.metaAddr, c.secret, c.conf = p, m[1], cm[1], cm[2]
+	c.meta, c.metaAddr, c.secret, c.conf = p, r.Meta, r.Secret, r.Conf
 	return nil
 }
 
@@ -105,8 +94,8 @@ func (c *cluster) startNode(ctx context.Context, i int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := p.waitLine(ctx, reNodeListen, 30*time.Second); err != nil {
-		p.kill()
+	if _, err := p.WaitReady(ctx, 30*time.Second); err != nil {
+		p.Kill()
 		return err
 	}
 	c.mu.Lock()
@@ -135,7 +124,7 @@ func (c *cluster) down() []int {
 	defer c.mu.Unlock()
 	var out []int
 	for i, p := range c.nodes {
-		if p == nil || !p.running() {
+		if p == nil || !p.Running() {
 			out = append(out, i)
 		}
 	}
@@ -148,11 +137,11 @@ func (c *cluster) stopAll() {
 	c.mu.Unlock()
 	for _, p := range nodes {
 		if p != nil {
-			p.stop()
+			p.Stop(stopWait)
 		}
 	}
 	if c.meta != nil {
-		c.meta.stop()
+		c.meta.Stop(stopWait)
 	}
 }
 
@@ -183,7 +172,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return Report{}, err
 	}
-	c := &cluster{o: o, nodes: make([]*proc, o.Nodes)}
+	c := &cluster{o: o, nodes: make([]*launch.Proc, o.Nodes)}
 	defer c.stopAll()
 	if err := c.startMeta(ctx, "127.0.0.1:0"); err != nil {
 		return Report{}, err
@@ -276,7 +265,7 @@ func (c *cluster) faults(ctx context.Context, d time.Duration) error {
 				c.repaired += st.Repair.Bytes
 			}
 			c.o.Logf("chaos: kill -9 meta")
-			c.meta.kill()
+			c.meta.Kill()
 			time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
 			if err := c.startMeta(ctx, c.metaAddr); err != nil {
 				return fmt.Errorf("restarting meta: %w", err)
@@ -300,7 +289,7 @@ func (c *cluster) faults(ctx context.Context, d time.Duration) error {
 		p := c.nodes[i]
 		c.mu.Unlock()
 		c.o.Logf("chaos: kill -9 n%d", i+1)
-		p.kill()
+		p.Kill()
 		c.kills++
 	}
 	return nil

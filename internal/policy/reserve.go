@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/admit"
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
@@ -12,31 +13,26 @@ import (
 )
 
 // Flat writes are client-driven: the client sends every replica its copy
-// itself. To keep the one-order-per-chunk guarantee without a forwarding
-// head, the client first reserves the chunk's next version at rank 0 (the
-// extra round trip the seed charges RDMA-Flat with): rank 0 opens the
-// store write — taking the chunk's write lock — and keeps it until that
-// write's data arrives or the reservation expires. Every other replica
-// accepts the write only after the version before it (busy while an
-// earlier one is still on its way, stale if it is behind for good). A
-// reservation that expires may have been written to the other replicas,
-// so rank 0 records it as a doubt (store.Doubt).
+// itself, after reserving the chunk's next version at rank 0 (the extra
+// round trip the seed charges RDMA-Flat with). Rank 0 opens the store
+// write — taking the chunk's write lock — and keeps it until that write's
+// data arrives or the reservation expires; one that expires may have been
+// written to the other replicas, so it ends as a doubt (store.Doubt). The
+// rules (bounds, matching) are admit.Reservations'; this adds the store
+// write and the expiry timer.
 
 type reservations struct {
-	mu       sync.Mutex
-	m        map[ids.ChunkID]*reservation
-	byClient map[ids.ClientID]int
-	closed   bool
-	timeout  time.Duration
-	log      *slog.Logger
+	mu      sync.Mutex
+	t       *admit.Reservations[*reservation]
+	timeout time.Duration
+	log     *slog.Logger
 }
 
+// reservation is what a reserved chunk holds: its open write and the
+// timer that ends it.
 type reservation struct {
-	w        *store.Write
-	off, len int64
-	writeID  uint64
-	client   ids.ClientID
-	timer    *time.Timer
+	w     *store.Write
+	timer *time.Timer
 }
 
 // maxReservations bounds how many chunks can be reserved at once: each
@@ -49,7 +45,7 @@ const (
 )
 
 func newReservations(timeout time.Duration, log *slog.Logger) *reservations {
-	return &reservations{m: map[ids.ChunkID]*reservation{}, byClient: map[ids.ClientID]int{}, timeout: timeout, log: log}
+	return &reservations{t: admit.NewReservations[*reservation](maxReservations, maxReservationsPerClient), timeout: timeout, log: log}
 }
 
 // reserveHeader opens the write a flat reservation holds.
@@ -61,7 +57,8 @@ func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader, c *capabilit
 	if err := planned(w, c.Epoch); err != nil {
 		return err
 	}
-	if err := x.reserved.put(h.Chunk, &reservation{w: w, off: int64(h.Off), len: int64(h.Len), writeID: h.WriteID, client: c.Client}); err != nil {
+	res := admit.Reservation{Version: w.Version(), Off: int64(h.Off), Len: int64(h.Len), WriteID: h.WriteID, Client: c.Client}
+	if err := x.reserved.put(h.Chunk, res, w); err != nil {
 		w.Abort()
 		return err
 	}
@@ -69,20 +66,14 @@ func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader, c *capabilit
 	return nil
 }
 
-func (rs *reservations) put(chunk ids.ChunkID, r *reservation) error {
+func (rs *reservations) put(chunk ids.ChunkID, res admit.Reservation, w *store.Write) error {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	switch {
-	case rs.closed:
-		return wire.Errorf(wire.StatusBusy, "node shutting down")
-	case len(rs.m) >= maxReservations:
-		return wire.Errorf(wire.StatusBusy, "too many flat writes reserved")
-	case rs.byClient[r.client] >= maxReservationsPerClient:
-		return wire.Errorf(wire.StatusBusy, "client %v holds %d flat write reservations already", r.client, maxReservationsPerClient)
+	r := &reservation{w: w}
+	if err := rs.t.Put(chunk, res, r); err != nil {
+		return storeError(err)
 	}
-	rs.byClient[r.client]++
 	r.timer = time.AfterFunc(rs.timeout, func() { rs.expire(chunk, r) })
-	rs.m[chunk] = r
 	return nil
 }
 
@@ -91,69 +82,46 @@ func (rs *reservations) put(chunk ids.ChunkID, r *reservation) error {
 func (rs *reservations) take(chunk ids.ChunkID, version uint64, off, n int64, writeID uint64) (*store.Write, error) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	r := rs.m[chunk]
-	switch {
-	case r == nil:
-		return nil, wire.Errorf(wire.StatusStale, "no reservation for chunk %v (expired?)", chunk)
-	case r.w.Version() != version || r.off != off || r.len != n || r.writeID != writeID:
-		return nil, wire.Errorf(wire.StatusBadRequest, "chunk %v is reserved for version %d [%d,+%d) of write %x, not %d [%d,+%d) of %x",
-			chunk, r.w.Version(), r.off, r.len, r.writeID, version, off, n, writeID)
+	r, err := rs.t.Take(chunk, admit.Reservation{Version: version, Off: off, Len: n, WriteID: writeID})
+	if err != nil {
+		return nil, storeError(err)
 	}
 	r.timer.Stop()
-	rs.drop(chunk, r)
 	return r.w, nil
 }
 
-// drop removes r, reserved for chunk. Caller holds mu.
-func (rs *reservations) drop(chunk ids.ChunkID, r *reservation) {
-	delete(rs.m, chunk)
-	if rs.byClient[r.client]--; rs.byClient[r.client] <= 0 {
-		delete(rs.byClient, r.client)
-	}
-}
-
 // release drops the reservation of chunk for version of write writeID, if
-// it still stands: its client gave up before sending any data with it
-// (a failed read-modify-write read, say), so no replica can have the
-// version and no doubt is recorded. A client that releases a version it
-// did write harms only its own file (its replicas then refuse the next
-// write with that version until repaired).
+// it still stands and is client's: its client gave up before sending any
+// data with it, so no doubt is recorded (admit.Reservations.Release).
 func (rs *reservations) release(chunk ids.ChunkID, version, writeID uint64, client ids.ClientID) {
 	rs.mu.Lock()
-	r := rs.m[chunk]
-	if r == nil || r.w.Version() != version || r.writeID != writeID || r.client != client {
-		rs.mu.Unlock()
-		return
-	}
-	r.timer.Stop()
-	rs.drop(chunk, r)
+	r, ok := rs.t.Release(chunk, version, writeID, client)
 	rs.mu.Unlock()
-	r.w.Abort()
+	if ok {
+		r.timer.Stop()
+		r.w.Abort()
+	}
 }
 
 // cancel drops the reservation holding w, if it still does.
 func (rs *reservations) cancel(chunk ids.ChunkID, w *store.Write) {
 	rs.mu.Lock()
-	r := rs.m[chunk]
-	if r == nil || r.w != w {
-		rs.mu.Unlock()
-		return
-	}
-	r.timer.Stop()
-	rs.drop(chunk, r)
+	r, ok := rs.t.Hold(chunk)
+	ok = ok && r.w == w && rs.t.Remove(chunk, r)
 	rs.mu.Unlock()
-	w.Abort()
+	if ok {
+		r.timer.Stop()
+		w.Abort()
+	}
 }
 
 func (rs *reservations) expire(chunk ids.ChunkID, r *reservation) {
 	rs.mu.Lock()
-	if rs.m[chunk] != r {
-		rs.mu.Unlock()
-		return
-	}
-	rs.drop(chunk, r)
+	ok := rs.t.Remove(chunk, r)
 	rs.mu.Unlock()
-	rs.inDoubt(chunk, r)
+	if ok {
+		rs.inDoubt(chunk, r)
+	}
 }
 
 // inDoubt ends a reservation whose data never came: the client may have
@@ -168,8 +136,7 @@ func (rs *reservations) inDoubt(chunk ids.ChunkID, r *reservation) {
 // ones. An expiry timer that already fired finds its entry gone.
 func (rs *reservations) closeAll() {
 	rs.mu.Lock()
-	m := rs.m
-	rs.m, rs.byClient, rs.closed = map[ids.ChunkID]*reservation{}, map[ids.ClientID]int{}, true
+	m := rs.t.Close()
 	rs.mu.Unlock()
 	for chunk, r := range m {
 		r.timer.Stop()

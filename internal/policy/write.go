@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/admit"
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/erasure"
@@ -306,7 +307,7 @@ func (x *writer) alreadyApplied(h *wire.WriteHeader) ([]byte, bool) {
 		return nil, false
 	}
 	info, err := x.d.Store.Stat(h.Chunk)
-	if err != nil || info.Version == 0 || info.Tag != h.WriteID || (h.Version != 0 && info.Version != h.Version) {
+	if err != nil || !(admit.Chunk{Version: info.Version, Tag: info.Tag}).Applied(h.WriteID, h.Version) {
 		return nil, false
 	}
 	return wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length)}, nil, "already applied"), true
@@ -351,9 +352,10 @@ func (x *writer) streamHeader(st *writeState, h *wire.WriteHeader, c *capability
 		st.head = true
 	default:
 		if h.Strategy == wire.StrategyFlat || h.Strategy == wire.StrategyEC {
-			if info, err := x.d.Store.Stat(h.Chunk); err == nil && info.Version < h.Base {
-				// An earlier flat write has not reached this replica yet.
-				return wire.Errorf(wire.StatusBusy, "chunk %v is at version %d, write %d must wait for %d", h.Chunk, info.Version, h.Version, h.Base)
+			// An earlier flat write may not have reached this replica yet:
+			// busy, not stale (the store decides the rest).
+			if err := awaitPredecessor(x.d.Store, h); err != nil {
+				return err
 			}
 		}
 		if st.w, err = x.d.Store.BeginFollow(h.Chunk, int64(h.Off), int64(h.Len), h.Version, h.Base); err != nil {
@@ -404,7 +406,6 @@ func (x *writer) startEncode(st *writeState, h *wire.WriteHeader, code *erasure.
 	}
 }
 
-// storeError maps a store failure to the status the client should see.
 // planned declares to the store the epoch a write was planned on (its
 // capability's), aborting it if the chunk is fenced past that epoch.
 func planned(w *store.Write, epoch uint64) error {
@@ -415,8 +416,26 @@ func planned(w *store.Write, epoch uint64) error {
 	return nil
 }
 
+// awaitPredecessor refuses busy a flat follower's write whose chunk is
+// below the write's base (admit.BeginFollow with Wait).
+func awaitPredecessor(s *store.Store, h *wire.WriteHeader) error {
+	info, err := s.Stat(h.Chunk)
+	if err != nil {
+		return nil // the store's own begin reports it
+	}
+	ev := admit.BeginFollow{Version: h.Version, Base: h.Base, Wait: true}
+	if _, d := admit.Step(admit.Chunk{ID: h.Chunk, Version: info.Version}, ev); errors.Is(d.Err, admit.ErrBusy) {
+		return storeError(d.Err)
+	}
+	return nil
+}
+
+// storeError maps a store (or admission) failure to the status the
+// client should see.
 func storeError(err error) error {
 	switch {
+	case errors.Is(err, admit.ErrMismatch):
+		return wire.Errorf(wire.StatusBadRequest, "%v", err)
 	case errors.Is(err, store.ErrBusy), errors.Is(err, store.ErrInDoubt):
 		return wire.Errorf(wire.StatusBusy, "%v", err)
 	case errors.Is(err, store.ErrStale):

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/sluicefs/sluice/internal/admit"
 )
 
 // Commit makes the write durable and visible atomically. ErrIncomplete if
@@ -114,15 +116,16 @@ func (w *Write) commit(info Info) (published bool, err error) {
 
 	w.c.mu.Lock()
 	// A fence excludes commits while it reads the chunk's state (Fence).
-	if err := s.checkFence(w.id, w.epoch); err != nil {
+	_, d := admit.Step(w.view(), admit.Commit{})
+	if d.Err != nil {
 		w.c.mu.Unlock()
-		return false, err
+		return false, d.Err
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		w.c.mu.Unlock()
 		return false, fmt.Errorf("commit index batch: %w", err)
 	}
-	if w.doubt {
+	if d.ClearDoubt {
 		s.doubts.clear(w.id)
 	}
 	if err := w.crashHook(s.hooks.afterIndexCommit); err != nil {

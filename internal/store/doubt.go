@@ -7,43 +7,13 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/sluicefs/sluice/internal/admit"
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
 // Doubt is a write the head replica aborted after some replica below it
-// may have committed it: those replicas can be anywhere from version Base
-// to Version, with the write (tag Tag) covering [Off, End). The head must
-// never give a version in that span to another write — a replica that has
-// it would refuse that write as stale while the others accept it, leaving
-// two replicas at one version with different bytes. So until a write
-// resolves the doubt, the head admits only:
-//
-//   - the same write again (same tag and range): it gets Version, and a
-//     replica that already has it answers "already applied";
-//   - a write covering [Off, End): it gets Version+1, and every replica,
-//     at whatever version in [Base, Version] it is, ends with the same
-//     bytes (the span's writes all lie inside this one's range).
-//
-// Either one committing clears the doubt.
-type Doubt struct {
-	Base    uint64 // the version the head holds; replicas may be at Base..Version
-	Version uint64
-	Tag     uint64
-	Off     int64
-	End     int64
-}
-
-// admit decides the version a head write of [off, end) with tag gets.
-func (d Doubt) admit(off, end int64, tag uint64) (uint64, error) {
-	switch {
-	case tag != 0 && tag == d.Tag && off == d.Off && end == d.End:
-		return d.Version, nil
-	case off <= d.Off && end >= d.End:
-		return d.Version + 1, nil
-	}
-	return 0, fmt.Errorf("a write of [%d, %d) as version %d may have reached only some replicas; "+
-		"retry it, or write a range covering it: %w", d.Off, d.End, d.Version, ErrInDoubt)
-}
+// may have committed it (see admit.Doubt for what the head then admits).
+type Doubt = admit.Doubt
 
 // doubts is the in-memory copy of the durable doubt records, so a head
 // write need not read the index to learn there is none.
@@ -79,7 +49,7 @@ func (s *Store) Doubt(id ids.ChunkID) (Doubt, bool) { return s.doubts.get(id) }
 
 func doubtKey(id ids.ChunkID) []byte { return chunkKey(kindDoubt, id) }
 
-func (d Doubt) encode() []byte {
+func encodeDoubt(d Doubt) []byte {
 	v := make([]byte, 40)
 	binary.BigEndian.PutUint64(v, d.Base)
 	binary.BigEndian.PutUint64(v[8:], d.Version)
@@ -141,18 +111,19 @@ func (w *Write) AbortInDoubt() error {
 	if w.state != writeOpen {
 		return nil
 	}
-	if !w.head {
+	next, dec := admit.Step(w.view(), admit.Abort{InDoubt: true})
+	if dec.Err != nil {
 		w.Abort()
-		return fmt.Errorf("store: abort %v v%d in doubt: not a head write", w.id, w.version)
+		return fmt.Errorf("store: abort %v v%d in doubt: %w", w.id, w.version, dec.Err)
 	}
-	d := Doubt{Base: w.base, Version: w.version, Tag: w.tag, Off: w.off, End: w.end}
+	d := *next.Doubt
 	w.s.doubts.set(w.id, d)
 	defer w.Abort()
 	if !w.s.gate.enter() {
 		return fmt.Errorf("store: abort %v v%d in doubt: not recorded: %w", w.id, w.version, ErrClosed)
 	}
 	defer w.s.gate.exit()
-	if err := w.s.db.Set(doubtKey(w.id), d.encode(), pebble.Sync); err != nil {
+	if err := w.s.db.Set(doubtKey(w.id), encodeDoubt(d), pebble.Sync); err != nil {
 		return fmt.Errorf("store: abort %v v%d in doubt: record it: %w", w.id, w.version, err)
 	}
 	return nil

@@ -1,27 +1,31 @@
 package store
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/sluicefs/sluice/internal/admit"
+)
 
 // Sentinel errors. The store wraps them with what it was doing; match them
-// with errors.Is.
+// with errors.Is. The refusals of admission are package admit's.
 var (
 	// ErrBusy: another write on the chunk is open (or a delete is running).
 	// Retryable once it finishes.
-	ErrBusy = errors.New("chunk busy")
+	ErrBusy = admit.ErrBusy
 	// ErrStale: the write's version does not follow the chunk's.
-	ErrStale = errors.New("stale version")
+	ErrStale = admit.ErrStale
 	// ErrInDoubt: an earlier write of the chunk may have reached only some
 	// replicas, and this head write neither retries nor covers it (Doubt).
 	// Retryable once that write is retried or covered.
-	ErrInDoubt = errors.New("unresolved write")
+	ErrInDoubt = admit.ErrInDoubt
 	// ErrFenced: the write was planned on an epoch below the chunk's
 	// fence (its replica set changed since): fetch a new layout.
-	ErrFenced = errors.New("fenced")
+	ErrFenced = admit.ErrFenced
 	// ErrDeleted: the chunk was deleted (meta removed its file, or
 	// truncated it away) and has a tombstone: nothing may write it again.
-	ErrDeleted = errors.New("chunk deleted")
+	ErrDeleted = admit.ErrDeleted
 	// ErrRange: an offset or length outside what the call allows.
-	ErrRange = errors.New("out of range")
+	ErrRange = admit.ErrRange
 	// ErrIncomplete: Commit before every byte of the write was placed.
 	ErrIncomplete = errors.New("write incomplete")
 	// ErrCorrupt: stored data or metadata does not match its checksum or

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/sluicefs/sluice/internal/admit"
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
@@ -84,16 +85,27 @@ func (fs *fences) remove(id ids.ChunkID) {
 	delete(fs.m, id)
 }
 
-// checkFence refuses a write planned on an epoch below id's fence, and
-// every write to a chunk with a tombstone.
-func (s *Store) checkFence(id ids.ChunkID, epoch uint64) error {
-	f := s.fences.get(id)
-	switch {
-	case f.tombstone():
-		return errDeleted(id)
-	case epoch < f.epoch:
-		return fmt.Errorf("chunk is fenced at epoch %d, the write was planned on epoch %d: %w", f.epoch, epoch, ErrFenced)
+// view describes id at committed version for admission: its fence and
+// doubt from memory. The caller holds what keeps them stable enough for
+// its decision (the chunk's write, or its commit lock).
+func (s *Store) view(id ids.ChunkID, version uint64) admit.Chunk {
+	c := admit.Chunk{ID: id, Version: version, Fence: s.fences.get(id).epoch}
+	if d, ok := s.doubts.get(id); ok {
+		c.Doubt = &d
 	}
+	return c
+}
+
+// raiseFence records what a step decided of id's fence.
+func (s *Store) raiseFence(id ids.ChunkID, next admit.Chunk, d admit.Decision) error {
+	if !d.SaveFence {
+		return nil
+	}
+	f := fenceRec{epoch: next.Fence}
+	if err := s.db.Set(fenceKey(id), f.encode(), pebble.Sync); err != nil {
+		return err
+	}
+	s.fences.set(id, f)
 	return nil
 }
 
@@ -122,16 +134,12 @@ func (s *Store) Fence(id ids.ChunkID, epoch uint64) (FenceState, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cur := s.fences.get(id)
-	if cur.tombstone() {
-		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, errDeleted(id))
+	next, d := admit.Step(s.view(id, 0), admit.Fence{Epoch: epoch})
+	if d.Err != nil {
+		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, d.Err)
 	}
-	if epoch > cur.epoch {
-		f := fenceRec{epoch: epoch}
-		if err := s.db.Set(fenceKey(id), f.encode(), pebble.Sync); err != nil {
-			return FenceState{}, fmt.Errorf("store: fence %v: %w", id, err)
-		}
-		s.fences.set(id, f)
+	if err := s.raiseFence(id, next, d); err != nil {
+		return FenceState{}, fmt.Errorf("store: fence %v: %w", id, err)
 	}
 	info, err := s.loadInfo(id)
 	if err != nil {
@@ -169,25 +177,16 @@ func (s *Store) DropAt(id ids.ChunkID, epoch, version uint64) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cur := s.fences.get(id)
-	switch {
-	case cur.tombstone():
-		return fmt.Errorf("store: drop %v: %w", id, errDeleted(id))
-	case cur.epoch > epoch:
-		return fmt.Errorf("store: drop %v: fenced at epoch %d, the drop was planned on %d: %w", id, cur.epoch, epoch, ErrFenced)
-	case epoch > cur.epoch:
-		f := fenceRec{epoch: epoch}
-		if err := s.db.Set(fenceKey(id), f.encode(), pebble.Sync); err != nil {
-			return fmt.Errorf("store: drop %v: %w", id, err)
-		}
-		s.fences.set(id, f)
-	}
 	info, err := s.loadInfo(id)
 	if err != nil {
 		return fmt.Errorf("store: drop %v: %w", id, err)
 	}
-	if info.Version != version {
-		return fmt.Errorf("store: drop %v: at version %d, the drop was planned at %d: %w", id, info.Version, version, ErrStale)
+	next, d := admit.Step(s.view(id, info.Version), admit.Drop{Epoch: epoch, Version: version})
+	if err := s.raiseFence(id, next, d); err != nil {
+		return fmt.Errorf("store: drop %v: %w", id, err)
+	}
+	if d.Err != nil {
+		return fmt.Errorf("store: drop %v: %w", id, d.Err)
 	}
 	if err := s.delete(id); err != nil {
 		return fmt.Errorf("store: drop %v: %w", id, err)
@@ -235,7 +234,7 @@ func (s *Store) ResolveDoubt(id ids.ChunkID, version uint64) error {
 	if err != nil {
 		return fmt.Errorf("store: resolve doubt %v: %w", id, err)
 	}
-	if _, ok := s.doubts.get(id); !ok || info.Version != version {
+	if _, d := admit.Step(s.view(id, info.Version), admit.Resolve{Version: version}); !d.ClearDoubt {
 		return nil
 	}
 	if err := s.db.Delete(doubtKey(id), pebble.Sync); err != nil {

@@ -2,10 +2,10 @@ package store
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/sluicefs/sluice/internal/admit"
 	"github.com/sluicefs/sluice/internal/ids"
 )
 
@@ -23,7 +23,7 @@ import (
 // any more.
 
 // tombstoneEpoch is a tombstone's fence epoch: above every real epoch.
-const tombstoneEpoch = math.MaxUint64
+const tombstoneEpoch = admit.Tombstone
 
 func errDeleted(id ids.ChunkID) error {
 	return fmt.Errorf("chunk %v was deleted, its file removed or truncated: %w", id, ErrDeleted)
@@ -124,7 +124,7 @@ func (s *Store) Collect(id ids.ChunkID, epoch uint64) (bool, error) {
 	defer s.chunks.release(id, c, true)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if f := s.fences.get(id); !f.tombstone() && f.epoch > epoch {
+	if _, d := admit.Step(s.view(id, 0), admit.Collect{Epoch: epoch}); !d.Delete {
 		return false, nil
 	}
 	if err := s.delete(id); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluicefs/sluice/internal/admit"
 	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/ids"
 )
@@ -89,8 +90,8 @@ func (s *Store) BeginHead(id ids.ChunkID, off, length int64, tag uint64) (*Write
 // at a version from base to version-1 (base < version-1 when it skips the
 // versions of an unresolved write it covers, see Doubt), else ErrStale.
 func (s *Store) BeginFollow(id ids.ChunkID, off, length int64, version, base uint64) (*Write, error) {
-	if version == 0 || base >= version {
-		return nil, fmt.Errorf("store: begin write %v: version %d after %d: %w", id, version, base, ErrRange)
+	if err := admit.CheckFollow(version, base); err != nil {
+		return nil, fmt.Errorf("store: begin write %v: %w", id, err)
 	}
 	return s.beginWrite(id, off, length, version, base, 0, false)
 }
@@ -133,24 +134,20 @@ func (w *Write) begin(version uint64) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case w.head:
-		// The writer lock makes the doubt stable until this write ends.
-		version, w.base = old.Version+1, old.Version
-		if d, ok := s.doubts.get(w.id); ok {
-			if d.Base != old.Version {
-				return fmt.Errorf("doubt record %+v for a chunk at version %d: %w", d, old.Version, ErrCorrupt)
-			}
-			if version, err = d.admit(w.off, w.end, w.tag); err != nil {
-				return err
-			}
-			w.doubt = true
+	// The writer lock makes the doubt stable until this write ends.
+	c := s.view(w.id, old.Version)
+	var ev admit.Event = admit.BeginFollow{Version: version, Base: w.base}
+	if w.head {
+		if d := c.Doubt; d != nil && d.Base != old.Version {
+			return fmt.Errorf("doubt record %+v for a chunk at version %d: %w", *d, old.Version, ErrCorrupt)
 		}
-	case w.base+1 == version && old.Version != w.base:
-		return fmt.Errorf("chunk is at version %d, want %d: %w", old.Version, old.Version+1, ErrStale)
-	case old.Version < w.base || old.Version >= version:
-		return fmt.Errorf("chunk is at version %d, write %d needs %d to %d: %w", old.Version, version, w.base, version-1, ErrStale)
+		ev = admit.BeginHead{Off: w.off, End: w.end, Tag: w.tag}
 	}
+	next, d := admit.Step(c, ev)
+	if d.Err != nil {
+		return d.Err
+	}
+	version, w.base, w.doubt = d.Version, d.Base, next.Write.Resolves
 	w.version, w.old = version, old
 	w.newLen = max(old.Length, w.end)
 	w.ovEnd = min(w.end, old.Length)
@@ -256,10 +253,18 @@ func (w *Write) Version() uint64 { return w.version }
 // commits only to chunks never fenced.
 func (w *Write) Planned(epoch uint64) error {
 	w.epoch = epoch
-	if err := w.s.checkFence(w.id, epoch); err != nil {
-		return fmt.Errorf("store: write %v v%d: %w", w.id, w.version, err)
+	if _, d := admit.Step(w.view(), admit.Plan{Epoch: epoch}); d.Err != nil {
+		return fmt.Errorf("store: write %v v%d: %w", w.id, w.version, d.Err)
 	}
 	return nil
+}
+
+// view describes the chunk with this write open, for admission.
+func (w *Write) view() admit.Chunk {
+	c := w.s.view(w.id, w.old.Version)
+	c.Write = &admit.Write{Version: w.version, Base: w.base, Head: w.head, Epoch: w.epoch,
+		Tag: w.tag, Off: w.off, End: w.end, Resolves: w.doubt}
+	return c
 }
 
 // Base is the oldest version the replicas below may hold for this write
