@@ -91,7 +91,8 @@ func (fs *fences) remove(id ids.ChunkID) {
 func (s *Store) view(id ids.ChunkID, version uint64) admit.Chunk {
 	c := admit.Chunk{ID: id, Version: version, Fence: s.fences.get(id).epoch}
 	if d, ok := s.doubts.get(id); ok {
-		c.Doubt = &d
+		dd := d // on the heap only when there is a doubt
+		c.Doubt = &dd
 	}
 	return c
 }

@@ -24,9 +24,10 @@ type Write struct {
 	old     Info   // committed state when the write began
 	newLen  int64  // length after commit: max(old.Length, end)
 
-	off, end int64 // the write covers [off, end)
-	next     int64 // the next Place must start here
-	ovEnd    int64 // [off, ovEnd) overwrites committed bytes and is staged
+	shown    admit.Write // what view last showed admission (see view)
+	off, end int64       // the write covers [off, end)
+	next     int64       // the next Place must start here
+	ovEnd    int64       // [off, ovEnd) overwrites committed bytes and is staged
 
 	f         *os.File // chunk file; nil for a zero-length write that changes nothing on disk
 	fileSize  int64    // size of the chunk file when opened (it may exceed the committed length)
@@ -262,8 +263,10 @@ func (w *Write) Planned(epoch uint64) error {
 // view describes the chunk with this write open, for admission.
 func (w *Write) view() admit.Chunk {
 	c := w.s.view(w.id, w.old.Version)
-	c.Write = &admit.Write{Version: w.version, Base: w.base, Head: w.head, Epoch: w.epoch,
+	// In w, which is on the heap already: a view costs no allocation.
+	w.shown = admit.Write{Version: w.version, Base: w.base, Head: w.head, Epoch: w.epoch,
 		Tag: w.tag, Off: w.off, End: w.end, Resolves: w.doubt}
+	c.Write = &w.shown
 	return c
 }
 
