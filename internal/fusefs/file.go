@@ -26,15 +26,12 @@ type openFile struct {
 	pins   int  // removals of one of its names in progress, under fsys.mu
 	orphan bool // its last name was removed while open, under fsys.mu
 
-	mu     sync.Mutex
-	f      *client.File
-	buf    []byte // sequential writes not yet sent, at bufOff
-	bufOff int64
-	// One full buffer may be on its way while the next fills: the
-	// program's copying overlaps the network.
-	pending *pendingFlush
-	spare   []byte // a sent buffer, for reuse
-	err     error  // a background send failed: reported by the next call
+	mu sync.Mutex
+	f  *client.File
+	// b is f's write-behind and read-ahead (set with f): one full
+	// buffer may be on its way while the next fills, so the program's
+	// copying overlaps the network.
+	b *client.Buffered
 }
 
 // handle is one open(2) of a regular file.
@@ -68,22 +65,20 @@ func (f *FS) adjustSize(ino ids.Ino, out *fuse.Attr) {
 		return
 	}
 	of.mu.Lock()
-	end := int64(-1)
-	if len(of.buf) > 0 {
-		end = of.bufOff + int64(len(of.buf))
+	b := of.b
+	of.mu.Unlock()
+	if b == nil {
+		return
 	}
-	if of.pending != nil {
-		end = max(end, of.pending.end)
-	}
+	end, buffered := b.Buffered()
 	if end >= 0 && uint64(end) > out.Size {
 		grow := uint64(end) - out.Size
-		if len(of.buf) > 0 {
-			grow = min(grow, uint64(len(of.buf))) // written past a hole: the hole takes nothing
+		if buffered > 0 {
+			grow = min(grow, uint64(buffered)) // written past a hole: the hole takes nothing
 		}
 		out.Size = uint64(end)
 		out.Blocks += (grow + 511) / 512
 	}
-	of.mu.Unlock()
 }
 
 // fileLocked returns the open state of ino, registering it if new.
@@ -162,13 +157,12 @@ func (f *FS) openLocked(ctx context.Context, of *openFile, name string, flags ui
 		if err != nil {
 			return f.errno("open", err)
 		}
-		of.f = cf
-	} else if cur := of.f.Attr(); len(of.buf) == 0 || a.Size > cur.Size {
+		of.f, of.b = cf, client.NewBuffered(cf, f.bufOpts)
+	} else if end, _ := of.b.Buffered(); end < 0 || a.Size > of.f.Attr().Size {
 		of.f.SetAttr(a)
 	}
-	if flags&syscall.O_TRUNC != 0 && (of.f.Size() > 0 || len(of.buf) > 0 || of.pending != nil) {
-		of.waitLocked() // a send in flight must not land after the truncation
-		of.buf = of.buf[:0]
+	if end, _ := of.b.Buffered(); flags&syscall.O_TRUNC != 0 && (of.f.Size() > 0 || end >= 0) {
+		of.b.Drop() // after the send in flight: it must not land after the truncation
 		zero := int64(0)
 		na, err := f.cl.SetAttr(ctx, metaapi.SetAttrReq{Ino: of.ino, Size: &zero})
 		if err != nil {
@@ -197,61 +191,14 @@ func openAccess(flags uint32) uint32 {
 	return want
 }
 
-// pendingFlush is a buffer being sent in the background.
-type pendingFlush struct {
-	done chan struct{}
-	buf  []byte
-	end  int64
-	err  error // set before done is closed
-}
-
 // flushLocked sends the buffered writes: durable on every replica and
 // recorded with meta when it returns. It reports a background send's
 // failure not yet reported. Caller holds of.mu.
 func (of *openFile) flushLocked(ctx context.Context) error {
-	of.waitLocked()
-	var err error
-	if len(of.buf) > 0 {
-		_, err = of.f.WriteAtContext(ctx, of.buf, of.bufOff)
-		of.buf = of.buf[:0]
+	if of.b == nil {
+		return nil
 	}
-	if of.err != nil {
-		err, of.err = of.err, nil
-	}
-	return err
-}
-
-// waitLocked waits for the background send, keeping its error for the
-// next report. Caller holds of.mu.
-func (of *openFile) waitLocked() {
-	p := of.pending
-	if p == nil {
-		return
-	}
-	<-p.done
-	of.pending = nil
-	of.spare = p.buf[:0]
-	if p.err != nil && of.err == nil {
-		of.err = p.err
-	}
-}
-
-// sendLocked starts sending the full buffer in the background (after the
-// previous one: writes to one chunk go in order) and starts a new one.
-// Caller holds of.mu.
-func (of *openFile) sendLocked() {
-	of.waitLocked()
-	p := &pendingFlush{done: make(chan struct{}), buf: of.buf, end: of.bufOff + int64(len(of.buf))}
-	off := of.bufOff
-	of.pending = p
-	of.buf = of.spare
-	of.spare = nil
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), of.fsys.opts.OpTimeout)
-		defer cancel()
-		_, p.err = of.f.WriteAtContext(ctx, p.buf, off)
-		close(p.done)
-	}()
+	return of.b.Flush(ctx)
 }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
@@ -265,73 +212,15 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if off < 0 || off+int64(len(data)) > metaapi.MaxFileSize {
 		return 0, syscall.EFBIG
 	}
-	if of.err != nil {
-		err := of.err
-		of.err = nil
-		return 0, fsys.errno("write", err)
-	}
 	if kill {
 		if errno := of.killPrivsLocked(ctx); errno != 0 {
 			return 0, errno
 		}
 	}
-	max := fsys.opts.WriteBuffer
-	continues := len(of.buf) > 0 && off == of.bufOff+int64(len(of.buf))
-	switch {
-	case continues && len(of.buf)+len(data) <= max:
-		of.appendLocked(data)
-		return uint32(len(data)), 0
-	case continues:
-		of.sendLocked() // full: on its way while the next buffer fills
-	default:
-		// Elsewhere in the file: what is buffered goes first.
-		if err := of.flushLocked(ctx); err != nil {
-			return 0, fsys.errno("write", err)
-		}
-		if len(data) >= max {
-			if _, err := of.f.WriteAtContext(ctx, data, off); err != nil {
-				return 0, fsys.errno("write", err)
-			}
-			return uint32(len(data)), 0
-		}
+	if _, err := of.b.WriteAtContext(ctx, data, off); err != nil {
+		return 0, fsys.errno("write", err)
 	}
-	of.buf = of.buf[:0]
-	of.appendLocked(data)
-	of.bufOff = off
 	return uint32(len(data)), 0
-}
-
-// appendLocked adds data to the buffer. A buffer outgrowing 1 MiB is a
-// large sequential writer's: it gets a whole write buffer at once (a
-// spare one if the mount has it) rather than grow by doubling, which
-// copies and, for each new file, allocates anew. Caller holds of.mu.
-func (of *openFile) appendLocked(data []byte) {
-	if n := len(of.buf) + len(data); n > cap(of.buf) && n > 1<<20 && n <= of.fsys.opts.WriteBuffer {
-		of.buf = append(of.fsys.writeBuf(), of.buf...)
-	}
-	of.buf = append(of.buf, data...)
-}
-
-// writeBuf returns an empty write buffer of full size.
-func (f *FS) writeBuf() []byte {
-	select {
-	case b := <-f.spareBufs:
-		return b[:0]
-	default:
-		return make([]byte, 0, f.opts.WriteBuffer)
-	}
-}
-
-// keepBuf keeps a full-size write buffer of a closed file for the next
-// (a few: idle memory stays bounded).
-func (f *FS) keepBuf(b []byte) {
-	if cap(b) != f.opts.WriteBuffer {
-		return
-	}
-	select {
-	case f.spareBufs <- b[:0]:
-	default:
-	}
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -340,12 +229,10 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	ctx, cancel := fsys.call(ctx)
 	defer cancel()
 	of.mu.Lock()
-	err := of.flushLocked(ctx)
+	b := of.b
 	of.mu.Unlock()
-	if err != nil {
-		return nil, fsys.errno("read", err)
-	}
-	n, err := of.f.ReadAtContext(ctx, dest, off)
+	// Sends what is buffered first; reads ahead of a sequential reader.
+	n, err := b.ReadAtContext(ctx, dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fsys.errno("read", err)
 	}
@@ -392,9 +279,11 @@ func (h *handle) release() {
 	of.opens--
 	last := of.opens == 0
 	orphan := last && of.orphan
-	forgotten := !orphan && f.forgetLocked(of)
+	if !orphan {
+		f.forgetLocked(of)
+	}
 	f.mu.Unlock()
-	if forgotten {
+	if last {
 		f.recycle(of)
 	}
 	if !orphan {
@@ -427,15 +316,19 @@ func (f *FS) forgetLocked(of *openFile) bool {
 	return false
 }
 
-// recycle hands a forgotten file's write buffers to the mount: no open
-// can reach it any more. (Its last Flush waited for every send.)
+// recycle gives a file's buffers (and what was read ahead) back to the
+// mount once its last handle is closed. (Its last Flush waited for
+// every send.)
 func (f *FS) recycle(of *openFile) {
 	of.mu.Lock()
 	defer of.mu.Unlock()
-	if of.pending == nil && len(of.buf) == 0 {
-		f.keepBuf(of.buf)
-		f.keepBuf(of.spare)
-		of.buf, of.spare = nil, nil
+	if of.b == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.OpTimeout)
+	defer cancel()
+	if err := of.b.Close(ctx); err != nil {
+		f.opts.Logger.Error("fuse: writes lost at release", "ino", of.ino, "err", err)
 	}
 }
 

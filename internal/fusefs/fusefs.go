@@ -42,7 +42,9 @@ type Options struct {
 	// a file another mount creates is visible at once).
 	AttrTimeout, EntryTimeout, NegativeTimeout time.Duration
 	// WriteBuffer is how many bytes of one open file's sequential writes
-	// are gathered into one streaming write (default 16 MiB).
+	// are gathered into one streaming write (default 16 MiB). The
+	// write-behind and read-ahead of all open files together hold at
+	// most bufferFiles times as much; past it, writes go through.
 	WriteBuffer int
 	// OpTimeout bounds one operation, retries included, before it fails
 	// with ETIMEDOUT (default 60s): a mount never wedges on a dead meta.
@@ -88,7 +90,9 @@ type FS struct {
 	dirs   dirAttrs // directories this mount just changed
 	locks  *locks
 
-	spareBufs chan []byte // full-size write buffers of closed files
+	// bufOpts configure each open file's client.Buffered; their Budget
+	// bounds the memory of every file's write-behind and read-ahead.
+	bufOpts client.BufferOptions
 
 	// killWrites holds the cancel channels of WRITEs that drop the
 	// file's privileges (see privRaw).
@@ -98,6 +102,10 @@ type FS struct {
 	statAt   time.Time
 	statResp metaapi.StatusResp
 }
+
+// bufferFiles is how many write buffers' worth of memory the mount's
+// open files share (see client.Budget).
+const bufferFiles = 16
 
 // Server is a running mount.
 type Server struct {
@@ -122,7 +130,12 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*S
 		return nil, fmt.Errorf("mount: reading the cluster's root: %w", err)
 	}
 	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{}),
-		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}, spareBufs: make(chan []byte, 4), locks: newLocks()}
+		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}, locks: newLocks()}
+	f.bufOpts = client.BufferOptions{WriteBuffer: opts.WriteBuffer, OpTimeout: opts.OpTimeout,
+		Budget: client.NewBudget(bufferFiles * int64(opts.WriteBuffer)),
+		OnLost: func(err error) {
+			opts.Logger.Warn("fuse: a buffered write failed (reported at the next write, fsync or close)", "err", err)
+		}}
 	at, et, nt := opts.AttrTimeout, opts.EntryTimeout, opts.NegativeTimeout
 	// nodev and nosuid are said, not left to the mount's defaults: device
 	// nodes on the mount are inert (kept as inodes, for backups and image

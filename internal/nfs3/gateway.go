@@ -34,6 +34,10 @@ type Options struct {
 	// nfsexport.Default(): the whole namespace, read-write, to this
 	// machine only, root squashed, from reserved ports.
 	Exports []nfsexport.Export
+	// BufferBytes bounds the memory of write-behind and read-ahead
+	// (client.Buffered) over every file: 0 is 256 MiB, negative none of
+	// either (every WRITE written through, FILE_SYNC).
+	BufferBytes int64
 	// HandleKey MACs file handles, so that no client can make the
 	// handle of a file outside its export. Handles stay valid across
 	// restarts while the key stays the same; empty is a random key
@@ -43,10 +47,16 @@ type Options struct {
 
 // Gateway serves the cluster's namespace over NFSv3.
 type Gateway struct {
-	cl   *client.Client
-	log  *slog.Logger
-	ttl  time.Duration
-	verf [8]byte // write verifier: new at every start (RFC 1813 §3.3.7)
+	cl  *client.Client
+	log *slog.Logger
+	ttl time.Duration
+	// verf is the write verifier (RFC 1813 §3.3.7): new at every start,
+	// and whenever writes answered UNSTABLE may have been lost (a
+	// background send failed), so that clients send them again.
+	verfMu sync.Mutex
+	verf   [8]byte
+
+	bufOpts client.BufferOptions // for each file's write-behind and read-ahead
 
 	filesMu sync.Mutex
 	files   map[ids.Ino]*openFile
@@ -68,11 +78,21 @@ type Gateway struct {
 }
 
 // openFile is an SDK handle the gateway keeps for READ and WRITE, so a
-// sequential read costs no meta call per request.
+// sequential read costs no meta call per request, with its write-behind
+// and read-ahead (kept across the stateless RPCs, per file).
 type openFile struct {
 	f  *client.File
+	b  *client.Buffered
 	at time.Time // when its attributes were fetched
 }
+
+// defaultBufferBytes bounds write-behind and read-ahead when
+// Options.BufferBytes is 0.
+const defaultBufferBytes = 256 << 20
+
+// idleFlush is how long UNSTABLE writes wait in the gateway for the next
+// before they are sent anyway (a client that never COMMITs).
+const idleFlush = 200 * time.Millisecond
 
 // maxOpenFiles bounds the handles kept.
 const maxOpenFiles = 4096
@@ -116,6 +136,15 @@ func New(opts Options) (*Gateway, error) {
 		g.cache = newBlockCache(opts.CacheBytes)
 	}
 	g.bufs.New = func() any { b := make([]byte, MaxData); return &b }
+	g.bufOpts = client.BufferOptions{Sequential: 1, IdleFlush: idleFlush, OnLost: g.lost}
+	switch {
+	case opts.BufferBytes < 0:
+		g.bufOpts.WriteBuffer, g.bufOpts.ReadAhead = -1, -1
+	case opts.BufferBytes == 0:
+		g.bufOpts.Budget = client.NewBudget(defaultBufferBytes)
+	default:
+		g.bufOpts.Budget = client.NewBudget(opts.BufferBytes)
+	}
 	return g, nil
 }
 
@@ -138,9 +167,41 @@ func nfsIdempotent(_, proc uint32) bool {
 	return true
 }
 
+// verifier is the current write verifier.
+func (g *Gateway) verifier() [8]byte {
+	g.verfMu.Lock()
+	defer g.verfMu.Unlock()
+	return g.verf
+}
+
+// lost changes the write verifier: writes answered UNSTABLE may not have
+// reached the cluster, and clients holding them must send them again.
+func (g *Gateway) lost(err error) {
+	g.log.Warn("nfs: buffered writes failed; changing the write verifier", "err", err)
+	g.verfMu.Lock()
+	defer g.verfMu.Unlock()
+	binary.BigEndian.PutUint64(g.verf[:], binary.BigEndian.Uint64(g.verf[:])+1)
+}
+
+// settle makes what the gateway buffered for ino durable and recorded
+// with meta (before its attributes are reported or changed).
+func (g *Gateway) settle(ctx context.Context, ino ids.Ino) error {
+	g.filesMu.Lock()
+	of := g.files[ino]
+	g.filesMu.Unlock()
+	if of == nil || !of.b.Pending() {
+		return nil
+	}
+	err := of.b.Flush(ctx)
+	if err != nil {
+		g.lost(err)
+	}
+	return err
+}
+
 // file returns an SDK handle for regular file ino with attributes at
 // most AttrTTL old.
-func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
+func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 	g.filesMu.Lock()
 	of := g.files[ino]
 	var at time.Time
@@ -148,8 +209,9 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
 		at = of.at
 	}
 	g.filesMu.Unlock()
-	if of != nil && time.Since(at) < g.ttl {
-		return of.f, nil
+	if of != nil && (time.Since(at) < g.ttl || of.b.Pending()) {
+		// (With writes buffered, meta's attributes lag this handle's.)
+		return of, nil
 	}
 	a, err := g.cl.GetAttr(ctx, ino)
 	if err != nil {
@@ -166,22 +228,43 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
 		g.filesMu.Lock()
 		of.at = time.Now()
 		g.filesMu.Unlock()
-		return of.f, nil
+		return of, nil
 	}
 	f, err := g.cl.OpenAttr(a, fmt.Sprintf("inode %d", ino))
 	if err != nil {
 		return nil, err
 	}
+	of = &openFile{f: f, b: client.NewBuffered(f, g.bufOpts), at: time.Now()}
 	g.filesMu.Lock()
+	if cur := g.files[ino]; cur != nil { // another call opened it meanwhile
+		g.filesMu.Unlock()
+		return cur, nil
+	}
 	if len(g.files) >= maxOpenFiles {
-		for k := range g.files { // drop one at random
-			delete(g.files, k)
-			break
+		// Drop one at random, but not one with writes buffered: those
+		// must land before any later write to the file (there are at
+		// most as many as the budget holds buffers).
+		for k, old := range g.files {
+			if !old.b.Pending() {
+				delete(g.files, k)
+				go g.closeFile(old)
+				break
+			}
 		}
 	}
-	g.files[ino] = &openFile{f: f, at: time.Now()}
+	g.files[ino] = of
 	g.filesMu.Unlock()
-	return f, nil
+	return of, nil
+}
+
+// closeFile flushes a handle the gateway no longer keeps and gives back
+// its buffers; a failure changes the write verifier.
+func (g *Gateway) closeFile(of *openFile) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := of.b.Close(ctx); err != nil {
+		g.lost(err)
+	}
 }
 
 // forget drops what the gateway keeps of ino (after a change through it
@@ -189,8 +272,12 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
 // its cached data included.
 func (g *Gateway) forget(ino ids.Ino) {
 	g.filesMu.Lock()
+	of := g.files[ino]
 	delete(g.files, ino)
 	g.filesMu.Unlock()
+	if of != nil {
+		go g.closeFile(of)
+	}
 	g.invalidate(ino)
 }
 

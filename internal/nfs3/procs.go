@@ -136,6 +136,10 @@ func (g *Gateway) getattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) boo
 		w.Uint32(uint32(handleErrStatus(herr)))
 		return true
 	}
+	if err := g.settle(ctx, ino); err != nil { // the size must include them
+		w.Uint32(uint32(statusOf(err)))
+		return true
+	}
 	a, st := g.getAttrErr(ctx, ino)
 	w.Uint32(uint32(st))
 	if st == OK {
@@ -162,6 +166,9 @@ func (g *Gateway) setattr(ctx context.Context, r *xdr.Reader, w *xdr.Writer) boo
 	}
 	if herr != nil {
 		return fail(handleErrStatus(herr), nil)
+	}
+	if err := g.settle(ctx, ino); err != nil {
+		return fail(statusOf(err), nil)
 	}
 	a, st := g.getAttrErr(ctx, ino)
 	if st != OK {
@@ -318,11 +325,15 @@ func (g *Gateway) read(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 	if herr != nil {
 		return fail(handleErrStatus(herr), nil)
 	}
-	f, err := g.file(ctx, ino)
+	if err := g.settle(ctx, ino); err != nil {
+		return fail(statusOf(err), g.attrOf(ctx, ino))
+	}
+	of, err := g.file(ctx, ino)
 	if err != nil {
 		return fail(handleStatus(err), g.attrOf(ctx, ino))
 	}
-	a := f.Attr()
+	f := of.b // reads ahead of a sequential reader
+	a := of.f.Attr()
 	if !mayData(ctx, &a, metaapi.MayRead) {
 		return fail(ErrAcces, &a)
 	}
@@ -408,10 +419,13 @@ func (g *Gateway) read(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 	return replyPooled(bp, n)
 }
 
-// write is durable when it returns: every WRITE is written through to
-// every replica and recorded at meta, so the reply says FILE_SYNC
-// whatever the client asked (RFC 1813 allows committing more than asked)
-// and COMMIT has nothing left to do.
+// write: a lone WRITE is written through to every replica and recorded
+// at meta before the reply, which says FILE_SYNC whatever the client
+// asked (RFC 1813 allows committing more than asked). An UNSTABLE WRITE
+// that continues the previous one to the file is buffered (write-behind,
+// client.Buffered) and answered UNSTABLE: COMMIT, or a WRITE asking for
+// more, makes it durable; should a background send fail, the write
+// verifier changes and the client sends those writes again.
 func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 	ino, herr := g.handleArg(ctx, r)
 	off, count, stable := r.Uint64(), r.Uint32(), r.Uint32()
@@ -432,10 +446,11 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 	case off > metaapi.MaxFileSize || uint64(count) > metaapi.MaxFileSize-off:
 		return fail(ErrFbig, nil)
 	}
-	f, err := g.file(ctx, ino)
+	of, err := g.file(ctx, ino)
 	if err != nil {
 		return fail(handleStatus(err), nil)
 	}
+	f := of.f
 	if a := f.Attr(); !mayData(ctx, &a, metaapi.MayWrite) {
 		return fail(ErrAcces, &a)
 	}
@@ -443,8 +458,12 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 		if st := g.killPrivs(ctx, f); st != OK {
 			return fail(st, g.attrOf(ctx, ino))
 		}
-		_, err := f.WriteAtContext(ctx, data, int64(off))
+		_, err := of.b.WriteAtContext(ctx, data, int64(off))
+		if err == nil && stable != Unstable {
+			err = of.b.Flush(ctx)
+		}
 		if err != nil {
+			g.lost(err) // may be an earlier, buffered write's failure
 			g.forget(ino)
 			// The file removed meanwhile (by another client; its chunks
 			// deleted under the write) is a stale handle, not NOENT.
@@ -454,12 +473,20 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 		// data, and is dropped too.
 		g.invalidate(ino)
 	}
+	committed := uint32(FileSync)
+	if of.b.Pending() {
+		committed = Unstable
+	}
 	a := f.Attr()
+	if end, _ := of.b.Buffered(); end > a.Size {
+		a.Size = end // as the client expects after its write
+	}
+	verf := g.verifier()
 	w.Uint32(uint32(OK))
 	putWcc(w, &a)
 	w.Uint32(count)
-	w.Uint32(FileSync)
-	w.Fixed(g.verf[:])
+	w.Uint32(committed)
+	w.Fixed(verf[:])
 	return true
 }
 
@@ -475,7 +502,14 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		putWcc(w, nil)
 		return true
 	}
-	a, st := g.getAttrErr(ctx, ino)
+	verf := g.verifier() // before the flush: a failure changes it
+	var a metaapi.Attr
+	st := OK
+	if err := g.settle(ctx, ino); err != nil {
+		st = statusOf(err)
+	} else {
+		a, st = g.getAttrErr(ctx, ino)
+	}
 	switch {
 	case st != OK:
 	case a.Type == metaapi.TypeDir:
@@ -490,7 +524,7 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 	}
 	g.invalidate(ino)
 	putWcc(w, &a)
-	w.Fixed(g.verf[:])
+	w.Fixed(verf[:])
 	return true
 }
 
