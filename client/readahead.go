@@ -16,7 +16,7 @@ type readAhead struct {
 	next   int64 // where a sequential reader reads next
 	streak int   // reads in a row that were sequential
 	ver    fileVer
-	blocks []*raBlock   // ascending, not overlapping
+	blocks []*raBlock  // ascending, not overlapping
 	idle   *time.Timer // drops the blocks of a reader that stopped
 }
 
