@@ -61,7 +61,7 @@ func (a *app) nfsCmd() *cobra.Command {
 	var exportLines []string
 	var fo fabricRPCFlags
 	var cf connFlags
-	var cacheMiB int64
+	var cacheMiB, bufferMiB int64
 	var readyPath string
 	cmd := &cobra.Command{
 		Use:   "nfs",
@@ -85,9 +85,12 @@ Without exports the gateway exports / read-write to this machine only
 (127.0.0.1 and ::1), root squashed and secure. MOUNT accepts an export or
 any directory below it; every NFS call is checked against its file
 handle's export. Callers are who their AUTH_SYS credentials say, as the
-export maps them, and meta checks permissions as for the FUSE mount. Every
-WRITE is durable on every replica when it is answered (FILE_SYNC), so
-COMMIT has nothing left to do.`,
+export maps them, and meta checks permissions as for the FUSE mount. A lone
+WRITE is durable on every replica when it is answered (FILE_SYNC); UNSTABLE
+WRITEs that continue one another are buffered and sent in the background
+(answered UNSTABLE), made durable by COMMIT; should sending them fail, the
+write verifier changes and clients send them again. Sequential READs are
+read ahead. Write-behind and read-ahead share --buffer-mib.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			exports, err := exportsFrom(exportsFile, exportLines)
@@ -103,11 +106,18 @@ COMMIT has nothing left to do.`,
 				if cache <= 0 {
 					cache = -1 // none
 				}
+				if bufferMiB > 1<<30 {
+					return fmt.Errorf("--buffer-mib %d: more than 1 PiB", bufferMiB)
+				}
+				buffers := bufferMiB << 20
+				if buffers <= 0 {
+					buffers = -1 // none: every WRITE written through
+				}
 				if err := errors.Join(fo.check(), cf.check()); err != nil {
 					return err
 				}
 				srv, err := nfs3.Listen(nfs3.ServeOptions{Options: nfs3.Options{Client: cl, Logger: a.logger().With("svc", "nfs"), CacheBytes: cache,
-					Exports: exports, HandleKey: nfs3.HandleKey(credential)},
+					BufferBytes: buffers, Exports: exports, HandleKey: nfs3.HandleKey(credential)},
 					Listen: listen, FabricListen: fabricListen, Fabric: nfs3.FabricOptions{BufSize: fo.bufSize, BufCount: fo.bufCount, ChunkMin: fo.chunkMin},
 					MaxConns: cf.max, MaxConnsPerHost: cf.perHost})
 				if err != nil {
@@ -142,6 +152,7 @@ COMMIT has nothing left to do.`,
 	cmd.Flags().StringVar(&exportsFile, "exports", "", "a file of exports, one per line as in /etc/exports (# comments, \\ continues a line)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2049", "address to serve NFS and MOUNT on (e.g. 0.0.0.0:2049 to serve the network, with --export naming its clients)")
 	cmd.Flags().Int64Var(&cacheMiB, "cache-mib", 256, "MiB of file data the gateway caches for READ (0 for none); other clients' writes show within a second, the gateway's own at once")
+	cmd.Flags().Int64Var(&bufferMiB, "buffer-mib", 256, "MiB of memory for write-behind and read-ahead over all files (0 for none: every WRITE is durable when answered)")
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
 	addReadyFlag(cmd, &readyPath)
 	fo.add(cmd, "replies")
