@@ -60,8 +60,13 @@ type BufferOptions struct {
 	// The NFS gateway asks for 1: a lone write stays durable at once.
 	Sequential int
 	// ReadAhead is how many bytes a sequential reader is read ahead
-	// (default 16 MiB; negative: none), in blocks of at most 4 MiB.
-	ReadAhead int
+	// (default 16 MiB; negative: none), in blocks of ReadAheadBlock
+	// bytes (default a quarter of it, at most 4 MiB), fetched at once.
+	ReadAhead      int
+	ReadAheadBlock int
+	// Alloc, if set, returns a buffer of at least n bytes for a block
+	// read ahead (a cache's spare one; see ReadBlock). Default make.
+	Alloc func(n int) []byte
 	// IdleFlush sends buffered writes once no write came for this long
 	// (0: they wait for the next write, Flush or Close).
 	IdleFlush time.Duration
@@ -85,6 +90,9 @@ func (o *BufferOptions) defaults() {
 	}
 	if o.ReadAhead == 0 {
 		o.ReadAhead = 16 << 20
+	}
+	if o.ReadAheadBlock <= 0 {
+		o.ReadAheadBlock = min(maxRABlock, max(o.ReadAhead/4, 64<<10))
 	}
 	if o.OpTimeout <= 0 {
 		o.OpTimeout = time.Minute

@@ -365,3 +365,40 @@ func BenchmarkBufferedSequential(b *testing.B) {
 		})
 	}
 }
+
+// ReadBlock hands a block read ahead over without a copy once the reader
+// is sequential, and reads what the file holds either way.
+func TestBufferedReadBlockHandsOver(t *testing.T) {
+	c := startCluster(t, 1)
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	data := randBytes(rand.New(rand.NewPCG(9, 9)), 10<<20+3)
+	if _, err := cl.Put(ctx, "/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.Open(ctx, "/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bud := client.NewBudget(8 << 20)
+	b := client.NewBuffered(f, client.BufferOptions{ReadAhead: 4 << 20, ReadAheadBlock: 1 << 20, Budget: bud})
+	handed := 0
+	for off := 0; off < len(data); off += 1 << 20 {
+		into := make([]byte, min(1<<20, len(data)-off))
+		got, err := b.ReadBlock(ctx, int64(off), into)
+		if err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data[off:off+len(into)]) {
+			t.Fatalf("ReadBlock at %d: %d bytes that differ", off, len(got))
+		}
+		if len(got) > 0 && &got[0] != &into[0] {
+			handed++
+		}
+	}
+	if handed == 0 {
+		t.Fatal("no block read ahead was handed over")
+	}
+	b.Close(ctx)
+	eventually(t, "the read-ahead memory to be given back", func() bool { return bud.Used() == 0 })
+}

@@ -39,8 +39,10 @@ type raBlock struct {
 	cancel context.CancelFunc
 
 	// Guarded by readAhead.mu: whoever comes second of the drop and the
-	// fetch's end gives the memory back.
+	// fetch's end gives the memory back. readers are the reads copying
+	// from it; a block is handed over (ReadBlock) only with none.
 	dropped, fetched bool
+	readers          int
 }
 
 func (bl *raBlock) end() int64 { return bl.off + bl.want }
@@ -58,23 +60,116 @@ func (b *Buffered) ReadAtContext(ctx context.Context, p []byte, off int64) (int,
 	if b.opts.ReadAhead <= 0 || off < 0 || len(p) == 0 {
 		return b.f.ReadAtContext(ctx, p, off)
 	}
-	if n, ok := b.ra.read(ctx, b, p, off); ok {
-		if n < len(p) {
-			return n, io.EOF
-		}
-		return n, nil
+	use, limit := b.ra.lookup(b, off, off+int64(len(p)))
+	n, ok := b.ra.copy(ctx, use, p, off, limit)
+	if !ok {
+		return b.f.ReadAtContext(ctx, p, off)
 	}
-	return b.f.ReadAtContext(ctx, p, off)
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
 }
 
-// read serves p at off from the blocks read ahead (ok) and reads further
-// ahead if the reader is sequential.
-func (ra *readAhead) read(ctx context.Context, b *Buffered, p []byte, off int64) (int, bool) {
+// ReadBlock is ReadAtContext for a caller that keeps what it reads (a
+// cache): it reads len(into) bytes at off into into, or, when a block
+// read ahead is exactly that range, returns that block's own memory
+// (BufferOptions.ReadAheadBlock bytes, no copy), which is the caller's
+// from then on. Short at the end of the file, with io.EOF.
+func (b *Buffered) ReadBlock(ctx context.Context, off int64, into []byte) ([]byte, error) {
+	if b.Pending() {
+		if err := b.Flush(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if b.opts.ReadAhead <= 0 || off < 0 || len(into) == 0 {
+		n, err := b.f.ReadAtContext(ctx, into, off)
+		return into[:n], err
+	}
+	use, limit := b.ra.lookup(b, off, off+int64(len(into)))
+	if len(use) == 1 && use[0].off == off && use[0].want == int64(len(into)) {
+		if data, ok := b.ra.take(ctx, use[0], b.opts.Budget); ok && len(data) > 0 {
+			if len(data) < len(into) {
+				return data, io.EOF
+			}
+			return data, nil
+		}
+	} else if n, ok := b.ra.copy(ctx, use, into, off, limit); ok {
+		if n < len(into) {
+			return into[:n], io.EOF
+		}
+		return into[:n], nil
+	}
+	n, err := b.f.ReadAtContext(ctx, into, off)
+	return into[:n], err
+}
+
+// take waits for bl and hands its memory over, if no other read uses it
+// (else it is released as a copy would).
+func (ra *readAhead) take(ctx context.Context, bl *raBlock, bud *Budget) ([]byte, bool) {
+	select {
+	case <-bl.done:
+	case <-ctx.Done():
+	}
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	bl.readers--
+	if ctx.Err() != nil || bl.err != nil || bl.readers > 0 || bl.dropped {
+		return nil, false
+	}
+	for i, x := range ra.blocks {
+		if x == bl {
+			ra.blocks = append(ra.blocks[:i], ra.blocks[i+1:]...)
+			break
+		}
+	}
+	ra.dropBlockLocked(bl, bud)
+	return bl.data, true
+}
+
+// copy copies [off, limit) from the blocks use into p, and reports
+// whether they held it all; it releases them.
+func (ra *readAhead) copy(ctx context.Context, use []*raBlock, p []byte, off, limit int64) (int, bool) {
+	if len(use) == 0 {
+		return 0, false
+	}
+	defer func() {
+		ra.mu.Lock()
+		for _, bl := range use {
+			bl.readers--
+		}
+		ra.mu.Unlock()
+	}()
+	n := int64(0)
+	for _, bl := range use {
+		select {
+		case <-bl.done:
+		case <-ctx.Done():
+			return 0, false
+		}
+		if bl.err != nil {
+			return 0, false // read again, straight: the error is this read's to report
+		}
+		lo, hi := off+n, min(limit, bl.off+int64(len(bl.data)))
+		if lo < bl.off || hi < lo {
+			return 0, false // short: the file shrank meanwhile
+		}
+		n += int64(copy(p[lo-off:], bl.data[lo-bl.off:hi-bl.off]))
+	}
+	if off+n < limit {
+		return 0, false
+	}
+	return int(n), true
+}
+
+// lookup returns the blocks read ahead that hold [off, end) (within the
+// file's size, limit), each counted as a reader, or none if they do not
+// hold all of it; and reads further ahead if the reader is sequential.
+func (ra *readAhead) lookup(b *Buffered, off, end int64) (use []*raBlock, limit int64) {
 	a := b.f.Attr()
 	ver := fileVer{a.Size, a.Mtime, a.Ctime}
 	bud := b.opts.Budget
-	end := off + int64(len(p))
-	limit := min(end, ver.size)
+	limit = min(end, ver.size)
 
 	ra.mu.Lock()
 	if ver != ra.ver {
@@ -110,7 +205,6 @@ func (ra *readAhead) read(ctx context.Context, b *Buffered, p []byte, off int64)
 	}
 	clear(ra.blocks[len(keep):])
 	ra.blocks = keep
-	var use []*raBlock
 	pos := off
 	for _, bl := range ra.blocks {
 		if pos < limit && bl.off <= pos && pos < bl.end() {
@@ -118,34 +212,17 @@ func (ra *readAhead) read(ctx context.Context, b *Buffered, p []byte, off int64)
 			pos = bl.end()
 		}
 	}
-	covered := off < limit && pos >= limit
+	if off >= limit || pos < limit {
+		use = nil
+	}
+	for _, bl := range use {
+		bl.readers++
+	}
 	if ra.streak > 0 && off < ver.size {
 		ra.fillLocked(b, end, ver)
 	}
 	ra.mu.Unlock()
-	if !covered {
-		return 0, false
-	}
-	n := int64(0)
-	for _, bl := range use {
-		select {
-		case <-bl.done:
-		case <-ctx.Done():
-			return 0, false
-		}
-		if bl.err != nil {
-			return 0, false // read again, straight: the error is this read's to report
-		}
-		lo, hi := off+n, min(limit, bl.off+int64(len(bl.data)))
-		if lo < bl.off || hi < lo {
-			return 0, false // short: the file shrank meanwhile
-		}
-		n += int64(copy(p[lo-off:], bl.data[lo-bl.off:hi-bl.off]))
-	}
-	if off+n < limit {
-		return 0, false
-	}
-	return int(n), true
+	return use, limit
 }
 
 // fillLocked starts fetching blocks from end (or the end of the blocks
@@ -156,7 +233,7 @@ func (ra *readAhead) fillLocked(b *Buffered, end int64, ver fileVer) {
 	if n := len(ra.blocks); n > 0 {
 		start = max(start, ra.blocks[n-1].end())
 	}
-	unit := min(maxRABlock, max(int64(b.opts.ReadAhead)/4, 64<<10))
+	unit := int64(b.opts.ReadAheadBlock)
 	for start < end+int64(b.opts.ReadAhead) && start < ver.size {
 		n := min(unit, ver.size-start)
 		if !b.opts.Budget.take(n) {
@@ -172,7 +249,12 @@ func (ra *readAhead) fillLocked(b *Buffered, end int64, ver fileVer) {
 
 // fetch reads one block.
 func (ra *readAhead) fetch(ctx context.Context, b *Buffered, bl *raBlock) {
-	data := make([]byte, bl.want)
+	var data []byte
+	if b.opts.Alloc != nil {
+		data = b.opts.Alloc(int(bl.want))[:bl.want]
+	} else {
+		data = make([]byte, bl.want)
+	}
 	n, err := b.f.ReadAtContext(ctx, data, bl.off)
 	if errors.Is(err, io.EOF) {
 		err = nil // short: the file shrank (a later read finds it short)

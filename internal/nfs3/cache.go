@@ -50,6 +50,13 @@ type filler interface {
 	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
 }
 
+// blockReader is a filler that can hand over a block it read ahead
+// (client.Buffered.ReadBlock): the cache keeps that memory instead of
+// copying it.
+type blockReader interface {
+	ReadBlock(ctx context.Context, off int64, into []byte) ([]byte, error)
+}
+
 // block is one block of a file's data.
 type block struct {
 	c      *blockCache
@@ -156,7 +163,25 @@ func (c *blockCache) get(ctx context.Context, src filler, ino ids.Ino, idx int64
 		}
 	}
 
-	n, err := src.ReadAtContext(ctx, b.buf[:want], idx*blockSize)
+	var n int
+	var err error
+	if br, ok := src.(blockReader); ok && !small {
+		var data []byte
+		data, err = br.ReadBlock(ctx, idx*blockSize, b.buf[:want])
+		n = len(data)
+		switch {
+		case n == 0 || &data[0] == &b.buf[0]: // read into b.buf
+		case cap(data) == blockSize: // handed over: kept, b.buf spared
+			c.mu.Lock()
+			c.putFreeLocked(b.buf)
+			c.mu.Unlock()
+			b.buf = data[:blockSize]
+		default:
+			n = copy(b.buf, data)
+		}
+	} else {
+		n, err = src.ReadAtContext(ctx, b.buf[:want], idx*blockSize)
+	}
 	if errors.Is(err, io.EOF) {
 		err = nil // short: the file shrank since ver (kept out below)
 	}
@@ -301,6 +326,29 @@ func (c *blockCache) popFreeLocked() []byte {
 	c.free = c.free[:n-1]
 	c.freeB -= blockSize
 	return buf
+}
+
+// putFreeLocked keeps a full buffer no block uses for reuse, while the
+// index and the free list stay within the bound.
+func (c *blockCache) putFreeLocked(buf []byte) {
+	if cap(buf) == blockSize && c.bytes+c.freeB+blockSize <= c.max {
+		c.free = append(c.free, buf[:blockSize])
+		c.freeB += blockSize
+	}
+}
+
+// spare returns a buffer of n bytes for a block read ahead: a free one
+// if n is a block's size and the cache has one, else a new one.
+func (c *blockCache) spare(n int) []byte {
+	if n == blockSize {
+		c.mu.Lock()
+		buf := c.popFreeLocked()
+		c.mu.Unlock()
+		if buf != nil {
+			return buf
+		}
+	}
+	return make([]byte, n)
 }
 
 // recycleLocked frees unpinned b's memory, keeping a full buffer for

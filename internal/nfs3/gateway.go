@@ -137,6 +137,11 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g.bufs.New = func() any { b := make([]byte, MaxData); return &b }
 	g.bufOpts = client.BufferOptions{Sequential: 1, IdleFlush: idleFlush, OnLost: g.lost}
+	if g.cache != nil {
+		// Read ahead in the cache's blocks, from its spare buffers, so
+		// that a block read ahead becomes a cache block without a copy.
+		g.bufOpts.ReadAheadBlock, g.bufOpts.Alloc = blockSize, g.cache.spare
+	}
 	switch {
 	case opts.BufferBytes < 0:
 		g.bufOpts.WriteBuffer, g.bufOpts.ReadAhead = -1, -1

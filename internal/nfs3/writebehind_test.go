@@ -3,6 +3,7 @@ package nfs3_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -139,11 +140,18 @@ func TestWriteBehindLostChangesVerifier(t *testing.T) {
 	}
 }
 
-// TestReadAheadAcrossReads: with the block cache off, sequential READs
-// are read ahead (per file, across RPCs); a WRITE through the gateway
-// into the range read ahead shows in the next READ.
+// TestReadAheadAcrossReads: sequential READs are read ahead (per file,
+// across RPCs), with the block cache off and on (blocks read ahead then
+// become cache blocks); a WRITE through the gateway into the range read
+// ahead shows in the next READ.
 func TestReadAheadAcrossReads(t *testing.T) {
-	e := newEnvOpts(t, nfs3.Options{AttrTTL: time.Hour, CacheBytes: -1})
+	for _, cache := range []int64{-1, 4 << 20} {
+		t.Run(fmt.Sprint("cache", cache), func(t *testing.T) { testReadAhead(t, cache) })
+	}
+}
+
+func testReadAhead(t *testing.T, cache int64) {
+	e := newEnvOpts(t, nfs3.Options{AttrTTL: time.Hour, CacheBytes: cache})
 	root := e.rootFH(t)
 	_, fh := e.create(t, root, "f", 0)
 	const mib = 1 << 20
@@ -157,6 +165,10 @@ func TestReadAheadAcrossReads(t *testing.T) {
 	}
 	copy(file[5*mib+100:], patch)
 	for off := uint64(2 * mib); off < uint64(len(file)); off += mib {
+		e.checkRead(t, fh, file, off, mib)
+	}
+	// And again, from the start: the same data (from the cache, if on).
+	for off := uint64(0); off < uint64(len(file)); off += mib {
 		e.checkRead(t, fh, file, off, mib)
 	}
 }
