@@ -152,7 +152,11 @@ func (b *Buffered) WriteAtContext(ctx context.Context, p []byte, off int64) (int
 		}
 	case continues:
 		b.sendLocked() // full: on its way while the next buffer fills
-		if len(p) < max && b.startLocked(p, off) {
+		if len(p) < max && b.opts.Budget.take(int64(max)) {
+			// A whole buffer at once: this writer will fill it.
+			b.buf, b.charged, b.bufOff = b.opts.Budget.buffer(max), int64(max), off
+			b.buf = append(b.buf, p...)
+			b.armIdleLocked()
 			return len(p), nil
 		}
 	default:
