@@ -117,6 +117,7 @@ type send struct {
 	done    chan struct{}
 	buf     []byte
 	off     int64
+	end     int64
 	charged int64
 	err     error // set before done is closed
 }
@@ -251,7 +252,7 @@ func (b *Buffered) idleFlush() {
 // send: writes to one chunk go in order). Caller holds b.mu.
 func (b *Buffered) sendLocked() {
 	b.waitLocked()
-	s := &send{done: make(chan struct{}), buf: b.buf, off: b.bufOff, charged: b.charged}
+	s := &send{done: make(chan struct{}), buf: b.buf, off: b.bufOff, end: b.bufOff + int64(len(b.buf)), charged: b.charged}
 	b.pending = s
 	b.buf, b.charged = nil, 0
 	go func() {
@@ -261,6 +262,11 @@ func (b *Buffered) sendLocked() {
 		if s.err != nil && b.opts.OnLost != nil {
 			b.opts.OnLost(s.err)
 		}
+		// The memory goes back now, not when the send is reaped: a file
+		// no one writes to again holds none.
+		b.opts.Budget.give(s.charged)
+		b.opts.Budget.keep(s.buf)
+		s.buf = nil
 		close(s.done)
 	}()
 }
@@ -274,8 +280,6 @@ func (b *Buffered) waitLocked() {
 	}
 	<-s.done
 	b.pending = nil
-	b.opts.Budget.give(s.charged)
-	b.opts.Budget.keep(s.buf)
 	if s.err != nil && b.err == nil {
 		b.err = s.err
 	}
@@ -343,6 +347,13 @@ func (b *Buffered) Drop() {
 func (b *Buffered) Pending() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if s := b.pending; s != nil {
+		select {
+		case <-s.done: // over: its failure, if any, is kept in b.err
+			b.waitLocked()
+		default:
+		}
+	}
 	return len(b.buf) > 0 || b.pending != nil || b.err != nil
 }
 
@@ -357,7 +368,7 @@ func (b *Buffered) Buffered() (end, n int64) {
 		end = b.bufOff + int64(len(b.buf))
 	}
 	if s := b.pending; s != nil {
-		end = max(end, s.off+int64(len(s.buf)))
+		end = max(end, s.end)
 	}
 	return end, int64(len(b.buf))
 }

@@ -402,3 +402,28 @@ func TestBufferedReadBlockHandsOver(t *testing.T) {
 	b.Close(ctx)
 	eventually(t, "the read-ahead memory to be given back", func() bool { return bud.Used() == 0 })
 }
+
+// Writes that no Flush follows are sent once idle (IdleFlush), and their
+// memory goes back to the budget without anyone touching the file again.
+func TestBufferedIdleFlush(t *testing.T) {
+	c := startCluster(t, 1)
+	cl := newClient(t, c, client.Options{})
+	ctx := context.Background()
+	f, err := cl.Create(ctx, "/f", 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bud := client.NewBudget(64 << 20)
+	b := client.NewBuffered(f, client.BufferOptions{IdleFlush: 20 * time.Millisecond, Budget: bud})
+	data := bytes.Repeat([]byte("idle"), 50000)
+	if _, err := b.WriteAtContext(ctx, data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if bud.Used() == 0 {
+		t.Fatal("nothing buffered")
+	}
+	eventually(t, "the idle writes to be sent and their memory given back", func() bool { return bud.Used() == 0 && !b.Pending() })
+	if got := readAll(t, cl, "/f"); !bytes.Equal(got, data) {
+		t.Fatalf("after an idle flush another handle reads %d bytes", len(got))
+	}
+}
