@@ -24,7 +24,6 @@ type Write struct {
 	old     Info   // committed state when the write began
 	newLen  int64  // length after commit: max(old.Length, end)
 
-	shown    admit.Write // what view last showed admission (see view)
 	off, end int64       // the write covers [off, end)
 	next     int64       // the next Place must start here
 	ovEnd    int64       // [off, ovEnd) overwrites committed bytes and is staged
@@ -139,8 +138,8 @@ func (w *Write) begin(version uint64) error {
 	c := s.view(w.id, old.Version)
 	var ev admit.Event = admit.BeginFollow{Version: version, Base: w.base}
 	if w.head {
-		if d := c.Doubt; d != nil && d.Base != old.Version {
-			return fmt.Errorf("doubt record %+v for a chunk at version %d: %w", *d, old.Version, ErrCorrupt)
+		if d := c.Doubt; c.InDoubt && d.Base != old.Version {
+			return fmt.Errorf("doubt record %+v for a chunk at version %d: %w", d, old.Version, ErrCorrupt)
 		}
 		ev = admit.BeginHead{Off: w.off, End: w.end, Tag: w.tag}
 	}
@@ -263,10 +262,8 @@ func (w *Write) Planned(epoch uint64) error {
 // view describes the chunk with this write open, for admission.
 func (w *Write) view() admit.Chunk {
 	c := w.s.view(w.id, w.old.Version)
-	// In w, which is on the heap already: a view costs no allocation.
-	w.shown = admit.Write{Version: w.version, Base: w.base, Head: w.head, Epoch: w.epoch,
-		Tag: w.tag, Off: w.off, End: w.end, Resolves: w.doubt}
-	c.Write = &w.shown
+	c.Write, c.Open = admit.Write{Version: w.version, Base: w.base, Head: w.head, Epoch: w.epoch,
+		Tag: w.tag, Off: w.off, End: w.end, Resolves: w.doubt}, true
 	return c
 }
 
