@@ -24,9 +24,9 @@ type Write struct {
 	old     Info   // committed state when the write began
 	newLen  int64  // length after commit: max(old.Length, end)
 
-	off, end int64       // the write covers [off, end)
-	next     int64       // the next Place must start here
-	ovEnd    int64       // [off, ovEnd) overwrites committed bytes and is staged
+	off, end int64 // the write covers [off, end)
+	next     int64 // the next Place must start here
+	ovEnd    int64 // [off, ovEnd) overwrites committed bytes and is staged
 
 	f         *os.File // chunk file; nil for a zero-length write that changes nothing on disk
 	fileSize  int64    // size of the chunk file when opened (it may exceed the committed length)
