@@ -195,9 +195,7 @@ func TestPublicAPI(t *testing.T) {
 		"File.Close", "File.Size", "File.Truncate",
 		"PathError", "NodeError", "IsExist", "IsNotExist",
 	}
-	// Options.Link emulates a network link for benchmarks; a user leaves
-	// it nil.
-	allowed := map[string]bool{"Options.Link": true}
+	allowed := map[string]bool{}
 	for _, name := range core {
 		if !declared(pkg, name) {
 			t.Errorf("%s is not exported", name)

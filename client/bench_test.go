@@ -16,6 +16,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 const benchBytes = 256 << 20
@@ -103,7 +104,7 @@ func benchCluster(b *testing.B) (*cluster.Cluster, *client.Client) {
 		if err := cl.Mkdir(ctx, dir, 0o755); err != nil {
 			b.Fatal(err)
 		}
-		if err := cl.SetPolicy(ctx, dir, metaapi.Policy{Replicas: k, Strategy: metaapi.StrategyRing}); err != nil {
+		if err := cl.SetPolicy(ctx, dir, metaapi.Policy{Replicas: k, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -42,9 +42,6 @@ type Options struct {
 	Who *Who
 	// MTU of the client's fabric endpoint. Default fabric.DefaultMTU.
 	MTU int
-	// Link emulates the client's network link (benchmarks; nil, the
-	// default, is the real one).
-	Link *fabric.Link
 	// WriteMsg is the largest write request sent to a node. Default 16 MiB.
 	WriteMsg int
 	// ReadReq is the size of one read request. Default 4 MiB.
@@ -54,13 +51,6 @@ type Options struct {
 	// BusyRetry bounds how long a write keeps retrying while a node
 	// answers busy (request table full, chunk locked). Default 30s.
 	BusyRetry time.Duration
-	// Protocol forces how single-replica writes authenticate (for
-	// benchmarks): ProtoStream (default), ProtoRPC, ProtoRPCPull or
-	// ProtoRaw.
-	Protocol string
-	// ECMode is how erasure-coded writes are encoded (for benchmarks):
-	// ECStream (default), ECPerChunk or ECCentral.
-	ECMode string
 	// OpTimeout bounds how long a call to meta is retried while meta
 	// cannot be reached (a restart); default 15 s. Before meta has ever
 	// answered, retries stop after 2 s (a wrong address fails fast)
@@ -80,6 +70,7 @@ type Client struct {
 	fenced      atomic.Uint64
 
 	opts    Options
+	bench   BenchOptions
 	meta    *metaapi.Client
 	ep      *fabric.Endpoint
 	pool    *fabric.Pool
@@ -94,7 +85,9 @@ type Client struct {
 
 // New connects to the cluster described by opts.Conf. No network traffic
 // happens until the first call.
-func New(opts Options) (*Client, error) {
+func New(opts Options) (*Client, error) { return newClient(opts, BenchOptions{}, nil) }
+
+func newClient(opts Options, bench BenchOptions, link *fabric.Link) (*Client, error) {
 	if opts.Conf.Meta == "" {
 		return nil, errors.New("client: no meta address in the client config")
 	}
@@ -121,7 +114,7 @@ func New(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("client: client config: %w", err)
 	}
 	nodes := &nodeMap{}
-	fo := fabric.Options{MTU: opts.MTU, Link: opts.Link, Logger: opts.Logger}
+	fo := fabric.Options{MTU: opts.MTU, Link: link, Logger: opts.Logger}
 	if opts.FabricTLS {
 		fo.DialTLS = nodes.dialTLS(tc.RootCAs)
 	}
@@ -131,6 +124,7 @@ func New(opts Options) (*Client, error) {
 	}
 	c := &Client{
 		opts:    opts,
+		bench:   bench,
 		meta:    metaapi.NewClient(opts.Conf.Meta, metaapi.ClientAuth(opts.Conf.ClientID, opts.Conf.Credential), tc),
 		ep:      ep,
 		pool:    fabric.NewPool(ep, 16),

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 )
 
@@ -52,12 +53,18 @@ func startCluster(tb testing.TB, nodes int) *cluster.Cluster {
 
 func newClient(tb testing.TB, c *cluster.Cluster, opts client.Options) *client.Client {
 	tb.Helper()
+	return newBenchClient(tb, c, opts, client.BenchOptions{})
+}
+
+// newBenchClient is newClient with benchmark knobs.
+func newBenchClient(tb testing.TB, c *cluster.Cluster, opts client.Options, bench client.BenchOptions) *client.Client {
+	tb.Helper()
 	conf, err := c.Conf()
 	if err != nil {
 		tb.Fatal(err)
 	}
 	opts.Conf = conf
-	cl, err := client.New(opts)
+	cl, err := client.NewBench(opts, bench)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -79,7 +86,7 @@ func dirWithPolicy(t *testing.T, cl *client.Client, dir string, k int) {
 	if err := cl.MkdirAll(ctx, dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.SetPolicy(ctx, dir, metaapi.Policy{Replicas: k, Strategy: metaapi.StrategyRing}); err != nil {
+	if err := cl.SetPolicy(ctx, dir, metaapi.Policy{Replicas: k, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -410,7 +417,7 @@ func TestNamespaceErrors(t *testing.T) {
 	if err := cl.Mkdir(ctx, "/"+long, 0o755); !metaapi.IsCode(err, metaapi.ENAMETOOLONG) {
 		t.Fatalf("long name: %v", err)
 	}
-	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing}); err != nil {
+	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 		t.Fatal(err)
 	}
 	// A policy needing more nodes than are up fails at placement with a

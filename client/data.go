@@ -12,6 +12,7 @@ import (
 	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -44,63 +45,35 @@ func statusOf(err error) (wire.Status, bool) {
 	return 0, false
 }
 
-// writeMode is how a write is carried: the replication topology, how
-// nodes handle the data, and flags.
+// writeMode is how a write is carried: the file's plan, and flags.
 type writeMode struct {
-	strategy wire.Strategy
-	mode     wire.Mode
-	flags    uint8
+	plan  plan.Plan
+	flags uint8
 }
 
-// Protocols a client can force for single-replica writes (benchmarks):
-// the seed's authentication comparison.
-const (
-	ProtoStream  = "stream"   // capability checked in the header handler, data streams at once (the default)
-	ProtoRPC     = "rpc"      // whole request buffered, then validated, then stored
-	ProtoRPCPull = "rpc-pull" // request first, node validates, then pulls the data
-	ProtoRaw     = "raw"      // no validation at all; nodes refuse it unless started for benchmarks
-)
-
-// modeFor maps a policy and the client's protocol option to a write mode.
+// modeFor is how a file of policy pol is written: its plan, unless a
+// benchmark forces a protocol.
 func (c *Client) modeFor(pol *metaapi.Policy) (writeMode, error) {
-	var wm writeMode
-	strategy := metaapi.StrategyRing
-	replicas := 1
-	if pol != nil {
-		strategy, replicas = pol.Strategy, pol.Replicas
+	wm := writeMode{plan: pol.Plan()}
+	if !wm.plan.Named() {
+		return wm, fmt.Errorf("unknown replication strategy %q", wm.plan)
 	}
-	switch strategy {
-	case metaapi.StrategyRing:
-		wm.strategy = wire.StrategyRing
-	case metaapi.StrategyTree:
-		wm.strategy = wire.StrategyTree
-	case metaapi.StrategyFlat:
-		wm.strategy = wire.StrategyFlat
-	case metaapi.StrategyHostRing:
-		wm.strategy, wm.mode = wire.StrategyRing, wire.ModeHost
-	case metaapi.StrategyHostTree:
-		wm.strategy, wm.mode = wire.StrategyTree, wire.ModeHost
-	default:
-		return wm, fmt.Errorf("unknown replication strategy %q", strategy)
-	}
-	switch p := c.opts.Protocol; p {
-	case "", ProtoStream:
-		return wm, nil
-	case ProtoRPC, ProtoRPCPull, ProtoRaw:
-		if replicas != 1 {
-			return wm, fmt.Errorf("protocol %s is for single-replica writes; this file has %d replicas", p, replicas)
-		}
-		switch p {
-		case ProtoRPC:
-			wm = writeMode{strategy: wire.StrategyRing, mode: wire.ModeHost}
-		case ProtoRPCPull:
-			wm = writeMode{strategy: wire.StrategyRing, mode: wire.ModePull}
-		default:
-			wm = writeMode{strategy: wire.StrategyRing, flags: wire.FlagRaw}
-		}
+	p := c.bench.Protocol
+	if p == "" || p == ProtoStream {
 		return wm, nil
 	}
-	return wm, fmt.Errorf("unknown write protocol %q (known: stream, rpc, rpc-pull, raw)", c.opts.Protocol)
+	if pol != nil && pol.Units() != 1 {
+		return wm, fmt.Errorf("protocol %s is for single-replica writes; this file has %d replicas", p, pol.Units())
+	}
+	switch p {
+	case ProtoRPC:
+		return writeMode{plan: plan.Plan{Strategy: plan.Ring, Mode: plan.Host}}, nil
+	case ProtoRPCPull:
+		return writeMode{plan: plan.Plan{Strategy: plan.Ring, Mode: plan.Pull}}, nil
+	case ProtoRaw:
+		return writeMode{plan: plan.Default, flags: wire.FlagRaw}, nil
+	}
+	return wm, fmt.Errorf("unknown write protocol %q (known: stream, rpc, rpc-pull, raw)", p)
 }
 
 // retryBusy runs op until it succeeds, fails for good, or has been busy
@@ -151,9 +124,9 @@ func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int
 	for i, r := range l.Replicas {
 		addrs[i] = r.Addr
 	}
-	h := wire.WriteHeader{Strategy: wm.strategy, Mode: wm.mode, Flags: wm.flags, Chunk: l.Chunk, Off: uint64(off), Len: uint64(len(data)),
+	h := wire.WriteHeader{Strategy: wm.plan.Strategy, Mode: wm.plan.Mode, Flags: wm.flags, Chunk: l.Chunk, Off: uint64(off), Len: uint64(len(data)),
 		Cap: l.Cap, WriteID: id}
-	if wm.strategy == wire.StrategyFlat {
+	if wm.plan.Strategy == plan.Flat {
 		return c.writeFlat(ctx, l, addrs, h, data)
 	}
 	head := addrs[0]
@@ -161,7 +134,7 @@ func (c *Client) writeChunk(ctx context.Context, l *metaapi.ChunkLayout, off int
 	ver, err := c.retryBusy(ctx, func() (uint64, error) {
 		var v uint64
 		var err error
-		if wm.mode == wire.ModePull {
+		if wm.plan.Mode == plan.Pull {
 			v, err = c.sendPull(ctx, head, h, addrs, data)
 		} else {
 			var hdr []byte

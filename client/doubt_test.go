@@ -15,6 +15,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -25,7 +26,7 @@ import (
 func busyRank1(t *testing.T, c *cluster.Cluster, cl *client.Client) (*client.File, ids.ChunkID, *store.Write) {
 	t.Helper()
 	ctx := context.Background()
-	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyTree}); err != nil {
+	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Tree}}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := cl.Create(ctx, "/t", 0o644)
@@ -70,7 +71,7 @@ func TestTreeRetryAfterBusySiblingOverLink(t *testing.T) {
 	for _, size := range []int{4000, 64 << 10, 200 << 10} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			c, l := linkCluster(t)
-			cl := newClient(t, c, client.Options{Link: l})
+			cl := newBenchClient(t, c, client.Options{}, client.BenchOptions{LinkRate: l.Rate(), LinkDelay: l.Delay()})
 			f, _, held := busyRank1(t, c, cl)
 			time.AfterFunc(200*time.Millisecond, held.Abort)
 			data := bytes.Repeat([]byte("tree"), size/4)
@@ -93,7 +94,7 @@ func TestTreeRetryAfterBusySiblingOverLink(t *testing.T) {
 // every replica is identical.
 func TestTreeFailedWriteLeavesNoDivergence(t *testing.T) {
 	c, l := linkCluster(t)
-	cl := newClient(t, c, client.Options{Link: l, BusyRetry: time.Second})
+	cl := newBenchClient(t, c, client.Options{BusyRetry: time.Second}, client.BenchOptions{LinkRate: l.Rate(), LinkDelay: l.Delay()})
 	f, chunk, held := busyRank1(t, c, cl)
 	_, err := f.WriteAt(bytes.Repeat([]byte("A"), 4000), 0)
 	held.Abort()
@@ -162,8 +163,8 @@ func assertNoSameVersionDivergence(t *testing.T, c *cluster.Cluster, chunk ids.C
 // diverged at one version, and a covering write per file afterwards
 // leaves every replica identical.
 func TestTreeUnderTableFull(t *testing.T) {
-	for _, s := range []metaapi.Strategy{metaapi.StrategyTree, metaapi.StrategyHostTree} {
-		t.Run(string(s), func(t *testing.T) {
+	for _, s := range []plan.Plan{{Strategy: plan.Tree}, {Strategy: plan.Tree, Mode: plan.Host}} {
+		t.Run(s.String(), func(t *testing.T) {
 			c, err := cluster.Start(context.Background(), cluster.Options{Dir: tmpDir(t), Nodes: 3, MetaListen: "127.0.0.1:0", ChunkSize: testChunk,
 				Engine: engine.Options{TableSize: 2, Workers: 1}})
 			if err != nil {
@@ -250,7 +251,7 @@ func TestFlatFirstWriteInDoubt(t *testing.T) {
 	if err := cl.MkdirAll(ctx, "/flat", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.SetPolicy(ctx, "/flat", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyFlat}); err != nil {
+	if err := cl.SetPolicy(ctx, "/flat", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Flat}}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := cl.Create(ctx, "/flat/f", 0o644)
@@ -259,7 +260,7 @@ func TestFlatFirstWriteInDoubt(t *testing.T) {
 	}
 	_, l := firstGroup(t, cl, "/flat/f", true)
 	send := rawUnitSender(t, l)
-	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: l.Chunk, Len: 4096, Cap: l.Cap, WriteID: 0xdead}
+	res := wire.WriteHeader{Strategy: plan.Flat, Flags: wire.FlagReserve, Chunk: l.Chunk, Len: 4096, Cap: l.Cap, WriteID: 0xdead}
 	if v := send(0, res, nil).Version; v != 1 {
 		t.Fatalf("reserved version %d of a new chunk", v)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -23,13 +24,6 @@ import (
 // (reserved at unit 0, which also serialises writers): a write that does
 // not cover its first or last stripe whole reads the stripe first
 // (read-modify-write, under the reservation) and writes it back whole.
-
-// EC encoding modes a client can choose (benchmarks compare them).
-const (
-	ECStream   = "stream"    // data nodes send partial parities per packet (the default)
-	ECPerChunk = "per-chunk" // data nodes receive the whole unit, then send partial parities
-	ECCentral  = "central"   // the client encodes and writes the parity units itself
-)
 
 // ecGeom is the striping of an erasure-coded file.
 type ecGeom struct {
@@ -53,16 +47,19 @@ func ecGeomOf(a *metaapi.Attr) (ecGeom, bool) {
 	return g, true
 }
 
-func (c *Client) ecFlags() (wire.Mode, uint8, bool, error) {
-	switch c.opts.ECMode {
+// ecFlags is how the units of an erasure-coded write are sent: the mode
+// of the data units' nodes, their flags, and whether the client encodes
+// (central) — streaming partial parities unless a benchmark says.
+func (c *Client) ecFlags() (plan.Mode, uint8, bool, error) {
+	switch c.bench.ECMode {
 	case "", ECStream:
-		return wire.ModeStream, wire.FlagEncode, false, nil
+		return plan.Stream, wire.FlagEncode, false, nil
 	case ECPerChunk:
-		return wire.ModeHost, wire.FlagEncode, false, nil
+		return plan.Host, wire.FlagEncode, false, nil
 	case ECCentral:
-		return wire.ModeStream, 0, true, nil
+		return plan.Stream, 0, true, nil
 	}
-	return 0, 0, false, fmt.Errorf("unknown erasure-coding mode %q (known: stream, per-chunk, central)", c.opts.ECMode)
+	return 0, 0, false, fmt.Errorf("unknown erasure-coding mode %q (known: stream, per-chunk, central)", c.bench.ECMode)
 }
 
 // ecWriteOne writes the front of p at off that fits one group and one
@@ -170,7 +167,7 @@ func (c *Client) ecWriteAttempt(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 		addrs[i] = r.Addr
 	}
 	unitOff, unitLen := s0*g.cell, (s1-s0)*g.cell
-	h := wire.WriteHeader{Strategy: wire.StrategyEC, Chunk: l.Chunk, Off: uint64(unitOff), Len: uint64(unitLen), Cap: l.Cap, WriteID: id}
+	h := wire.WriteHeader{Strategy: plan.EC, Chunk: l.Chunk, Off: uint64(unitOff), Len: uint64(unitLen), Cap: l.Cap, WriteID: id}
 
 	// Reserve the group's next version at unit 0: it orders this write
 	// against every other one of the group.
@@ -255,7 +252,7 @@ func (c *Client) ecWriteAttempt(ctx context.Context, g ecGeom, l *metaapi.ChunkL
 		if i < g.k {
 			hi.Flags |= flags
 		} else {
-			hi.Mode = wire.ModeStream
+			hi.Mode = plan.Stream
 		}
 		if hdrs[i], err = wire.AppendWrite(nil, &hi, addrs); err != nil {
 			return release(err)

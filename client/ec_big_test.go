@@ -44,11 +44,12 @@ func BenchmarkECWrite(b *testing.B) {
 func benchECModes(b *testing.B, c *cluster.Cluster, link func() *fabric.Link) {
 	for _, mode := range []string{client.ECStream, client.ECPerChunk, client.ECCentral} {
 		b.Run(mode, func(b *testing.B) {
-			opts := client.Options{ECMode: mode}
+			bench := client.BenchOptions{ECMode: mode}
 			if link != nil {
-				opts.Link = link()
+				l := link()
+				bench.LinkRate, bench.LinkDelay = l.Rate(), l.Delay()
 			}
-			cl := newClient(b, c, opts)
+			cl := newBenchClient(b, c, client.Options{}, bench)
 			ctx := context.Background()
 			const k, cell = 6, 87552
 			dir := "/b-" + mode

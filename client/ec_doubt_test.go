@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -30,7 +31,7 @@ func TestECWriteAfterDoubtedWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	cl := newClient(t, c, client.Options{ECMode: client.ECCentral})
+	cl := newBenchClient(t, c, client.Options{}, client.BenchOptions{ECMode: client.ECCentral})
 	ctx := context.Background()
 	const cell = 4096
 	ecDir(t, cl, "/ec", 2, 1, cell)
@@ -47,7 +48,7 @@ func TestECWriteAfterDoubtedWrite(t *testing.T) {
 	if err := enc.Encode(shards); err != nil {
 		t.Fatal(err)
 	}
-	h := wire.WriteHeader{Strategy: wire.StrategyEC, Chunk: l.Chunk, Len: cell, Cap: l.Cap, WriteID: 0xdead}
+	h := wire.WriteHeader{Strategy: plan.EC, Chunk: l.Chunk, Len: cell, Cap: l.Cap, WriteID: 0xdead}
 	res := h
 	res.Flags = wire.FlagReserve
 	v := send(0, res, nil).Version
@@ -90,7 +91,7 @@ func TestECFirstWriteInDoubt(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	cl := newClient(t, c, client.Options{ECMode: client.ECCentral})
+	cl := newBenchClient(t, c, client.Options{}, client.BenchOptions{ECMode: client.ECCentral})
 	ctx := context.Background()
 	const cell = 4096
 	ecDir(t, cl, "/ec", 2, 1, cell)
@@ -101,7 +102,7 @@ func TestECFirstWriteInDoubt(t *testing.T) {
 	_, l := firstGroup(t, cl, "/ec/f", true)
 	send := rawUnitSender(t, l)
 	// The dead writer: version 1 reserved, only data unit 1 written.
-	h := wire.WriteHeader{Strategy: wire.StrategyEC, Chunk: l.Chunk, Len: cell, Cap: l.Cap, WriteID: 0xdead}
+	h := wire.WriteHeader{Strategy: plan.EC, Chunk: l.Chunk, Len: cell, Cap: l.Cap, WriteID: 0xdead}
 	res := h
 	res.Flags = wire.FlagReserve
 	v := send(0, res, nil).Version

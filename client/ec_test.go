@@ -159,7 +159,7 @@ func TestECModesMatchLibrary(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	codes := [][2]int{{2, 1}, {3, 2}, {4, 2}, {3, 3}, {5, 1}}
 	for _, mode := range []string{client.ECStream, client.ECPerChunk, client.ECCentral} {
-		cl := newClient(t, c, client.Options{ECMode: mode, WriteMsg: 200 << 10})
+		cl := newBenchClient(t, c, client.Options{WriteMsg: 200 << 10}, client.BenchOptions{ECMode: mode})
 		for _, km := range codes {
 			k, m := km[0], km[1]
 			cell := int64(512 * (1 + rng.IntN(40)))
@@ -265,8 +265,7 @@ func TestECPolicyErrors(t *testing.T) {
 			t.Errorf("policy %+v: %v", ec, err)
 		}
 	}
-	bad := client.Options{ECMode: "bogus"}
-	cl2 := newClient(t, c, bad)
+	cl2 := newBenchClient(t, c, client.Options{}, client.BenchOptions{ECMode: "bogus"})
 	ecDir(t, cl, "/ok", 2, 1, 4096)
 	if _, err := cl2.Put(ctx, "/ok/f", bytes.NewReader([]byte("x")), 0o644); err == nil || !bytesContain(err, "bogus") {
 		t.Fatalf("unknown EC mode: %v", err)
@@ -379,7 +378,7 @@ func TestECDegradedWriteIsRecordedAndRepaired(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	cl := newClient(t, c, client.Options{ECMode: client.ECCentral, BusyRetry: 2 * time.Second})
+	cl := newBenchClient(t, c, client.Options{BusyRetry: 2 * time.Second}, client.BenchOptions{ECMode: client.ECCentral})
 	ctx := context.Background()
 	ecDir(t, cl, "/ec", 3, 2, 4096)
 	rng := rand.New(rand.NewPCG(4, 5))

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 func startTLSCluster(tb testing.TB, fabricTLS bool, chunk int64) *cluster.Cluster {
@@ -31,7 +32,7 @@ func TestFabricTLS(t *testing.T) {
 	c := startTLSCluster(t, true, testChunk)
 	cl := newClient(t, c, client.Options{FabricTLS: true})
 	ctx := context.Background()
-	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing}); err != nil {
+	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 		t.Fatal(err)
 	}
 	data := randBytes(rand.New(rand.NewPCG(3, 3)), 3*testChunk+123)
@@ -66,7 +67,7 @@ func BenchmarkFabricTLS(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		c := startTLSCluster(b, on, 0) // the default chunk size
 		cl := newClient(b, c, client.Options{FabricTLS: on})
-		if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing}); err != nil {
+		if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 			b.Fatal(err)
 		}
 		sides[on] = &side{cl: cl}

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 )
 
@@ -179,8 +180,8 @@ func TestWriteFailsOver(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	cl := newClient(t, c, client.Options{})
 	ctx := context.Background()
-	for _, strategy := range []metaapi.Strategy{metaapi.StrategyRing, metaapi.StrategyTree, metaapi.StrategyFlat} {
-		dir := "/" + string(strategy)
+	for _, strategy := range []plan.Plan{{Strategy: plan.Ring}, {Strategy: plan.Tree}, {Strategy: plan.Flat}} {
+		dir := "/" + strategy.String()
 		if err := cl.MkdirAll(ctx, dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -191,8 +192,8 @@ func TestWriteFailsOver(t *testing.T) {
 	// One file per strategy, every chunk on node 0's... any three nodes.
 	rng := rand.New(rand.NewPCG(3, 3))
 	data := map[string][]byte{}
-	for _, strategy := range []metaapi.Strategy{metaapi.StrategyRing, metaapi.StrategyTree, metaapi.StrategyFlat} {
-		p := "/" + string(strategy) + "/f"
+	for _, strategy := range []plan.Plan{{Strategy: plan.Ring}, {Strategy: plan.Tree}, {Strategy: plan.Flat}} {
+		p := "/" + strategy.String() + "/f"
 		data[p] = randBytes(rng, 2*testChunk)
 		if _, err := cl.Put(ctx, p, bytes.NewReader(data[p]), 0o644); err != nil {
 			t.Fatal(err)

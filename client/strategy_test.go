@@ -14,6 +14,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -25,7 +26,7 @@ func TestEveryStrategy(t *testing.T) {
 	cl := newClient(t, c, client.Options{WriteMsg: 300 << 10})
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(7, 7))
-	for _, s := range metaapi.Strategies {
+	for _, s := range plan.Replicated() {
 		for _, k := range []int{2, 3, 4} {
 			dir := fmt.Sprintf("/%s-%d", s, k)
 			if err := cl.Mkdir(ctx, dir, 0o755); err != nil {
@@ -62,8 +63,8 @@ func TestStrategiesUnderConcurrentWriters(t *testing.T) {
 	c := startCluster(t, 4)
 	ctx := context.Background()
 	setup := newClient(t, c, client.Options{})
-	for _, s := range []metaapi.Strategy{metaapi.StrategyTree, metaapi.StrategyFlat, metaapi.StrategyHostRing, metaapi.StrategyHostTree} {
-		dir := "/cw-" + string(s)
+	for _, s := range []plan.Plan{{Strategy: plan.Tree}, {Strategy: plan.Flat}, {Strategy: plan.Ring, Mode: plan.Host}, {Strategy: plan.Tree, Mode: plan.Host}} {
+		dir := "/cw-" + s.String()
 		setup.Mkdir(ctx, dir, 0o755)
 		if err := setup.SetPolicy(ctx, dir, metaapi.Policy{Replicas: 4, Strategy: s}); err != nil {
 			t.Fatal(err)
@@ -104,7 +105,7 @@ func TestAuthProtocols(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(8, 8))
 	for _, p := range []string{client.ProtoStream, client.ProtoRPC, client.ProtoRPCPull} {
-		cl := newClient(t, c, client.Options{Protocol: p, WriteMsg: 400 << 10})
+		cl := newBenchClient(t, c, client.Options{WriteMsg: 400 << 10}, client.BenchOptions{Protocol: p})
 		for _, n := range []int{0, 1, 4096, 3*testChunk + 17} {
 			data := randBytes(rng, n)
 			path := fmt.Sprintf("/%s-%d", p, n)
@@ -117,14 +118,14 @@ func TestAuthProtocols(t *testing.T) {
 			}
 		}
 	}
-	raw := newClient(t, c, client.Options{Protocol: client.ProtoRaw})
+	raw := newBenchClient(t, c, client.Options{}, client.BenchOptions{Protocol: client.ProtoRaw})
 	_, err := raw.Put(ctx, "/raw", bytes.NewReader([]byte("unauthenticated")), 0o644)
 	if s, ok := statusOfErr(err); !ok || s != wire.StatusAuth || !strings.Contains(err.Error(), "raw") {
 		t.Fatalf("raw write on a normal node: %v", err)
 	}
 	// A protocol meant for one replica is refused for more.
 	c3 := startCluster(t, 3)
-	cl3 := newClient(t, c3, client.Options{Protocol: client.ProtoRPC})
+	cl3 := newBenchClient(t, c3, client.Options{}, client.BenchOptions{Protocol: client.ProtoRPC})
 	if _, err := cl3.Put(ctx, "/x", bytes.NewReader([]byte("x")), 0o644); err == nil || !strings.Contains(err.Error(), "single-replica") {
 		t.Fatalf("rpc protocol with 3 replicas: %v", err)
 	}
@@ -136,7 +137,7 @@ func TestRawWritesWhenAllowed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cl := newClient(t, c, client.Options{Protocol: client.ProtoRaw})
+	cl := newBenchClient(t, c, client.Options{}, client.BenchOptions{Protocol: client.ProtoRaw})
 	data := randBytes(rand.New(rand.NewPCG(9, 9)), 2*testChunk+3)
 	if _, err := cl.Put(context.Background(), "/raw", bytes.NewReader(data), 0o644); err != nil {
 		t.Fatal(err)
@@ -165,7 +166,7 @@ func TestTreeRetryAfterBusySibling(t *testing.T) {
 	c := startCluster(t, 3)
 	cl := newClient(t, c, client.Options{})
 	ctx := context.Background()
-	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyTree}); err != nil {
+	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Tree}}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := cl.Create(ctx, "/t", 0o644)

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 func (a *app) policyCmd() *cobra.Command {
@@ -47,7 +48,11 @@ the rest). Existing files keep the policy they were created with.`,
 			case fl.Changed("cell"):
 				return fmt.Errorf("--cell goes with --ec")
 			case fl.Changed("replicas"):
-				pol = metaapi.Policy{Replicas: replicas, Strategy: metaapi.Strategy(strategy)}
+				p, err := plan.Parse(strategy)
+				if err != nil {
+					return err
+				}
+				pol = metaapi.Policy{Replicas: replicas, Strategy: p}
 			default:
 				return fmt.Errorf("--replicas is required (or --ec K+M for an erasure code)")
 			}
@@ -77,7 +82,7 @@ the rest). Existing files keep the policy they were created with.`,
 		},
 	}
 	set.Flags().IntVar(&replicas, "replicas", 0, "number of copies of each chunk")
-	set.Flags().StringVar(&strategy, "strategy", string(metaapi.StrategyRing), "replication strategy: ring, tree, flat, host-ring or host-tree")
+	set.Flags().StringVar(&strategy, "strategy", plan.Default.String(), "replication strategy: "+strings.Join(plan.Names(), ", "))
 	set.Flags().StringVar(&ec, "ec", "", "erasure code K+M: K data and M parity units per stripe (e.g. 4+2, 6+3, 10+4)")
 	set.Flags().Int64Var(&cell, "cell", metaapi.DefaultECCell, "erasure code: bytes of each stripe on each unit (a multiple of 512)")
 	get := &cobra.Command{

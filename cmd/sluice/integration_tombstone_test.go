@@ -18,6 +18,7 @@ import (
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -128,7 +129,7 @@ func TestReplayedWriteAfterRemove(t *testing.T) {
 	evil := randomBytes(t, 64<<10)
 	replay := func(id uint64) (wire.Reply, string) {
 		t.Helper()
-		h, err := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: l.Chunk, Len: uint64(len(evil)), WriteID: id, Cap: l.Cap}, addrs)
+		h, err := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: l.Chunk, Len: uint64(len(evil)), WriteID: id, Cap: l.Cap}, addrs)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -76,14 +76,6 @@ func ParseLink(s string) (LinkSpec, error) {
 	return l, nil
 }
 
-func (l LinkSpec) link() *fabric.Link {
-	if l.None() {
-		return nil
-	}
-	lk, _ := fabric.NewLink(l.Rate, l.Delay)
-	return lk
-}
-
 // Config configures a bench run.
 type Config struct {
 	Exe    string // the sluice binary clusters are started from
@@ -261,7 +253,7 @@ func (r *runner) onClusters(ctx context.Context, links []LinkSpec, n int, extra 
 
 // newClient connects to c through a link like the nodes'.
 func (r *runner) newClient(c *procCluster, l LinkSpec, protocol string) (*client.Client, error) {
-	return client.New(client.Options{Conf: c.conf, Link: l.link(), Protocol: protocol, MTU: r.cfg.MTU})
+	return client.NewBench(client.Options{Conf: c.conf, MTU: r.cfg.MTU}, client.BenchOptions{Protocol: protocol, LinkRate: l.Rate, LinkDelay: l.Delay})
 }
 
 // prepare makes a directory with a policy.

@@ -100,7 +100,7 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 	err := r.onClusters(ctx, r.links(true), nodes, nil, func(c *procCluster, l LinkSpec) error {
 		clients := map[string]*client.Client{}
 		for _, mode := range ecModes {
-			cl, err := client.New(client.Options{Conf: c.conf, Link: l.link(), MTU: r.cfg.MTU, ECMode: mode})
+			cl, err := client.NewBench(client.Options{Conf: c.conf, MTU: r.cfg.MTU}, client.BenchOptions{ECMode: mode, LinkRate: l.Rate, LinkDelay: l.Delay})
 			if err != nil {
 				return err
 			}

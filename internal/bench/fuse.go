@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // The fuse experiment (issue 5): fio through a real mount against the
@@ -85,7 +86,7 @@ func (r *runner) fuseCluster(ctx context.Context, k int, sz fuseSizes, add func(
 	}
 	defer cl.Close()
 	dir := fmt.Sprintf("/r%d", k)
-	if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: k, Strategy: metaapi.StrategyRing}); err != nil {
+	if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: k, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 		return err
 	}
 	mnt := filepath.Join(c.dir, "mnt")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // nfsBench: seed 001 §7 — sequential reads of one large file, held in
@@ -44,7 +45,7 @@ func nfsBench(ctx context.Context, r *runner) error {
 		return err
 	}
 	defer cl.Close()
-	if err := prepare(ctx, cl, "/nfs", metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
+	if err := prepare(ctx, cl, "/nfs", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 		return err
 	}
 	if _, err := cl.Put(ctx, "/nfs/f", bytes.NewReader(randomData(size)), 0o644); err != nil {

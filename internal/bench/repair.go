@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // The repair experiment (issue 6): lose one node holding a share of N
@@ -46,7 +47,7 @@ func repairBench(ctx context.Context, r *runner) error {
 		name string
 		p    metaapi.Policy
 	}{
-		{"replicas-3", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing}},
+		{"replicas-3", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}},
 		{"rs-4+2", metaapi.Policy{EC: &metaapi.ErasureCode{Data: 4, Parity: 2, Cell: metaapi.DefaultECCell}}},
 	} {
 		for _, run := range []struct {

@@ -29,6 +29,7 @@ import (
 	"github.com/sluicefs/sluice/internal/launch"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // Options configure a run.
@@ -198,7 +199,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	for _, d := range []struct {
 		p   string
 		pol metaapi.Policy
-	}{{"/r", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing}}, {"/e", metaapi.Policy{EC: &metaapi.ErasureCode{Data: 3, Parity: 2, Cell: 64 << 10}}}} {
+	}{{"/r", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}}, {"/e", metaapi.Policy{EC: &metaapi.ErasureCode{Data: 3, Parity: 2, Cell: 64 << 10}}}} {
 		if err := cl.MkdirAll(ctx, d.p, 0o755); err != nil {
 			return Report{}, err
 		}
