@@ -139,9 +139,9 @@ const (
 func (f Fanout) String() string {
 	switch f {
 	case FanoutNodes:
-		return "chained"
+		return "node-replicated"
 	case FanoutClient:
-		return "flat"
+		return "client-replicated"
 	case FanoutEC:
 		return "erasure-coded"
 	}
