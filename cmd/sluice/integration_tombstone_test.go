@@ -13,12 +13,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -173,12 +173,12 @@ func TestRemoveWhileWriting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writer, err := client.New(client.Options{Conf: conf})
+	writer, err := sdk.New(sdk.Options{Conf: conf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer writer.Close()
-	remover, err := client.New(client.Options{Conf: conf})
+	remover, err := sdk.New(sdk.Options{Conf: conf})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,18 +5,18 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // writeLatency: seed 000 Fig. 6 — write latency of a single-replica write
 // by authentication protocol.
 func writeLatency(ctx context.Context, r *runner) error {
 	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
-	protos := []string{client.ProtoRaw, client.ProtoStream, client.ProtoRPC, client.ProtoRPCPull}
+	protos := []string{sdk.ProtoRaw, sdk.ProtoStream, sdk.ProtoRPC, sdk.ProtoRPCPull}
 	return r.onClusters(ctx, r.links(false), 1, []string{"--bench-allow-raw"}, func(c *procCluster, l LinkSpec) error {
-		clients := map[string]*client.Client{}
+		clients := map[string]*sdk.Client{}
 		for _, proto := range protos {
 			cl, err := r.newClient(c, l, proto)
 			if err != nil {
@@ -25,7 +25,7 @@ func writeLatency(ctx context.Context, r *runner) error {
 			defer cl.Close()
 			clients[proto] = cl
 		}
-		if err := prepare(ctx, clients[client.ProtoStream], "/wl", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
+		if err := prepare(ctx, clients[sdk.ProtoStream], "/wl", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 			return err
 		}
 		for _, size := range sizes {

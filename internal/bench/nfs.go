@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // nfsBench: seed 001 §7 — sequential reads of one large file, held in
@@ -40,7 +40,7 @@ func nfsBench(ctx context.Context, r *runner) error {
 		return err
 	}
 	defer c.Close()
-	cl, err := client.New(client.Options{Conf: c.conf})
+	cl, err := sdk.New(sdk.Options{Conf: c.conf})
 	if err != nil {
 		return err
 	}
