@@ -1,5 +1,6 @@
-// Package client is the Sluice SDK every front end uses (the CLI, the
-// FUSE mount, the NFS gateway). It resolves paths and asks meta for
+// Package sdk is the Sluice SDK every front end uses (the CLI, the FUSE
+// mount, the NFS gateway); package client is its public face for
+// programs outside the module. It resolves paths and asks meta for
 // layouts and capabilities (cached until they expire), then talks to
 // storage nodes directly over the fabric: writes stream to the first
 // replica of each chunk, which forwards every packet down the ring as it
@@ -8,11 +9,9 @@
 // checksums, and fail over to another replica when one is down, stale or
 // returns a bad checksum. Nothing unverified is ever returned.
 //
-// A program outside this module connects with NewFromFile and the
-// client.conf `sluice` writes, then uses Put, Get, Open, ReadAt and
-// WriteAt; examples/sdk is one. The methods that take internal types
-// (inode numbers, layouts, node ids) serve this module's front ends and
-// tools.
+// Besides the calls by path, it has the inode-level calls the FUSE mount
+// and the NFS gateway name things by, and the administrative ones the
+// sluice command uses (drain, check, join tokens).
 package sdk
 
 import (
