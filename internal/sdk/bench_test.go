@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 const benchBytes = 256 << 20

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // chunkFiles returns node i's chunk files.

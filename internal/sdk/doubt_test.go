@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )

@@ -8,10 +8,10 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // TestECPutFromFile: a mapped 24 MiB file, 16 MiB messages of whole stripes.

@@ -8,12 +8,12 @@ import (
 
 	"github.com/klauspost/reedsolomon"
 
-	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
 	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 

@@ -14,11 +14,11 @@ import (
 
 	"github.com/klauspost/reedsolomon"
 
-	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // ecDir makes dir erasure-coded RS(k, m) with the given cell.

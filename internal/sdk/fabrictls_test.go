@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 func startTLSCluster(tb testing.TB, fabricTLS bool, chunk int64) *cluster.Cluster {

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // TestWriteAfterTruncateElsewhere: a client writing through a layout
