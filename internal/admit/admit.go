@@ -26,9 +26,15 @@ type Chunk struct {
 	Version uint64      // the committed version; 0: no copy
 	Tag     uint64      // the tag of the write that made Version (0: none)
 	Fence   uint64      // the lowest epoch a write must be planned on (Tombstone: none)
-	Doubt   *Doubt      // the head's unresolved write, if any
-	Write   *Write      // the open write, if any (a chunk has at most one)
+	Doubt   Doubt       // the head's unresolved write, if InDoubt
+	InDoubt bool
+	Write   Write // the open write, if Open (a chunk has at most one)
+	Open    bool
 }
+
+// Values with presence flags, not pointers: a Chunk passed to and
+// returned from Step stays on the caller's stack (the per-write path
+// allocates nothing for admission).
 
 // Write is the open write of a chunk, as admitted.
 type Write struct {
@@ -117,16 +123,14 @@ func Step(c Chunk, ev Event) (Chunk, Decision) {
 	case BeginFollow:
 		return beginFollow(c, ev)
 	case Plan:
-		if c.Write == nil {
+		if !c.Open {
 			return c, refuse(ErrRange, "no write is open")
 		}
 		if err := c.CheckFence(ev.Epoch); err != nil {
 			return c, Decision{Err: err}
 		}
-		w := *c.Write
-		w.Epoch = ev.Epoch
-		c.Write = &w
-		return c, Decision{Version: w.Version, Base: w.Base}
+		c.Write.Epoch = ev.Epoch
+		return c, Decision{Version: c.Write.Version, Base: c.Write.Base}
 	case Commit:
 		return commit(c)
 	case Abort:
@@ -143,25 +147,27 @@ func Step(c Chunk, ev Event) (Chunk, Decision) {
 	case Drop:
 		return drop(c, ev)
 	case Collect:
-		if c.Write != nil {
+		if c.Open {
 			return c, Decision{Err: fmt.Errorf("a write is open: %w", ErrBusy)}
 		}
 		if c.Fence != Tombstone && c.Fence > ev.Epoch {
 			return c, Decision{} // meta placed a member here after it judged
 		}
-		c.Version, c.Tag, c.Doubt = 0, 0, nil
+		c.Version, c.Tag, c.Doubt, c.InDoubt = 0, 0, Doubt{}, false
 		return c, Decision{Delete: true}
 	case Resolve:
-		if c.Write != nil {
+		if c.Open {
 			return c, Decision{Err: fmt.Errorf("a write is open: %w", ErrBusy)}
 		}
-		if c.Doubt == nil || c.Version != ev.Version {
+		if !c.InDoubt || c.Version != ev.Version {
 			return c, Decision{}
 		}
-		c.Doubt = nil
+		c.Doubt, c.InDoubt = Doubt{}, false
 		return c, Decision{ClearDoubt: true}
 	}
-	return c, refuse(ErrRange, fmt.Sprintf("unknown event %T", ev))
+	// No %T of ev here: formatting it would make every caller's event
+	// escape to the heap.
+	return c, refuse(ErrRange, "unknown event")
 }
 
 func refuse(kind error, msg string) Decision { return Decision{Err: &refusal{msg: msg, kind: kind}} }
@@ -210,20 +216,20 @@ func busyOpen() Decision {
 // decides otherwise or refuses the write.
 func beginHead(c Chunk, ev BeginHead) (Chunk, Decision) {
 	switch {
-	case c.Write != nil:
+	case c.Open:
 		return c, busyOpen()
 	case c.Fence == Tombstone:
 		return c, Decision{Err: c.errDeleted()}
 	}
-	w := &Write{Version: c.Version + 1, Base: c.Version, Head: true, Tag: ev.Tag, Off: ev.Off, End: ev.End}
-	if c.Doubt != nil {
+	w := Write{Version: c.Version + 1, Base: c.Version, Head: true, Tag: ev.Tag, Off: ev.Off, End: ev.End}
+	if c.InDoubt {
 		v, err := c.Doubt.admit(ev.Off, ev.End, ev.Tag)
 		if err != nil {
 			return c, Decision{Err: err}
 		}
 		w.Version, w.Resolves = v, true
 	}
-	c.Write = w
+	c.Write, c.Open = w, true
 	return c, Decision{Version: w.Version, Base: w.Base}
 }
 
@@ -233,7 +239,7 @@ func beginFollow(c Chunk, ev BeginFollow) (Chunk, Decision) {
 		return c, Decision{Err: err}
 	}
 	switch {
-	case c.Write != nil:
+	case c.Open:
 		return c, busyOpen()
 	case c.Fence == Tombstone:
 		return c, Decision{Err: c.errDeleted()}
@@ -244,14 +250,14 @@ func beginFollow(c Chunk, ev BeginFollow) (Chunk, Decision) {
 	case c.Version < ev.Base || c.Version >= ev.Version:
 		return c, Decision{Err: fmt.Errorf("chunk is at version %d, write %d needs %d to %d: %w", c.Version, ev.Version, ev.Base, ev.Version-1, ErrStale)}
 	}
-	c.Write = &Write{Version: ev.Version, Base: ev.Base, Tag: ev.Tag}
+	c.Write, c.Open = Write{Version: ev.Version, Base: ev.Base, Tag: ev.Tag}, true
 	return c, Decision{Version: ev.Version, Base: ev.Base}
 }
 
 // commit publishes the open write unless a fence came since it was
 // planned; a write that retries or covers the doubt resolves it.
 func commit(c Chunk) (Chunk, Decision) {
-	if c.Write == nil {
+	if !c.Open {
 		return c, refuse(ErrRange, "no write is open")
 	}
 	if err := c.CheckFence(c.Write.Epoch); err != nil {
@@ -259,9 +265,9 @@ func commit(c Chunk) (Chunk, Decision) {
 	}
 	var d Decision
 	if c.Write.Resolves {
-		c.Doubt, d.ClearDoubt = nil, true
+		c.Doubt, c.InDoubt, d.ClearDoubt = Doubt{}, false, true
 	}
-	c.Version, c.Tag, c.Write = c.Write.Version, c.Write.Tag, nil
+	c.Version, c.Tag, c.Write, c.Open = c.Write.Version, c.Write.Tag, Write{}, false
 	return c, d
 }
 
@@ -269,17 +275,17 @@ func commit(c Chunk) (Chunk, Decision) {
 // Only a head write can be in doubt: a follower's abort is plain.
 func abort(c Chunk, ev Abort) (Chunk, Decision) {
 	w := c.Write
-	if w == nil {
+	if !c.Open {
 		return c, Decision{}
 	}
-	c.Write = nil
+	c.Write, c.Open = Write{}, false
 	if !ev.InDoubt {
 		return c, Decision{}
 	}
 	if !w.Head {
 		return c, refuse(ErrRange, "not a head write")
 	}
-	c.Doubt = &Doubt{Base: w.Base, Version: w.Version, Tag: w.Tag, Off: w.Off, End: w.End}
+	c.Doubt, c.InDoubt = Doubt{Base: w.Base, Version: w.Version, Tag: w.Tag, Off: w.Off, End: w.End}, true
 	return c, Decision{SaveDoubt: true}
 }
 
@@ -288,7 +294,7 @@ func abort(c Chunk, ev Abort) (Chunk, Decision) {
 func drop(c Chunk, ev Drop) (Chunk, Decision) {
 	var d Decision
 	switch {
-	case c.Write != nil:
+	case c.Open:
 		return c, Decision{Err: fmt.Errorf("a write is open: %w", ErrBusy)}
 	case c.Fence == Tombstone:
 		return c, Decision{Err: c.errDeleted()}
@@ -301,6 +307,6 @@ func drop(c Chunk, ev Drop) (Chunk, Decision) {
 		d.Err = fmt.Errorf("at version %d, the drop was planned at %d: %w", c.Version, ev.Version, ErrStale)
 		return c, d
 	}
-	c.Version, c.Tag, c.Doubt, d.Delete = 0, 0, nil, true
+	c.Version, c.Tag, c.Doubt, c.InDoubt, d.Delete = 0, 0, Doubt{}, false, true
 	return c, d
 }

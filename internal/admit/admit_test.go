@@ -51,9 +51,9 @@ func TestStep(t *testing.T) {
 					c.Fence = Tombstone
 				}
 				if d.HasArg("doubt") {
-					var dbt Doubt
+					dbt := &c.Doubt
 					d.ScanArgs(t, "doubt", &dbt.Base, &dbt.Version, &dbt.Tag, &dbt.Off, &dbt.End)
-					c.Doubt = &dbt
+					c.InDoubt = true
 				}
 				return show(*c)
 			case "applied":
@@ -160,10 +160,10 @@ func show(c Chunk) string {
 	default:
 		fmt.Fprintf(&b, " fence=%d", c.Fence)
 	}
-	if d := c.Doubt; d != nil {
+	if d := c.Doubt; c.InDoubt {
 		fmt.Fprintf(&b, " doubt=(base=%d version=%d tag=%d [%d,%d))", d.Base, d.Version, d.Tag, d.Off, d.End)
 	}
-	if w := c.Write; w != nil {
+	if w := c.Write; c.Open {
 		fmt.Fprintf(&b, " write=(version=%d base=%d", w.Version, w.Base)
 		if w.Head {
 			fmt.Fprintf(&b, " head tag=%d [%d,%d)", w.Tag, w.Off, w.End)

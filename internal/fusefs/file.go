@@ -11,9 +11,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // openFile is a regular file open through this mount, shared by all its
@@ -27,11 +27,11 @@ type openFile struct {
 	orphan bool // its last name was removed while open, under fsys.mu
 
 	mu sync.Mutex
-	f  *client.File
+	f  *sdk.File
 	// b is f's write-behind and read-ahead (set with f): one full
 	// buffer may be on its way while the next fills, so the program's
 	// copying overlaps the network.
-	b *client.Buffered
+	b *sdk.Buffered
 }
 
 // handle is one open(2) of a regular file.
@@ -157,7 +157,7 @@ func (f *FS) openLocked(ctx context.Context, of *openFile, name string, flags ui
 		if err != nil {
 			return f.errno("open", err)
 		}
-		of.f, of.b = cf, client.NewBuffered(cf, f.bufOpts)
+		of.f, of.b = cf, sdk.NewBuffered(cf, f.bufOpts)
 	} else if end, _ := of.b.Buffered(); end < 0 || a.Size > of.f.Attr().Size {
 		of.f.SetAttr(a)
 	}

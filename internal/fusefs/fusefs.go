@@ -29,9 +29,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // Options configure a mount.
@@ -79,7 +79,7 @@ func (o *Options) defaults() {
 
 // FS is one mount's state.
 type FS struct {
-	cl   *client.Client
+	cl   *sdk.Client
 	opts Options
 
 	mu    sync.Mutex
@@ -90,9 +90,9 @@ type FS struct {
 	dirs   dirAttrs // directories this mount just changed
 	locks  *locks
 
-	// bufOpts configure each open file's client.Buffered; their Budget
+	// bufOpts configure each open file's sdk.Buffered; their Budget
 	// bounds the memory of every file's write-behind and read-ahead.
-	bufOpts client.BufferOptions
+	bufOpts sdk.BufferOptions
 
 	// killWrites holds the cancel channels of WRITEs that drop the
 	// file's privileges (see privRaw).
@@ -104,7 +104,7 @@ type FS struct {
 }
 
 // bufferFiles is how many write buffers' worth of memory the mount's
-// open files share (see client.Budget).
+// open files share (see sdk.Budget).
 const bufferFiles = 16
 
 // Server is a running mount.
@@ -123,7 +123,7 @@ func (s *Server) Wait() {
 // Mount mounts the cluster cl reaches at dir and serves it until Unmount
 // (or `sluice umount`). The root's attributes are read first, so that an
 // unreachable cluster fails here rather than in the first program.
-func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*Server, error) {
+func Mount(ctx context.Context, cl *sdk.Client, dir string, opts Options) (*Server, error) {
 	opts.defaults()
 	root, err := cl.Stat(ctx, "/")
 	if err != nil {
@@ -131,8 +131,8 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*S
 	}
 	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{}),
 		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}, locks: newLocks()}
-	f.bufOpts = client.BufferOptions{WriteBuffer: opts.WriteBuffer, OpTimeout: opts.OpTimeout,
-		Budget: client.NewBudget(bufferFiles * int64(opts.WriteBuffer)),
+	f.bufOpts = sdk.BufferOptions{WriteBuffer: opts.WriteBuffer, OpTimeout: opts.OpTimeout,
+		Budget: sdk.NewBudget(bufferFiles * int64(opts.WriteBuffer)),
 		OnLost: func(err error) {
 			opts.Logger.Warn("fuse: a buffered write failed (reported at the next write, fsync or close)", "err", err)
 		}}
@@ -196,7 +196,7 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*S
 // and the operation timeout.
 func (f *FS) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	if c, ok := fuse.FromContext(ctx); ok {
-		ctx = client.WithWho(ctx, metaapi.Who{UID: c.Uid, GID: c.Gid, GIDs: f.groups.of(c.Pid)})
+		ctx = sdk.WithWho(ctx, metaapi.Who{UID: c.Uid, GID: c.Gid, GIDs: f.groups.of(c.Pid)})
 	}
 	// The kernel interrupts a request when its process gets a signal —
 	// for Go programs, constantly (preemption). An operation half done

@@ -45,13 +45,13 @@ type blockVer struct{ size, mtime, ctime int64 }
 
 func verOf(a *metaapi.Attr) blockVer { return blockVer{a.Size, a.Mtime, a.Ctime} }
 
-// filler reads a file's data (a *client.File).
+// filler reads a file's data (a *sdk.File).
 type filler interface {
 	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
 }
 
 // blockReader is a filler that can hand over a block it read ahead
-// (client.Buffered.ReadBlock): the cache keeps that memory instead of
+// (sdk.Buffered.ReadBlock): the cache keeps that memory instead of
 // copying it.
 type blockReader interface {
 	ReadBlock(ctx context.Context, off int64, into []byte) ([]byte, error)

@@ -9,16 +9,16 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // Options configure a Gateway.
 type Options struct {
-	Client *client.Client
+	Client *sdk.Client
 	Logger *slog.Logger
 	// AttrTTL is how long the gateway trusts a file's attributes (size,
 	// for READ's end of file) before asking meta again; other clients'
@@ -35,7 +35,7 @@ type Options struct {
 	// machine only, root squashed, from reserved ports.
 	Exports []nfsexport.Export
 	// BufferBytes bounds the memory of write-behind and read-ahead
-	// (client.Buffered) over every file: 0 is 256 MiB, negative none of
+	// (sdk.Buffered) over every file: 0 is 256 MiB, negative none of
 	// either (every WRITE written through, FILE_SYNC).
 	BufferBytes int64
 	// HandleKey MACs file handles, so that no client can make the
@@ -47,7 +47,7 @@ type Options struct {
 
 // Gateway serves the cluster's namespace over NFSv3.
 type Gateway struct {
-	cl  *client.Client
+	cl  *sdk.Client
 	log *slog.Logger
 	ttl time.Duration
 	// verf is the write verifier (RFC 1813 §3.3.7): new at every start,
@@ -56,7 +56,7 @@ type Gateway struct {
 	verfMu sync.Mutex
 	verf   [8]byte
 
-	bufOpts client.BufferOptions // for each file's write-behind and read-ahead
+	bufOpts sdk.BufferOptions // for each file's write-behind and read-ahead
 
 	filesMu sync.Mutex
 	files   map[ids.Ino]*openFile
@@ -81,8 +81,8 @@ type Gateway struct {
 // sequential read costs no meta call per request, with its write-behind
 // and read-ahead (kept across the stateless RPCs, per file).
 type openFile struct {
-	f  *client.File
-	b  *client.Buffered
+	f  *sdk.File
+	b  *sdk.Buffered
 	at time.Time // when its attributes were fetched
 }
 
@@ -136,7 +136,7 @@ func New(opts Options) (*Gateway, error) {
 		g.cache = newBlockCache(opts.CacheBytes)
 	}
 	g.bufs.New = func() any { b := make([]byte, MaxData); return &b }
-	g.bufOpts = client.BufferOptions{Sequential: 1, IdleFlush: idleFlush, OnLost: g.lost}
+	g.bufOpts = sdk.BufferOptions{Sequential: 1, IdleFlush: idleFlush, OnLost: g.lost}
 	if g.cache != nil {
 		// Read ahead in the cache's blocks, from its spare buffers, so
 		// that a block read ahead becomes a cache block without a copy.
@@ -146,9 +146,9 @@ func New(opts Options) (*Gateway, error) {
 	case opts.BufferBytes < 0:
 		g.bufOpts.WriteBuffer, g.bufOpts.ReadAhead = -1, -1
 	case opts.BufferBytes == 0:
-		g.bufOpts.Budget = client.NewBudget(defaultBufferBytes)
+		g.bufOpts.Budget = sdk.NewBudget(defaultBufferBytes)
 	default:
-		g.bufOpts.Budget = client.NewBudget(opts.BufferBytes)
+		g.bufOpts.Budget = sdk.NewBudget(opts.BufferBytes)
 	}
 	return g, nil
 }
@@ -239,7 +239,7 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	of = &openFile{f: f, b: client.NewBuffered(f, g.bufOpts), at: time.Now()}
+	of = &openFile{f: f, b: sdk.NewBuffered(f, g.bufOpts), at: time.Now()}
 	g.filesMu.Lock()
 	if cur := g.files[ino]; cur != nil { // another call opened it meanwhile
 		g.filesMu.Unlock()
@@ -323,7 +323,7 @@ func (g *Gateway) status(ctx context.Context) (metaapi.StatusResp, error) {
 // unprivileged caller is about to write, as a write(2) does (knfsd
 // writes as the caller, and the kernel drops them); the write's record
 // at meta then brings back the file's new mode.
-func (g *Gateway) killPrivs(ctx context.Context, f *client.File) Status {
+func (g *Gateway) killPrivs(ctx context.Context, f *sdk.File) Status {
 	a := f.Attr()
 	if accessOf(ctx).who.UID == 0 || metaapi.KillSuidgid(a.Type, a.Mode) == a.Mode {
 		return OK

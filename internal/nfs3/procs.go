@@ -423,7 +423,7 @@ func (g *Gateway) read(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {
 // at meta before the reply, which says FILE_SYNC whatever the client
 // asked (RFC 1813 allows committing more than asked). An UNSTABLE WRITE
 // that continues the previous one to the file is buffered (write-behind,
-// client.Buffered) and answered UNSTABLE: COMMIT, or a WRITE asking for
+// sdk.Buffered) and answered UNSTABLE: COMMIT, or a WRITE asking for
 // more, makes it durable; should a background send fail, the write
 // verifier changes and the client sends those writes again.
 func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool {

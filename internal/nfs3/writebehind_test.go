@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/nfs3"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -82,7 +82,7 @@ func TestWriteBehindCommit(t *testing.T) {
 	if st != nfs3.OK || !bytes.Equal(cv, verf) {
 		t.Fatalf("COMMIT: %d, verifier %x (WRITEs had %x)", st, cv, verf)
 	}
-	other, err := client.New(client.Options{Conf: e.conf})
+	other, err := sdk.New(sdk.Options{Conf: e.conf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestWriteBehindLostChangesVerifier(t *testing.T) {
 			t.Fatalf("sequential UNSTABLE WRITE at %d answered %d", off, committed)
 		}
 	}
-	other, err := client.New(client.Options{Conf: e.conf})
+	other, err := sdk.New(sdk.Options{Conf: e.conf})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,7 +116,7 @@ func (w *Write) AbortInDoubt() error {
 		w.Abort()
 		return fmt.Errorf("store: abort %v v%d in doubt: %w", w.id, w.version, dec.Err)
 	}
-	d := *next.Doubt
+	d := next.Doubt
 	w.s.doubts.set(w.id, d)
 	defer w.Abort()
 	if !w.s.gate.enter() {

@@ -90,10 +90,7 @@ func (fs *fences) remove(id ids.ChunkID) {
 // its decision (the chunk's write, or its commit lock).
 func (s *Store) view(id ids.ChunkID, version uint64) admit.Chunk {
 	c := admit.Chunk{ID: id, Version: version, Fence: s.fences.get(id).epoch}
-	if d, ok := s.doubts.get(id); ok {
-		dd := d // on the heap only when there is a doubt
-		c.Doubt = &dd
-	}
+	c.Doubt, c.InDoubt = s.doubts.get(id)
 	return c
 }
 

@@ -24,10 +24,9 @@ type Write struct {
 	old     Info   // committed state when the write began
 	newLen  int64  // length after commit: max(old.Length, end)
 
-	shown    admit.Write // what view last showed admission (see view)
-	off, end int64       // the write covers [off, end)
-	next     int64       // the next Place must start here
-	ovEnd    int64       // [off, ovEnd) overwrites committed bytes and is staged
+	off, end int64 // the write covers [off, end)
+	next     int64 // the next Place must start here
+	ovEnd    int64 // [off, ovEnd) overwrites committed bytes and is staged
 
 	f         *os.File // chunk file; nil for a zero-length write that changes nothing on disk
 	fileSize  int64    // size of the chunk file when opened (it may exceed the committed length)
@@ -108,7 +107,14 @@ func (s *Store) beginWrite(id ids.ChunkID, off, length int64, version, base, tag
 	}
 	c, ok := s.chunks.acquireWriter(id)
 	if !ok {
-		return nil, fmt.Errorf("store: begin write %v: another write is open: %w", id, ErrBusy)
+		// The writer lock is the chunk's open write: admission refuses
+		// a second one.
+		var ev admit.Event = admit.BeginFollow{Version: version, Base: base, Tag: tag}
+		if head {
+			ev = admit.BeginHead{Off: off, End: off + length, Tag: tag}
+		}
+		_, d := admit.Step(admit.Chunk{ID: id, Open: true}, ev)
+		return nil, fmt.Errorf("store: begin write %v: %w", id, d.Err)
 	}
 	w := &Write{s: s, id: id, c: c, off: off, end: off + length, next: off, tag: tag, head: head, base: base}
 	if err := w.begin(version); err != nil {
@@ -139,8 +145,8 @@ func (w *Write) begin(version uint64) error {
 	c := s.view(w.id, old.Version)
 	var ev admit.Event = admit.BeginFollow{Version: version, Base: w.base}
 	if w.head {
-		if d := c.Doubt; d != nil && d.Base != old.Version {
-			return fmt.Errorf("doubt record %+v for a chunk at version %d: %w", *d, old.Version, ErrCorrupt)
+		if d := c.Doubt; c.InDoubt && d.Base != old.Version {
+			return fmt.Errorf("doubt record %+v for a chunk at version %d: %w", d, old.Version, ErrCorrupt)
 		}
 		ev = admit.BeginHead{Off: w.off, End: w.end, Tag: w.tag}
 	}
@@ -263,10 +269,8 @@ func (w *Write) Planned(epoch uint64) error {
 // view describes the chunk with this write open, for admission.
 func (w *Write) view() admit.Chunk {
 	c := w.s.view(w.id, w.old.Version)
-	// In w, which is on the heap already: a view costs no allocation.
-	w.shown = admit.Write{Version: w.version, Base: w.base, Head: w.head, Epoch: w.epoch,
-		Tag: w.tag, Off: w.off, End: w.end, Resolves: w.doubt}
-	c.Write = &w.shown
+	c.Write, c.Open = admit.Write{Version: w.version, Base: w.base, Head: w.head, Epoch: w.epoch,
+		Tag: w.tag, Off: w.off, End: w.end, Resolves: w.doubt}, true
 	return c
 }
 
