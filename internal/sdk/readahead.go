@@ -185,8 +185,13 @@ func (ra *readAhead) lookup(b *Buffered, off, end int64) (use []*raBlock, limit 
 	if off == ra.next || inWindow {
 		ra.streak++
 	} else {
+		// Not sequential: read no further ahead. What was read ahead is
+		// kept if the read is near it (a kernel's reads arrive somewhat
+		// out of order); a jump drops it.
 		ra.streak = 0
-		ra.dropLocked(bud)
+		if n := len(ra.blocks); n > 0 && (off < ra.blocks[0].off-int64(b.opts.ReadAhead) || off >= ra.blocks[n-1].end()) {
+			ra.dropLocked(bud)
+		}
 	}
 	ra.next = end
 	if ra.idle == nil {
