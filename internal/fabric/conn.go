@@ -49,11 +49,11 @@ const maxBatch = 64
 // packets are written contiguously. It is safe for concurrent use.
 type Conn struct {
 	ep *Endpoint
-	nc net.Conn
+	st stream // the transport's (transport.go)
 	br *bufio.Reader
-	// tlsw coalesces a batch's small pieces (headers) into full TLS
-	// records; nil for plain TCP, where writev does that.
-	tlsw    *bufio.Writer
+	// direct is the stream's, if its transport reaches the peer's
+	// regions itself: one-sided operations then send no packets.
+	direct  directAccess
 	handler Handler
 	placer  Placer // the handler, if it places directly
 	quota   *quota
@@ -142,13 +142,12 @@ func (c *Conn) flushCtrl(d time.Duration) {
 // than exceed it at the peer, where it would be a fatal access error.
 const MaxReads = 8
 
-func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, peerIdle time.Duration, release func()) *Conn {
+func newConn(ep *Endpoint, st stream, h Handler, peerMTU, peerQuota int, peerIdle time.Duration, release func()) *Conn {
 	o := ep.opts
 	c := &Conn{
 		ep:         ep,
-		nc:         nc,
-		br:         bufio.NewReaderSize(nc, 8<<10),
-		tlsw:       tlsWriter(nc),
+		st:         st,
+		br:         bufio.NewReaderSize(st, 8<<10),
 		handler:    h,
 		quota:      newQuota(o.Quota, o.MTU),
 		sendMTU:    min(peerMTU, o.MTU),
@@ -168,6 +167,10 @@ func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, peerI
 		readerDone: make(chan struct{}),
 	}
 	c.placer, _ = h.(Placer)
+	c.direct, _ = st.(directAccess)
+	if b, ok := st.(connBinder); ok {
+		b.bind(c)
+	}
 	c.lastActive.Store(ep.clock.Load())
 	if o.Link != nil {
 		c.wire = &wire{}
@@ -213,7 +216,7 @@ func (c *Conn) active() {
 }
 
 // RemoteAddr is the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
+func (c *Conn) RemoteAddr() net.Addr { return c.st.RemoteAddr() }
 
 // Done is closed when the connection has failed or been closed.
 func (c *Conn) Done() <-chan struct{} { return c.done }
@@ -249,7 +252,7 @@ func (c *Conn) fail(err error) {
 		}
 		c.err = err
 		close(c.done)
-		c.nc.Close()
+		c.st.Close()
 		c.quota.close()
 		if c.wire != nil {
 			c.wire.close()

@@ -173,7 +173,7 @@ func TestMaxConnsPerHost(t *testing.T) {
 		if err != nil {
 			t.Skipf("cannot dial from %s: %v", ip, err)
 		}
-		c, err := cli.handshake(nc, newCollector(), nil)
+		c, err := cli.handshake(newNetStream(nc), newCollector(), nil)
 		if err != nil {
 			return nil, err
 		}
@@ -361,7 +361,7 @@ func TestPeerTimeoutSet(t *testing.T) {
 
 func userTimeout(t *testing.T, c *Conn) int {
 	t.Helper()
-	raw, err := c.nc.(*net.TCPConn).SyscallConn()
+	raw, err := c.st.(*netStream).Conn.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -360,7 +360,7 @@ func FuzzReceive(f *testing.F) {
 			bconn.Write(b)
 			bconn.Close()
 		}()
-		c, err := ep.handshake(a, col, nil)
+		c, err := ep.handshake(newNetStream(a), col, nil)
 		if err == nil {
 			<-col.closed
 			c.Wait()

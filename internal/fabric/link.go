@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -218,11 +217,10 @@ func (c *Conn) sendNowIfDue(due time.Time, parts [][]byte) (bool, error) {
 	// last set is never earlier than c.deadline.)
 	if now := time.Now(); c.deadline.Sub(now) < c.ep.opts.WriteTimeout/2 {
 		c.deadline = now.Add(c.ep.opts.WriteTimeout)
-		c.nc.SetWriteDeadline(c.deadline)
+		c.st.SetWriteDeadline(c.deadline)
 	}
-	bufs := net.Buffers(parts)
-	if _, err := bufs.WriteTo(c.nc); err != nil {
-		return true, fmt.Errorf("fabric: sending to %s: %w", c.nc.RemoteAddr(), err)
+	if err := c.st.writev(parts); err != nil {
+		return true, fmt.Errorf("fabric: sending to %s: %w", c.st.RemoteAddr(), err)
 	}
 	return true, nil
 }
@@ -286,8 +284,8 @@ func (c *Conn) runWire() {
 		w.writing = true
 		w.mu.Unlock()
 		t.sleepUntil(it.due)
-		c.nc.SetWriteDeadline(time.Now().Add(c.ep.opts.WriteTimeout))
-		_, err := c.nc.Write(*it.buf)
+		c.st.SetWriteDeadline(time.Now().Add(c.ep.opts.WriteTimeout))
+		_, err := c.st.Write(*it.buf)
 		w.mu.Lock()
 		w.writing = false
 		w.bytes -= len(*it.buf)
@@ -295,7 +293,7 @@ func (c *Conn) runWire() {
 		w.mu.Unlock()
 		w.bufs.Put(it.buf)
 		if err != nil {
-			c.fail(fmt.Errorf("fabric: sending to %s: %w", c.nc.RemoteAddr(), err))
+			c.fail(fmt.Errorf("fabric: sending to %s: %w", c.st.RemoteAddr(), err))
 			return
 		}
 	}
