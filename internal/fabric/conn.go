@@ -49,10 +49,13 @@ const maxBatch = 64
 // packets are written contiguously. It is safe for concurrent use.
 type Conn struct {
 	ep *Endpoint
-	st stream // the transport's (transport.go)
+	nc net.Conn // the transport's (transport.go)
 	br *bufio.Reader
-	// direct is the stream's, if its transport reaches the peer's
-	// regions itself: one-sided operations then send no packets.
+	// tlsw coalesces a batch's small pieces (headers) into full TLS
+	// records; nil for plain TCP, where writev does that.
+	tlsw *bufio.Writer
+	// direct is the transport's, if it reaches the peer's regions
+	// itself: one-sided operations then send no packets.
 	direct  directAccess
 	handler Handler
 	placer  Placer // the handler, if it places directly
@@ -142,12 +145,14 @@ func (c *Conn) flushCtrl(d time.Duration) {
 // than exceed it at the peer, where it would be a fatal access error.
 const MaxReads = 8
 
-func newConn(ep *Endpoint, st stream, h Handler, peerMTU, peerQuota int, peerIdle time.Duration, release func()) *Conn {
+func newConn(ep *Endpoint, l link, h Handler, peerMTU, peerQuota int, peerIdle time.Duration, release func()) *Conn {
 	o := ep.opts
 	c := &Conn{
 		ep:         ep,
-		st:         st,
-		br:         bufio.NewReaderSize(st, 8<<10),
+		nc:         l.Conn,
+		br:         bufio.NewReaderSize(l.Conn, 8<<10),
+		tlsw:       tlsWriter(l.Conn),
+		direct:     l.direct,
 		handler:    h,
 		quota:      newQuota(o.Quota, o.MTU),
 		sendMTU:    min(peerMTU, o.MTU),
@@ -167,8 +172,7 @@ func newConn(ep *Endpoint, st stream, h Handler, peerMTU, peerQuota int, peerIdl
 		readerDone: make(chan struct{}),
 	}
 	c.placer, _ = h.(Placer)
-	c.direct, _ = st.(directAccess)
-	if b, ok := st.(connBinder); ok {
+	if b, ok := l.direct.(connBinder); ok {
 		b.bind(c)
 	}
 	c.lastActive.Store(ep.clock.Load())
@@ -216,7 +220,7 @@ func (c *Conn) active() {
 }
 
 // RemoteAddr is the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.st.RemoteAddr() }
+func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
 
 // Done is closed when the connection has failed or been closed.
 func (c *Conn) Done() <-chan struct{} { return c.done }
@@ -252,7 +256,7 @@ func (c *Conn) fail(err error) {
 		}
 		c.err = err
 		close(c.done)
-		c.st.Close()
+		c.nc.Close()
 		c.quota.close()
 		if c.wire != nil {
 			c.wire.close()

@@ -49,7 +49,9 @@ func (c *Conn) Write(ctx context.Context, key, off uint64, data []byte, signal b
 		if err := c.Err(); err != nil {
 			return err
 		}
-		return c.directOp(c.direct.writeRegion(ctx, key, off, data))
+		if err := c.direct.writeRegion(ctx, key, off, data); err != errNotDirect {
+			return c.directOp(err)
+		}
 	}
 	var o *op
 	var id uint64
@@ -110,7 +112,9 @@ func (c *Conn) Read(ctx context.Context, key, off uint64, dst []byte) error {
 		if err := c.Err(); err != nil {
 			return err
 		}
-		return c.directOp(c.direct.readRegion(ctx, key, off, dst))
+		if err := c.direct.readRegion(ctx, key, off, dst); err != errNotDirect {
+			return c.directOp(err)
+		}
 	}
 	select {
 	case c.readSlots <- struct{}{}:

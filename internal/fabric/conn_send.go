@@ -3,6 +3,7 @@ package fabric
 import (
 	"errors"
 	"fmt"
+	"net"
 	"time"
 )
 
@@ -145,13 +146,21 @@ func (c *Conn) flush() error {
 	}
 	if now := time.Now(); c.deadline.Sub(now) < c.ep.opts.WriteTimeout/2 {
 		c.deadline = now.Add(c.ep.opts.WriteTimeout)
-		c.st.SetWriteDeadline(c.deadline)
+		c.nc.SetWriteDeadline(c.deadline)
 	}
-	err := c.st.writev(c.iov)
+	bufs := net.Buffers(c.iov)
+	var err error
+	if c.tlsw != nil {
+		if _, err = bufs.WriteTo(c.tlsw); err == nil {
+			err = c.tlsw.Flush()
+		}
+	} else {
+		_, err = bufs.WriteTo(c.nc)
+	}
 	clear(c.iov) // drop references to caller memory
 	c.iov = c.iov[:0]
 	if err != nil {
-		err = fmt.Errorf("fabric: sending to %s: %w", c.st.RemoteAddr(), err)
+		err = fmt.Errorf("fabric: sending to %s: %w", c.nc.RemoteAddr(), err)
 		c.fail(err)
 	}
 	return err

@@ -277,7 +277,7 @@ func (e *Endpoint) acceptLoop(ln listener, h Handler) {
 	defer e.wg.Done()
 	var backoff time.Duration
 	for {
-		st, err := ln.accept()
+		l, err := ln.accept()
 		if err != nil {
 			e.mu.Lock()
 			closed := e.closed
@@ -295,16 +295,16 @@ func (e *Endpoint) acceptLoop(ln listener, h Handler) {
 			continue
 		}
 		backoff = 0
-		release, err := e.admit.Admit(st.RemoteAddr())
+		release, err := e.admit.Admit(l.RemoteAddr())
 		if err != nil {
-			connlimit.Log(e.opts.Logger, "fabric", st.RemoteAddr(), err)
-			st.Close()
+			connlimit.Log(e.opts.Logger, "fabric", l.RemoteAddr(), err)
+			l.Close()
 			continue
 		}
 		go func() {
-			if _, err := e.handshake(st, h, release); err != nil {
+			if _, err := e.handshake(l, h, release); err != nil {
 				release()
-				e.opts.Logger.Debug("fabric: handshake failed", "peer", st.RemoteAddr(), "err", err)
+				e.opts.Logger.Debug("fabric: handshake failed", "peer", l.RemoteAddr(), "err", err)
 			}
 		}()
 	}
@@ -313,11 +313,11 @@ func (e *Endpoint) acceptLoop(ln listener, h Handler) {
 // Dial connects to a peer endpoint; h receives the messages the peer
 // sends on this connection (typically replies).
 func (e *Endpoint) Dial(ctx context.Context, addr string, h Handler) (*Conn, error) {
-	st, err := e.tr.dial(ctx, addr)
+	l, err := e.tr.dial(ctx, addr)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: %w", err)
 	}
-	c, err := e.handshake(st, h, nil)
+	c, err := e.handshake(l, h, nil)
 	if err != nil {
 		if x, ok := e.tr.(interface{ explainHello(error) error }); ok {
 			err = x.explainHello(err)
@@ -337,7 +337,8 @@ var helloMagic = [4]byte{'S', 'L', 'F', 1}
 //
 // The hello is the magic, the MTU and receive quota, and the idle
 // timeout in milliseconds (0: none; earlier versions sent 0).
-func (e *Endpoint) handshake(nc stream, h Handler, release func()) (*Conn, error) {
+func (e *Endpoint) handshake(l link, h Handler, release func()) (*Conn, error) {
+	nc := l.Conn
 	var hello [helloSize]byte
 	copy(hello[:], helloMagic[:])
 	binary.LittleEndian.PutUint32(hello[4:], uint32(e.opts.MTU))
@@ -378,7 +379,7 @@ func (e *Endpoint) handshake(nc stream, h Handler, release func()) (*Conn, error
 	}
 	peerIdle := time.Duration(binary.LittleEndian.Uint32(peer[12:])) * time.Millisecond
 	e.readers.Add(1)
-	c := newConn(e, nc, h, mtu, pq, peerIdle, release)
+	c := newConn(e, l, h, mtu, pq, peerIdle, release)
 	e.conns[c] = struct{}{}
 	e.mu.Unlock()
 	return c, nil

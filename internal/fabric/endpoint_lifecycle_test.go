@@ -175,7 +175,7 @@ func TestMaxConnsPerHost(t *testing.T) {
 		if err != nil {
 			t.Skipf("cannot dial from %s: %v", ip, err)
 		}
-		c, err := cli.handshake(newNetStream(nc), newCollector(), nil)
+		c, err := cli.handshake(tcpLink(nc), newCollector(), nil)
 		if err != nil {
 			return nil, err
 		}
@@ -363,7 +363,7 @@ func TestPeerTimeoutSet(t *testing.T) {
 
 func userTimeout(t *testing.T, c *Conn) int {
 	t.Helper()
-	raw, err := c.st.(*netStream).Conn.(*net.TCPConn).SyscallConn()
+	raw, err := c.nc.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}

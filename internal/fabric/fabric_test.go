@@ -374,7 +374,7 @@ func FuzzReceive(f *testing.F) {
 			bconn.Write(b)
 			bconn.Close()
 		}()
-		c, err := ep.handshake(newNetStream(a), col, nil)
+		c, err := ep.handshake(link{Conn: a}, col, nil)
 		if err == nil {
 			<-col.closed
 			c.Wait()

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -217,10 +218,11 @@ func (c *Conn) sendNowIfDue(due time.Time, parts [][]byte) (bool, error) {
 	// last set is never earlier than c.deadline.)
 	if now := time.Now(); c.deadline.Sub(now) < c.ep.opts.WriteTimeout/2 {
 		c.deadline = now.Add(c.ep.opts.WriteTimeout)
-		c.st.SetWriteDeadline(c.deadline)
+		c.nc.SetWriteDeadline(c.deadline)
 	}
-	if err := c.st.writev(parts); err != nil {
-		return true, fmt.Errorf("fabric: sending to %s: %w", c.st.RemoteAddr(), err)
+	bufs := net.Buffers(parts)
+	if _, err := bufs.WriteTo(c.nc); err != nil {
+		return true, fmt.Errorf("fabric: sending to %s: %w", c.nc.RemoteAddr(), err)
 	}
 	return true, nil
 }
@@ -284,8 +286,8 @@ func (c *Conn) runWire() {
 		w.writing = true
 		w.mu.Unlock()
 		t.sleepUntil(it.due)
-		c.st.SetWriteDeadline(time.Now().Add(c.ep.opts.WriteTimeout))
-		_, err := c.st.Write(*it.buf)
+		c.nc.SetWriteDeadline(time.Now().Add(c.ep.opts.WriteTimeout))
+		_, err := c.nc.Write(*it.buf)
 		w.mu.Lock()
 		w.writing = false
 		w.bytes -= len(*it.buf)
@@ -293,7 +295,7 @@ func (c *Conn) runWire() {
 		w.mu.Unlock()
 		w.bufs.Put(it.buf)
 		if err != nil {
-			c.fail(fmt.Errorf("fabric: sending to %s: %w", c.st.RemoteAddr(), err))
+			c.fail(fmt.Errorf("fabric: sending to %s: %w", c.nc.RemoteAddr(), err))
 			return
 		}
 	}

@@ -2,9 +2,8 @@ package fabric
 
 import (
 	"context"
-	"io"
+	"errors"
 	"net"
-	"time"
 )
 
 // The transport seam. A Conn's semantics — packet framing and headers,
@@ -17,7 +16,7 @@ import (
 //   - how a connection is opened (dial) and accepted (listen), with what
 //     socket options and security (TCP: a net.Dialer, TCP_USER_TIMEOUT,
 //     TLS; shared memory: a unix socket to a same-host peer);
-//   - how the bytes of framed packets move (a stream);
+//   - what carries the bytes of the framed packets (a net.Conn);
 //   - optionally, how a one-sided operation reaches the target's region
 //     (directAccess): without it a Conn sends READ and WRITE packets that
 //     the target's reader serves; a transport that can reach the target's
@@ -30,54 +29,46 @@ import (
 // only Endpoint, Conn, Region and Packet.
 //
 // The interfaces are unexported: backends live in this package, and the
-// per-packet path stays one interface call per batch, with nothing boxed
-// per packet.
+// per-packet path is what it was, a writev on the connection's net.Conn,
+// with nothing boxed per packet.
 
-// transport opens streams.
+// transport opens connections.
 type transport interface {
 	// listen accepts connections at addr (host:port for TCP).
 	listen(addr string) (listener, error)
-	// dial opens a stream to the listener at addr, bounded by ctx and,
-	// for its connection set-up, by the endpoint's HandshakeTimeout.
-	dial(ctx context.Context, addr string) (stream, error)
+	// dial opens a connection to the listener at addr, bounded by ctx
+	// and, for its set-up, by the endpoint's HandshakeTimeout.
+	dial(ctx context.Context, addr string) (link, error)
 }
 
-// listener accepts streams.
+// listener accepts connections.
 type listener interface {
-	// accept returns the next stream; after close it returns an error
-	// wrapping net.ErrClosed. Other errors are transient (the endpoint
-	// retries with a backoff).
-	accept() (stream, error)
+	// accept returns the next connection; after close it returns an
+	// error wrapping net.ErrClosed. Other errors are transient (the
+	// endpoint retries with a backoff).
+	accept() (link, error)
 	addr() net.Addr
 	close() error
 }
 
-// stream is one connection's reliable, ordered, full-duplex byte stream
-// carrying framed packets (packet.go). Reads come from the connection's
-// reader goroutine only; writes are serialised by the connection.
-type stream interface {
-	io.Reader
-	// Write writes b whole (the hello, an emulated link's delivery).
-	io.Writer
-	// writev writes the batch of buffers whole and in order, as few
-	// system calls as the transport can: the per-batch send of every
-	// packet. It must not retain iov or its buffers after returning.
-	writev(iov [][]byte) error
-	// SetDeadline bounds the hello; SetWriteDeadline bounds sends (the
-	// endpoint's WriteTimeout) so a peer that stops reading fails the
-	// connection.
-	SetDeadline(t time.Time) error
-	SetWriteDeadline(t time.Time) error
-	// RemoteAddr names the peer (admission control counts inbound
-	// connections by its host).
-	RemoteAddr() net.Addr
-	// Close ends the stream; a blocked Read or Write returns.
-	Close() error
+// link is a connection a transport opened.
+//
+// Its bytes move on a net.Conn: a reliable, ordered, full-duplex stream
+// carrying the framed packets (TCP, TLS over TCP, a unix socket). The
+// Conn writes each batch of packets with net.Buffers.WriteTo, one writev
+// on a socket, exactly as before there was a seam: a stream interface of
+// our own would put a frame more on the send path, and a READ is served
+// on a goroutine of its own whose stack would then grow on every READ
+// (measured: +16% CPU per 4 KiB READ).
+type link struct {
+	net.Conn
+	// direct, if set, performs one-sided operations without packets.
+	direct directAccess
 }
 
-// directAccess is implemented by streams whose transport reaches the
-// peer's registered regions itself. Conn.Read and Conn.Write then call
-// it instead of sending READ and WRITE packets for the target's reader to
+// directAccess is implemented by transports that reach the peer's
+// registered regions themselves. Conn.Read and Conn.Write then call it
+// instead of sending READ and WRITE packets for the target's reader to
 // serve. The target's regions keep their semantics: key, conn binding
 // (RegisterFor), permission and bounds are checked as regions.access
 // does, and a revoked region is never touched after Deregister returns.
@@ -85,16 +76,21 @@ type stream interface {
 // ErrPerm: the Conn turns it into an *AccessError and fails the
 // connection, as on TCP. Any other error is the connection's failure.
 // Both calls return once the bytes are placed, so a WRITE is ordered
-// before any later send on the connection.
+// before any later send on the connection. errNotDirect says the region
+// is not one the transport can reach (its memory is not shared: a
+// buffer registered from the heap, say): the Conn then sends packets, and
+// the target serves them as over TCP.
 type directAccess interface {
 	readRegion(ctx context.Context, key, off uint64, dst []byte) error
 	writeRegion(ctx context.Context, key, off uint64, src []byte) error
 }
 
-// connBinder is implemented by streams that must know the Conn they carry
-// (to serve the peer's direct accesses against its endpoint's regions and
-// its RegisterFor bindings); newConn calls bind before the connection
-// carries anything.
+var errNotDirect = errors.New("fabric: region not reachable directly")
+
+// connBinder is implemented by directAccess values that must know the
+// Conn they belong to (to serve the peer's direct accesses against its
+// endpoint's regions and its RegisterFor bindings); newConn calls bind
+// before the connection carries anything.
 type connBinder interface {
 	bind(c *Conn)
 }

@@ -25,6 +25,9 @@ type memNet struct {
 	next int
 	// direct counts one-sided operations done by copying.
 	direct atomic.Int64
+	// unshared holds the keys of regions whose memory the transport is
+	// to treat as not shared: their operations go as packets.
+	unshared sync.Map
 }
 
 func newMemNet() *memNet { return &memNet{lns: map[string]*memListener{}} }
@@ -44,23 +47,24 @@ func (n *memNet) listen(string) (listener, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.next++
-	l := &memListener{net: n, name: fmt.Sprintf("mem-%d", n.next), ch: make(chan stream, 64), done: make(chan struct{})}
+	l := &memListener{net: n, name: fmt.Sprintf("mem-%d", n.next), ch: make(chan link, 64), done: make(chan struct{})}
 	n.lns[l.name] = l
 	return l, nil
 }
 
-func (n *memNet) dial(ctx context.Context, addr string) (stream, error) {
+func (n *memNet) dial(ctx context.Context, addr string) (link, error) {
 	n.mu.Lock()
 	l := n.lns[addr]
 	n.mu.Unlock()
 	if l == nil {
-		return nil, fmt.Errorf("dialing %s: no such listener", addr)
+		return link{}, fmt.Errorf("dialing %s: no such listener", addr)
 	}
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return link{}, err
 	}
-	var ends [2]*memStream
+	var ends [2]*memEnd
+	fence := new(atomic.Int64)
 	for i, fd := range fds {
 		f := os.NewFile(uintptr(fd), "mem")
 		nc, err := net.FileConn(f) // dups fd
@@ -69,38 +73,36 @@ func (n *memNet) dial(ctx context.Context, addr string) (stream, error) {
 			if i == 1 {
 				ends[0].Close()
 			}
-			return nil, err
+			return link{}, err
 		}
-		ends[i] = &memStream{netStream: newNetStream(nc), net: n, bound: make(chan struct{}), closed: make(chan struct{})}
+		ends[i] = &memEnd{Conn: nc, net: n, fence: fence, bound: make(chan struct{}), closed: make(chan struct{})}
 	}
-	fence := new(atomic.Int64)
 	ends[0].peer, ends[1].peer = ends[1], ends[0]
-	ends[0].fence, ends[1].fence = fence, fence
 	select {
-	case l.ch <- ends[1]:
-		return ends[0], nil
+	case l.ch <- ends[1].link():
+		return ends[0].link(), nil
 	case <-l.done:
 	case <-ctx.Done():
 	}
 	ends[0].Close()
 	ends[1].Close()
-	return nil, fmt.Errorf("dialing %s: refused", addr)
+	return link{}, fmt.Errorf("dialing %s: refused", addr)
 }
 
 type memListener struct {
 	net  *memNet
 	name string
-	ch   chan stream
+	ch   chan link
 	once sync.Once
 	done chan struct{}
 }
 
-func (l *memListener) accept() (stream, error) {
+func (l *memListener) accept() (link, error) {
 	select {
-	case s := <-l.ch:
-		return s, nil
+	case c := <-l.ch:
+		return c, nil
 	case <-l.done:
-		return nil, fmt.Errorf("accept on %s: %w", l.name, net.ErrClosed)
+		return link{}, fmt.Errorf("accept on %s: %w", l.name, net.ErrClosed)
 	}
 }
 
@@ -116,11 +118,12 @@ func (l *memListener) close() error {
 	return nil
 }
 
-// memStream is one end of a memNet connection.
-type memStream struct {
-	*netStream
+// memEnd is one end of a memNet connection: its byte stream and its
+// direct access to the other end's regions.
+type memEnd struct {
+	net.Conn
 	net   *memNet
-	peer  *memStream
+	peer  *memEnd
 	conn  *Conn         // set by bind
 	bound chan struct{} // closed by bind
 	// fence orders a copy into the peer's memory before the packets sent
@@ -131,31 +134,33 @@ type memStream struct {
 	closed    chan struct{}
 }
 
-func (s *memStream) bind(c *Conn) { s.conn = c; close(s.bound) }
+func (e *memEnd) link() link { return link{Conn: e, direct: e} }
 
-func (s *memStream) Read(b []byte) (int, error) {
-	n, err := s.netStream.Read(b)
-	s.fence.Load()
+func (e *memEnd) bind(c *Conn) { e.conn = c; close(e.bound) }
+
+func (e *memEnd) Read(b []byte) (int, error) {
+	n, err := e.Conn.Read(b)
+	e.fence.Load()
 	return n, err
 }
 
-func (s *memStream) writev(iov [][]byte) error {
-	s.fence.Add(1)
-	return s.netStream.writev(iov)
+func (e *memEnd) Write(b []byte) (int, error) {
+	e.fence.Add(1)
+	return e.Conn.Write(b)
 }
 
-func (s *memStream) Close() error {
-	s.closeOnce.Do(func() { close(s.closed) })
-	return s.netStream.Close()
+func (e *memEnd) Close() error {
+	e.closeOnce.Do(func() { close(e.closed) })
+	return e.Conn.Close()
 }
 
 // target is the peer's Conn, once its hello is done.
-func (s *memStream) target(ctx context.Context) (*Conn, error) {
+func (e *memEnd) target(ctx context.Context) (*Conn, error) {
 	select {
-	case <-s.peer.bound:
-		return s.peer.conn, nil
-	case <-s.peer.closed:
-	case <-s.closed:
+	case <-e.peer.bound:
+		return e.peer.conn, nil
+	case <-e.peer.closed:
+	case <-e.closed:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -164,10 +169,16 @@ func (s *memStream) target(ctx context.Context) (*Conn, error) {
 
 // copyRegion performs a one-sided operation on the target's memory,
 // under its region table's checks and revocation.
-func (s *memStream) copyRegion(ctx context.Context, key, off uint64, b []byte, perm Perm) error {
-	t, err := s.target(ctx)
+func (e *memEnd) copyRegion(ctx context.Context, key, off uint64, b []byte, perm Perm) error {
+	if _, ok := e.net.unshared.Load(key); ok {
+		return errNotDirect
+	}
+	t, err := e.target(ctx)
 	if err != nil {
 		return err
+	}
+	if t.Err() != nil {
+		return ErrClosed // the target's side is gone: no more access
 	}
 	r, mem, err := t.ep.regions.access(t, key, off, uint64(len(b)), perm)
 	if err != nil {
@@ -179,17 +190,17 @@ func (s *memStream) copyRegion(ctx context.Context, key, off uint64, b []byte, p
 		copy(mem, b)
 	}
 	r.unuse()
-	s.net.direct.Add(1)
-	s.fence.Add(1)
+	e.net.direct.Add(1)
+	e.fence.Add(1)
 	return nil
 }
 
-func (s *memStream) readRegion(ctx context.Context, key, off uint64, dst []byte) error {
-	return s.copyRegion(ctx, key, off, dst, RemoteRead)
+func (e *memEnd) readRegion(ctx context.Context, key, off uint64, dst []byte) error {
+	return e.copyRegion(ctx, key, off, dst, RemoteRead)
 }
 
-func (s *memStream) writeRegion(ctx context.Context, key, off uint64, src []byte) error {
-	return s.copyRegion(ctx, key, off, src, RemoteWrite)
+func (e *memEnd) writeRegion(ctx context.Context, key, off uint64, src []byte) error {
+	return e.copyRegion(ctx, key, off, src, RemoteWrite)
 }
 
 // connOf is a Handler that hands over the Conn its first packet came on.
@@ -234,4 +245,30 @@ func TestRegisterForBindsConnection(t *testing.T) {
 			t.Fatal("the memory transport sent the one-sided operations as packets")
 		}
 	})
+}
+
+// TestDirectFallsBackToPackets: a one-sided operation on a region the
+// transport cannot reach itself goes as packets, served by the target
+// with the same checks.
+func TestDirectFallsBackToPackets(t *testing.T) {
+	n := newMemNet()
+	ctx := context.Background()
+	srv, _, pc := pair(t, Options{transport: n}, newCollector())
+	mem := make([]byte, 64)
+	r := srv.Register(mem, RemoteRead|RemoteWrite)
+	n.unshared.Store(r.Key(), true)
+	if err := pc.Write(ctx, r.Key(), 8, []byte("by packet"), true); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 9)
+	if err := pc.Read(ctx, r.Key(), 8, got); err != nil || string(got) != "by packet" {
+		t.Fatalf("read back %q, %v", got, err)
+	}
+	if d := n.direct.Load(); d != 0 {
+		t.Fatalf("%d operations copied directly on an unshared region", d)
+	}
+	var ae *AccessError
+	if err := pc.Read(ctx, r.Key(), 60, got); !errors.As(err, &ae) {
+		t.Fatalf("out-of-bounds read by packet: %v, want an access error", err)
+	}
 }

@@ -1,7 +1,6 @@
 package fabric
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -24,7 +23,7 @@ func (t tcpTransport) listen(addr string) (listener, error) {
 	return tcpListener{ln: ln, opts: t.opts}, nil
 }
 
-func (t tcpTransport) dial(ctx context.Context, addr string) (stream, error) {
+func (t tcpTransport) dial(ctx context.Context, addr string) (link, error) {
 	dial := t.opts.Dial
 	if dial == nil {
 		// A peer whose host is cut off answers nothing: without a bound
@@ -35,13 +34,13 @@ func (t tcpTransport) dial(ctx context.Context, addr string) (stream, error) {
 	}
 	nc, err := dial(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dialing %s: %w", addr, err)
+		return link{}, fmt.Errorf("dialing %s: %w", addr, err)
 	}
 	setPeerTimeout(nc, t.opts.PeerTimeout)
 	if nc, err = clientTLS(ctx, t.opts, nc, addr); err != nil {
-		return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+		return link{}, fmt.Errorf("connecting to %s: %w", addr, err)
 	}
-	return newNetStream(nc), nil
+	return tcpLink(nc), nil
 }
 
 // explainHello adds a hint to a failed hello (tls.go).
@@ -57,43 +56,21 @@ type tcpListener struct {
 // accept returns an accepted connection, wrapped in TLS if the endpoint
 // serves it; the TLS handshake runs on its first read or write, inside
 // the hello's deadline (and its admission slot).
-func (l tcpListener) accept() (stream, error) {
+func (l tcpListener) accept() (link, error) {
 	nc, err := l.ln.Accept()
 	if err != nil {
-		return nil, err
+		return link{}, err
 	}
 	setPeerTimeout(nc, l.opts.PeerTimeout)
-	return newNetStream(serverTLS(l.opts, nc)), nil
+	return tcpLink(serverTLS(l.opts, nc)), nil
 }
 
 func (l tcpListener) addr() net.Addr { return l.ln.Addr() }
 func (l tcpListener) close() error   { return l.ln.Close() }
 
-// netStream is a stream over a net.Conn: TCP, TLS over TCP, or any other
-// connected socket a backend carries packets on (a unix socket).
-type netStream struct {
-	net.Conn
-	// tlsw coalesces a batch's small pieces (headers) into full TLS
-	// records; nil for plain TCP, where writev does that.
-	tlsw *bufio.Writer
-}
-
-func newNetStream(nc net.Conn) *netStream {
+func tcpLink(nc net.Conn) link {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	return &netStream{Conn: nc, tlsw: tlsWriter(nc)}
-}
-
-// writev writes the batch with one writev system call on a plain socket.
-func (s *netStream) writev(iov [][]byte) error {
-	bufs := net.Buffers(iov)
-	if s.tlsw != nil {
-		if _, err := bufs.WriteTo(s.tlsw); err != nil {
-			return err
-		}
-		return s.tlsw.Flush()
-	}
-	_, err := bufs.WriteTo(s.Conn)
-	return err
+	return link{Conn: nc}
 }
