@@ -104,7 +104,6 @@ func (c *Conn) writeOneSided(id, key, off uint64, data []byte, signal bool) erro
 // Read fills dst from offset off of the peer's region key, placing the
 // data directly into dst as it arrives.
 func (c *Conn) Read(ctx context.Context, key, off uint64, dst []byte) error {
-	o := &op{dst: dst, done: make(chan error, 1)}
 	if len(dst) == 0 {
 		return nil
 	}
@@ -116,6 +115,7 @@ func (c *Conn) Read(ctx context.Context, key, off uint64, dst []byte) error {
 			return c.directOp(err)
 		}
 	}
+	o := &op{dst: dst, done: make(chan error, 1)}
 	select {
 	case c.readSlots <- struct{}{}:
 	case <-ctx.Done():
