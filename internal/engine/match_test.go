@@ -3,7 +3,6 @@ package engine
 import (
 	"testing"
 
-	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -30,15 +29,7 @@ func TestMatchHeaderFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, _ := fabric.NewEndpoint(fabric.Options{MTU: 1024})
-	addr, err := srv.Listen("127.0.0.1:0", eng)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, _ := fabric.NewEndpoint(fabric.Options{MTU: 1024})
-	t.Cleanup(func() { cli.Close(); srv.Close(); eng.Close() })
-	env := &env{pool: fabric.NewPool(cli, 8), addr: addr.String()}
-	pc := env.conn(t)
+	pc := serve(t, eng).conn(t)
 	for _, c := range []struct {
 		hdr  []byte
 		want string // context name, or "" for refused as unknown

@@ -6,8 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicefs/sluice/internal/capability"
-
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/fabric"
@@ -54,22 +52,9 @@ type partialState struct {
 	length int64
 }
 
-func (x parityWrites) context(match ...engine.Field) *engine.Context {
-	return &engine.Context{Name: "write-parity", Class: wire.OpWrite, Match: match, Handlers: engine.Handlers{
-		Header:     x.header,
-		Payload:    x.payload,
-		Completion: x.completion,
-		Cleanup:    x.cleanup,
-	}}
-}
-
 func (x parityWrites) header(r *engine.Request, hdr []byte) error {
-	var h wire.WriteHeader
-	var c capability.Capability
-	if err := x.admitWrite(hdr, &h, &c); err != nil {
-		return err
-	}
-	if _, err := x.streamTargets(&h, &c); err != nil {
+	h, c, _, err := x.admitStream(hdr)
+	if err != nil {
 		return err
 	}
 	agg, err := x.join(&h, int(c.Data), c.Client, c.Epoch)

@@ -17,24 +17,8 @@ import (
 // into one partial parity per parity unit and sent to it at once.
 type encodeWrites struct{ *writer }
 
-func (x encodeWrites) context(match ...engine.Field) *engine.Context {
-	return &engine.Context{Name: "write-encode", Class: wire.OpWrite, Match: match, Handlers: engine.Handlers{
-		Header:     x.header,
-		Payload:    x.payload,
-		Completion: x.completion,
-		Cleanup:    x.cleanup,
-		Direct:     x.direct,
-		DirectDone: x.directDone,
-	}}
-}
-
 func (x encodeWrites) header(r *engine.Request, hdr []byte) error {
-	var h wire.WriteHeader
-	var c capability.Capability
-	if err := x.admitWrite(hdr, &h, &c); err != nil {
-		return err
-	}
-	kids, err := x.streamTargets(&h, &c)
+	h, c, kids, err := x.admitStream(hdr)
 	if err != nil {
 		return err
 	}

@@ -35,15 +35,6 @@ type hostState struct {
 	charged int64 // bytes charged to the node's host buffer budget
 }
 
-func (x hostWrites) context(match ...engine.Field) *engine.Context {
-	return &engine.Context{Name: "write-host", Class: wire.OpWrite, Match: match, Handlers: engine.Handlers{
-		Header:     x.header,
-		Payload:    x.payload,
-		Completion: x.completion,
-		Cleanup:    x.cleanup,
-	}}
-}
-
 func (x hostWrites) header(r *engine.Request, hdr []byte) error {
 	var h wire.WriteHeader
 	if err := parseWrite(hdr, &h); err != nil {
@@ -150,9 +141,8 @@ func (x hostWrites) hostFinish(r *engine.Request, st *hostState) {
 }
 
 func (x hostWrites) hostStore(st *hostState) []byte {
-	var h wire.WriteHeader
-	var c capability.Capability
-	if err := x.admitWrite(st.hdr, &h, &c); err != nil {
+	h, c, err := x.admitWrite(st.hdr)
+	if err != nil {
 		return wire.AppendError(nil, err)
 	}
 	if st.got != int64(len(st.buf)) {

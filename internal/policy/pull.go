@@ -3,7 +3,6 @@ package policy
 import (
 	"context"
 
-	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -25,19 +24,9 @@ type pullState struct {
 	key, off uint64
 }
 
-func (x pullWrites) context(match ...engine.Field) *engine.Context {
-	return &engine.Context{Name: "write-pull", Class: wire.OpWrite, Match: match, Handlers: engine.Handlers{
-		Header:     x.header,
-		Payload:    x.payload,
-		Completion: x.completion,
-		Cleanup:    x.cleanup,
-	}}
-}
-
 func (x pullWrites) header(r *engine.Request, hdr []byte) error {
-	var h wire.WriteHeader
-	var c capability.Capability
-	if err := x.admitWrite(hdr, &h, &c); err != nil {
+	h, c, err := x.admitWrite(hdr)
+	if err != nil {
 		return err
 	}
 	if reply, ok := x.alreadyApplied(&h); ok {

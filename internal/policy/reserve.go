@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/admit"
-	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
@@ -63,20 +62,10 @@ type reserveState struct {
 	w      *store.Write
 }
 
-func (x reserveWrites) context(match ...engine.Field) *engine.Context {
-	return &engine.Context{Name: "write-reserve", Class: wire.OpWrite, Match: match, Handlers: engine.Handlers{
-		Header:     x.header,
-		Payload:    x.payload,
-		Completion: x.completion,
-		Cleanup:    x.cleanup,
-	}}
-}
-
 // header opens the write a flat reservation holds, or releases one.
 func (x reserveWrites) header(r *engine.Request, hdr []byte) error {
-	var h wire.WriteHeader
-	var c capability.Capability
-	if err := x.admitWrite(hdr, &h, &c); err != nil {
+	h, c, err := x.admitWrite(hdr)
+	if err != nil {
 		return err
 	}
 	if h.Version != 0 {

@@ -70,13 +70,43 @@ func (x *writer) writeContexts() []*engine.Context {
 	}
 	flag := func(f uint8) engine.Field { return engine.Field{At: writeFlagsAt, Mask: f, Value: f} }
 	return []*engine.Context{
-		hostWrites{x}.context(mode(wire.ModeHost)),
-		pullWrites{x}.context(mode(wire.ModePull)),
-		reserveWrites{x}.context(mode(wire.ModeStream), flag(wire.FlagReserve)),
-		parityWrites{x}.context(mode(wire.ModeStream), flag(wire.FlagPartial)),
-		encodeWrites{x}.context(mode(wire.ModeStream), flag(wire.FlagEncode)),
-		streamWrites{x}.context(),
+		writeContext("write-host", hostWrites{x}, mode(wire.ModeHost)),
+		writeContext("write-pull", pullWrites{x}, mode(wire.ModePull)),
+		writeContext("write-reserve", reserveWrites{x}, mode(wire.ModeStream), flag(wire.FlagReserve)),
+		writeContext("write-parity", parityWrites{x}, mode(wire.ModeStream), flag(wire.FlagPartial)),
+		writeContext("write-encode", encodeWrites{x}, mode(wire.ModeStream), flag(wire.FlagEncode)),
+		writeContext("write-stream", streamWrites{x}),
 	}
+}
+
+// writeKind is one kind of write request's handlers; its state is its
+// own (the request's State, set by its header handler).
+type writeKind interface {
+	header(r *engine.Request, hdr []byte) error
+	payload(r *engine.Request, p *fabric.Packet) error
+	completion(r *engine.Request)
+	cleanup(r *engine.Request, reason error)
+}
+
+// placing is a writeKind whose data packets are received in place, in
+// the chunk file's mapped pages (engine.Handlers.Direct).
+type placing interface {
+	direct(state any, off int64, n int) []byte
+	directDone(state any)
+}
+
+// writeContext is the execution context of one kind of write.
+func writeContext(name string, k writeKind, match ...engine.Field) *engine.Context {
+	c := &engine.Context{Name: name, Class: wire.OpWrite, Match: match, Handlers: engine.Handlers{
+		Header:     k.header,
+		Payload:    k.payload,
+		Completion: k.completion,
+		Cleanup:    k.cleanup,
+	}}
+	if p, ok := k.(placing); ok {
+		c.Direct, c.DirectDone = p.direct, p.directDone
+	}
+	return c
 }
 
 // background runs fn off the worker, tracked so close can wait for it.
@@ -145,11 +175,11 @@ func parseWrite(hdr []byte, h *wire.WriteHeader) error {
 // admitWrite parses a write header and checks it (check): the first step
 // of every kind's header handler but host mode's, which checks again once
 // the data is in.
-func (x *writer) admitWrite(hdr []byte, h *wire.WriteHeader, c *capability.Capability) error {
-	if err := parseWrite(hdr, h); err != nil {
-		return err
+func (x *writer) admitWrite(hdr []byte) (h wire.WriteHeader, c capability.Capability, err error) {
+	if err = parseWrite(hdr, &h); err == nil {
+		err = x.check(&h, &c)
 	}
-	return x.check(h, c)
+	return h, c, err
 }
 
 // inBounds refuses a data packet beyond what the header declared (a

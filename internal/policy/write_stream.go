@@ -21,24 +21,8 @@ type streamState struct {
 	fwds []*forward // one per child (none at a leaf), or per parity unit
 }
 
-func (x streamWrites) context(match ...engine.Field) *engine.Context {
-	return &engine.Context{Name: "write-stream", Class: wire.OpWrite, Match: match, Handlers: engine.Handlers{
-		Header:     x.header,
-		Payload:    x.payload,
-		Completion: x.completion,
-		Cleanup:    x.cleanup,
-		Direct:     x.direct,
-		DirectDone: x.directDone,
-	}}
-}
-
 func (x streamWrites) header(r *engine.Request, hdr []byte) error {
-	var h wire.WriteHeader
-	var c capability.Capability
-	if err := x.admitWrite(hdr, &h, &c); err != nil {
-		return err
-	}
-	kids, err := x.streamTargets(&h, &c)
+	h, c, kids, err := x.admitStream(hdr)
 	if err != nil {
 		return err
 	}
@@ -50,13 +34,17 @@ func (x streamWrites) header(r *engine.Request, hdr []byte) error {
 	return nil
 }
 
-// streamTargets answers a retry this replica committed before, and
-// resolves the children a streamed write goes on to.
-func (x *writer) streamTargets(h *wire.WriteHeader, c *capability.Capability) ([]child, error) {
-	if reply, ok := x.alreadyApplied(h); ok {
-		return nil, &engine.Answered{Reply: reply}
+// admitStream admits a streamed write (admitWrite), answers a retry this
+// replica committed before, and resolves the children it goes on to.
+func (x *writer) admitStream(hdr []byte) (h wire.WriteHeader, c capability.Capability, kids []child, err error) {
+	if h, c, err = x.admitWrite(hdr); err != nil {
+		return h, c, nil, err
 	}
-	return x.children(h, c)
+	if reply, ok := x.alreadyApplied(&h); ok {
+		return h, c, nil, &engine.Answered{Reply: reply}
+	}
+	kids, err = x.children(&h, &c)
+	return h, c, kids, err
 }
 
 // openStream opens a streamed write's store write and starts a forward to
