@@ -53,7 +53,7 @@ type writer struct {
 }
 
 // Where a write header's mode and flags are (wire.AppendWrite's layout):
-// the bytes the write contexts match on. TestWriteContextsMatchWire checks
+// the bytes the write contexts match on. TestContextsMatchHeaders checks
 // them against the encoder.
 const (
 	writeModeAt  = 6
