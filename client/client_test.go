@@ -4,518 +4,147 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
-	"log/slog"
-	"math/rand/v2"
+	"io/fs"
 	"os"
-	"path/filepath"
-	"sync"
+	"slices"
+	"strings"
 	"testing"
-	"time"
 
 	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
-	"github.com/sluicefs/sluice/internal/ids"
-	"github.com/sluicefs/sluice/internal/metaapi"
-	"github.com/sluicefs/sluice/internal/store"
 )
 
-const testChunk = 1 << 20 // small chunks so tests cross chunk boundaries
-
-func tmpDir(tb testing.TB) string {
-	tb.Helper()
+// connect starts an in-process cluster of n nodes and a client of it
+// through this package, as a program outside the module would make one
+// (from the client.conf meta wrote).
+func connect(t *testing.T, n int) *client.Client {
+	t.Helper()
+	dir := t.TempDir()
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		d, err := os.MkdirTemp("/dev/shm", "sluice-client-")
-		if err != nil {
-			tb.Fatal(err)
+		if d, err := os.MkdirTemp("/dev/shm", "sluice-pub-"); err == nil {
+			dir = d
+			t.Cleanup(func() { os.RemoveAll(d) })
 		}
-		tb.Cleanup(func() { os.RemoveAll(d) })
-		return d
 	}
-	return tb.TempDir()
-}
-
-func startCluster(tb testing.TB, nodes int) *cluster.Cluster {
-	tb.Helper()
-	opts := cluster.Options{Dir: tmpDir(tb), Nodes: nodes, MetaListen: "127.0.0.1:0", ChunkSize: testChunk}
-	if os.Getenv("SLUICE_TEST_LOG") != "" {
-		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	c, err := cluster.Start(context.Background(), opts)
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: n, MetaListen: "127.0.0.1:0", ChunkSize: 1 << 20})
 	if err != nil {
-		tb.Fatal(err)
+		t.Fatal(err)
 	}
-	tb.Cleanup(func() { c.Close() })
-	return c
-}
-
-func newClient(tb testing.TB, c *cluster.Cluster, opts client.Options) *client.Client {
-	tb.Helper()
-	conf, err := c.Conf()
+	t.Cleanup(func() { c.Close() })
+	cl, err := client.NewFromFile(c.ConfPath, client.Options{})
 	if err != nil {
-		tb.Fatal(err)
+		t.Fatal(err)
 	}
-	opts.Conf = conf
-	cl, err := client.New(opts)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { cl.Close() })
+	t.Cleanup(func() { cl.Close() })
 	return cl
 }
 
-func randBytes(rng *rand.Rand, n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(rng.Uint32())
-	}
-	return b
-}
-
-func dirWithPolicy(t *testing.T, cl *client.Client, dir string, k int) {
-	t.Helper()
+// TestFileSystemThroughPublicAPI: the namespace, policies and file
+// descriptions a program gets through the public API, in the standard
+// library's terms (fs.FileInfo, fs.DirEntry).
+func TestFileSystemThroughPublicAPI(t *testing.T) {
+	cl := connect(t, 3)
 	ctx := context.Background()
-	if err := cl.MkdirAll(ctx, dir, 0o755); err != nil {
+	if err := cl.MkdirAll(ctx, "/data/logs", 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.SetPolicy(ctx, dir, metaapi.Policy{Replicas: k, Strategy: metaapi.StrategyRing}); err != nil {
+	if err := cl.SetPolicy(ctx, "/data", client.Policy{Replicas: 2, Strategy: "tree"}); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func TestPutGetAcrossChunks(t *testing.T) {
-	c := startCluster(t, 3)
-	cl := newClient(t, c, client.Options{WriteMsg: 300 << 10, ReadReq: 200 << 10})
-	ctx := context.Background()
-	rng := rand.New(rand.NewPCG(1, 1))
-	for _, k := range []int{1, 3} {
-		dir := fmt.Sprintf("/k%d", k)
-		dirWithPolicy(t, cl, dir, k)
-		for _, n := range []int{0, 1, 4095, testChunk - 1, testChunk, testChunk + 1, 3*testChunk + 12345} {
-			data := randBytes(rng, n)
-			p := fmt.Sprintf("%s/f%d", dir, n)
-			if got, err := cl.Put(ctx, p, bytes.NewReader(data), 0o644); err != nil || got != int64(n) {
-				t.Fatalf("put %s: %d, %v", p, got, err)
-			}
-			var out bytes.Buffer
-			if _, err := cl.Get(ctx, p, &out); err != nil {
-				t.Fatalf("get %s: %v", p, err)
-			}
-			if !bytes.Equal(out.Bytes(), data) {
-				t.Fatalf("%s: got %d bytes back, differing from the %d put", p, out.Len(), n)
-			}
-			a, err := cl.Stat(ctx, p)
-			if err != nil || a.Size != int64(n) || a.Policy == nil || a.Policy.Replicas != k {
-				t.Fatalf("stat %s: %+v %v", p, a, err)
-			}
+	if pol, inherited, err := cl.GetPolicy(ctx, "/data"); err != nil || inherited || pol.Replicas != 2 || pol.Strategy != "tree" || pol.EC != nil {
+		t.Fatalf("GetPolicy(/data) = %v, inherited %v, %v", pol, inherited, err)
+	}
+	if pol, inherited, err := cl.GetPolicy(ctx, "/data/logs"); err != nil || !inherited || pol.String() != "replicas=2 strategy=tree" {
+		t.Fatalf("GetPolicy(/data/logs) = %v, inherited %v, %v", pol, inherited, err)
+	}
+	if err := cl.SetPolicy(ctx, "/data/logs", client.Policy{EC: &client.ErasureCode{Data: 2, Parity: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if pol, _, err := cl.GetPolicy(ctx, "/data/logs"); err != nil || pol.EC == nil || pol.EC.Data != 2 || pol.EC.Parity != 1 || pol.EC.Cell <= 0 {
+		t.Fatalf("GetPolicy(/data/logs) = %v, %v", pol, err)
+	}
+	for _, bad := range []client.Policy{{Replicas: 2, Strategy: "carrier-pigeon"}, {Replicas: 0}, {Replicas: 2, EC: &client.ErasureCode{Data: 2, Parity: 1}}} {
+		var pe *client.PathError
+		if err := cl.SetPolicy(ctx, "/data", bad); err == nil || !errors.As(err, &pe) || pe.Path != "/data" {
+			t.Errorf("SetPolicy(%+v) = %v, want a PathError naming /data", bad, err)
 		}
 	}
-	// Put replaced files atomically and left no temporaries behind.
-	ents, err := cl.ReadDir(ctx, "/k3")
+
+	payload := bytes.Repeat([]byte("sluice "), 300_000) // crosses chunks
+	if _, err := cl.Put(ctx, "/data/a.bin", bytes.NewReader(payload), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := cl.Stat(ctx, "/data/a.bin")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ents) != 7 {
-		t.Fatalf("/k3 has %d entries: %+v", len(ents), ents)
+	sys, ok := fi.Sys().(*client.Sys)
+	if fi.Name() != "a.bin" || fi.Size() != int64(len(payload)) || fi.IsDir() || fi.Mode() != 0o640 || !fi.Mode().IsRegular() ||
+		fi.ModTime().IsZero() || !ok || sys.Ino == 0 || sys.Nlink != 1 {
+		t.Fatalf("Stat = %s %d %v %v %v %+v", fi.Name(), fi.Size(), fi.Mode(), fi.IsDir(), fi.ModTime(), fi.Sys())
 	}
-}
+	if err := cl.Symlink(ctx, "a.bin", "/data/link"); err != nil {
+		t.Fatal(err)
+	}
+	if li, err := cl.Lstat(ctx, "/data/link"); err != nil || li.Mode()&fs.ModeSymlink == 0 || li.Sys().(*client.Sys).Target != "a.bin" {
+		t.Fatalf("Lstat(link) = %v, %v", li, err)
+	}
+	if si, err := cl.Stat(ctx, "/data/link"); err != nil || si.Size() != int64(len(payload)) || si.Name() != "link" {
+		t.Fatalf("Stat(link) follows it: %v, %v", si, err)
+	}
 
-// TestRandomWritesMatchModel writes at random offsets (overwrites, holes,
-// chunk-crossing writes) and compares reads with an in-memory model.
-func TestRandomWritesMatchModel(t *testing.T) {
-	c := startCluster(t, 3)
-	cl := newClient(t, c, client.Options{WriteMsg: 256 << 10})
-	ctx := context.Background()
-	dirWithPolicy(t, cl, "/m", 2)
-	f, err := cl.Create(ctx, "/m/file", 0o644)
+	ents, err := cl.ReadDir(ctx, "/data")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rng := rand.New(rand.NewPCG(2, 2))
-	var model []byte
-	for step := 0; step < 60; step++ {
-		off := rng.Int64N(int64(len(model)) + 2*testChunk)
-		n := rng.IntN(testChunk + testChunk/2)
-		if step%5 == 0 {
-			n = rng.IntN(100)
-		}
-		data := randBytes(rng, n)
-		if _, err := f.WriteAt(data, off); err != nil {
-			t.Fatalf("step %d: write [%d,+%d): %v", step, off, n, err)
-		}
-		if end := off + int64(n); end > int64(len(model)) {
-			model = append(model, make([]byte, end-int64(len(model)))...)
-		}
-		copy(model[off:], data)
-		// A fresh handle sees everything (close-to-open).
-		g, err := cl.Open(ctx, "/m/file")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if g.Size() != int64(len(model)) {
-			t.Fatalf("step %d: size %d, want %d", step, g.Size(), len(model))
-		}
-		ro := rng.Int64N(int64(len(model)) + 1)
-		buf := make([]byte, rng.IntN(2*testChunk))
-		got, err := g.ReadAt(buf, ro)
-		want := model[min(ro, int64(len(model))):min(ro+int64(len(buf)), int64(len(model)))]
-		if got != len(want) || (err != nil && err != io.EOF) || !bytes.Equal(buf[:got], want) {
-			t.Fatalf("step %d: read [%d,+%d) = %d, %v; want %d bytes", step, ro, len(buf), got, err, len(want))
-		}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
 	}
-	var out bytes.Buffer
-	if _, err := cl.Get(ctx, "/m/file", &out); err != nil || !bytes.Equal(out.Bytes(), model) {
-		t.Fatalf("final content differs: %v", err)
+	if want := []string{"a.bin", "link", "logs"}; !slices.Equal(names, want) {
+		t.Fatalf("ReadDir = %v, want %v", names, want)
 	}
-	assertReplicasIdentical(t, c)
-}
+	if !ents[2].IsDir() || ents[2].Type() != fs.ModeDir || ents[1].Type() != fs.ModeSymlink {
+		t.Fatalf("entry types: %v %v", ents[2].Type(), ents[1].Type())
+	}
+	if info, err := ents[2].Info(); err != nil || !info.IsDir() || info.Mode().Perm() != 0o750 || info.Name() != "logs" {
+		t.Fatalf("Info(logs) = %v, %v", info, err)
+	}
 
-// assertReplicasIdentical compares every chunk present on several nodes.
-func assertReplicasIdentical(t *testing.T, c *cluster.Cluster) {
-	t.Helper()
-	type copyOf struct {
-		node ids.NodeID
-		info store.Info
-		data []byte
-	}
-	chunks := map[ids.ChunkID][]copyOf{}
-	for _, n := range c.Nodes {
-		s := n.Store()
-		var list []ids.ChunkID
-		s.List(func(id ids.ChunkID, _ store.Info) bool { list = append(list, id); return true })
-		for _, id := range list {
-			rd, err := s.OpenRead(id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			info := rd.Info()
-			data := make([]byte, info.Length)
-			if _, err := rd.ReadAt(data, 0); err != nil && err != io.EOF {
-				t.Fatal(err)
-			}
-			rd.Close()
-			chunks[id] = append(chunks[id], copyOf{n.ID(), info, data})
-		}
-	}
-	for id, copies := range chunks {
-		for _, cp := range copies[1:] {
-			if cp.info != copies[0].info || !bytes.Equal(cp.data, copies[0].data) {
-				t.Fatalf("chunk %v: replica on %v (%+v) differs from replica on %v (%+v)", id, cp.node, cp.info, copies[0].node, copies[0].info)
-			}
-		}
-	}
-}
-
-// TestConcurrentOverlappingWriters: several clients write overlapping
-// ranges of one chunk at once. Replicas must end byte-identical, and
-// every written range must hold one writer's bytes in full.
-func TestConcurrentOverlappingWriters(t *testing.T) {
-	c := startCluster(t, 3)
-	ctx := context.Background()
-	setup := newClient(t, c, client.Options{})
-	dirWithPolicy(t, setup, "/cw", 3)
-	f0, err := setup.Create(ctx, "/cw/shared", 0o644)
+	f, err := cl.Open(ctx, "/data/a.bin")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f0.WriteAt(make([]byte, testChunk), 0); err != nil {
+	if _, err := f.WriteAt([]byte("PATCH"), 7); err != nil {
 		t.Fatal(err)
 	}
-	const writers, rounds = 4, 15
-	var wg sync.WaitGroup
-	for w := 0; w < writers; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			cl := newClient(t, c, client.Options{})
-			f, err := cl.Open(ctx, "/cw/shared")
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			for r := 0; r < rounds; r++ {
-				// Every write covers the same window (straddling checksum
-				// blocks) with the writer's own byte, alternating with a
-				// shorter write inside it; each write is atomic, so the
-				// window always ends as one whole write.
-				off, n := int64(10000), 70000
-				if r%2 == 1 {
-					off, n = 20000, 30000
-				}
-				if _, err := f.WriteAt(bytes.Repeat([]byte{byte(1 + w)}, n), off); err != nil {
-					t.Errorf("writer %d: %v", w, err)
-					return
-				}
-			}
-		}(w)
+	got := make([]byte, 12)
+	if _, err := f.ReadAt(got, 7); err != nil || string(got) != "PATCHe sluic" {
+		t.Fatalf("ReadAt after WriteAt = %q, %v", got, err)
 	}
-	wg.Wait()
-	assertReplicasIdentical(t, c)
-	var out bytes.Buffer
-	if _, err := setup.Get(ctx, "/cw/shared", &out); err != nil {
+	if err := f.Truncate(ctx, 10); err != nil || f.Size() != 10 || f.Stat().Size() != 10 {
+		t.Fatalf("Truncate: %v, size %d", err, f.Size())
+	}
+	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// [10000, 80000) is covered by every long write, and [20000, 50000)
-	// also by the short ones: the window outside the short range holds the
-	// last long write's byte throughout, and the short range one writer's.
-	got := out.Bytes()
-	uniform := func(b []byte) bool { return b[0] != 0 && bytes.Equal(b, bytes.Repeat(b[:1], len(b))) }
-	outer := append(append([]byte(nil), got[10000:20000]...), got[50000:80000]...)
-	if !uniform(outer) || !uniform(got[20000:50000]) {
-		t.Fatalf("a write was torn: bytes at 10000=%d 49999=%d 50000=%d 79999=%d", got[10000], got[49999], got[50000], got[79999])
-	}
-	if got[9999] != 0 || got[80000] != 0 {
-		t.Fatal("bytes outside every write changed")
-	}
-}
 
-// TestReadsSurviveCorruptionAndNodeLoss: a flipped byte on one replica is
-// caught by the checksum and served from another; with every replica
-// gone or bad, the read fails rather than returning wrong bytes.
-func TestReadsSurviveCorruptionAndNodeLoss(t *testing.T) {
-	c := startCluster(t, 3)
-	cl := newClient(t, c, client.Options{})
-	ctx := context.Background()
-	dirWithPolicy(t, cl, "/r3", 3)
-	dirWithPolicy(t, cl, "/r1", 1)
-	rng := rand.New(rand.NewPCG(3, 3))
-	data := randBytes(rng, 2*testChunk+777)
-	for _, p := range []string{"/r3/f", "/r1/f"} {
-		if _, err := cl.Put(ctx, p, bytes.NewReader(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := cl.Stat(ctx, "/data/none"); !client.IsNotExist(err) {
+		t.Fatalf("Stat(missing) = %v", err)
 	}
-	corruptAll := func(skip int) {
-		for i, n := range c.Nodes {
-			if i == skip {
-				continue
-			}
-			files, _ := filepath.Glob(filepath.Join(nodeDir(c, i), "store", "chunks", "*", "*.chunk"))
-			for _, f := range files {
-				fh, err := os.OpenFile(f, os.O_RDWR, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b := []byte{0}
-				fh.ReadAt(b, 100)
-				b[0] ^= 0xff
-				fh.WriteAt(b, 100)
-				fh.Close()
-			}
-			_ = n
-		}
+	if err := cl.Mkdir(ctx, "/data/logs", 0o700); !client.IsExist(err) {
+		t.Fatalf("Mkdir(existing) = %v", err)
 	}
-	// Corrupt every chunk on all nodes but the last: /r3 still reads
-	// correctly from the clean replica.
-	corruptAll(2)
-	var out bytes.Buffer
-	if _, err := cl.Get(ctx, "/r3/f", &out); err != nil || !bytes.Equal(out.Bytes(), data) {
-		t.Fatalf("replicas=3 with two corrupt copies: %v (equal=%v)", err, bytes.Equal(out.Bytes(), data))
+	if f, err := cl.Create(ctx, "/data/a.bin", 0o600); err != nil || f.Size() != 0 {
+		t.Fatalf("Create(existing) truncates: %v", err)
 	}
-	// /r1 lives on one node; if it is corrupted there, the read fails.
-	out.Reset()
-	_, err := cl.Get(ctx, "/r1/f", &out)
-	if err == nil && !bytes.Equal(out.Bytes(), data) {
-		t.Fatal("returned corrupt data without an error")
-	}
-	// Lose the node with the clean copies of /r3: every remaining copy of
-	// its first chunk is corrupt, so reads must fail, not lie.
-	c.Nodes[2].Close()
-	out.Reset()
-	if _, err := cl.Get(ctx, "/r3/f", &out); err == nil {
-		t.Fatal("read succeeded with only corrupt replicas left")
-	} else if !bytesContain(err, "checksum") {
-		t.Fatalf("error does not mention the checksum: %v", err)
-	}
-}
-
-func bytesContain(err error, s string) bool { return bytes.Contains([]byte(err.Error()), []byte(s)) }
-
-func nodeDir(c *cluster.Cluster, i int) string {
-	return filepath.Join(filepath.Dir(c.ConfPath), fmt.Sprintf("node%d", i+1))
-}
-
-func TestNodeDownReadsContinue(t *testing.T) {
-	c := startCluster(t, 3)
-	cl := newClient(t, c, client.Options{})
-	ctx := context.Background()
-	dirWithPolicy(t, cl, "/r3", 3)
-	data := randBytes(rand.New(rand.NewPCG(4, 4)), 3*testChunk)
-	if _, err := cl.Put(ctx, "/r3/f", bytes.NewReader(data), 0o644); err != nil {
+	if err := cl.Rename(ctx, "/data/a.bin", "/data/b.bin"); err != nil {
 		t.Fatal(err)
 	}
-	c.Nodes[0].Close()
-	for i := 0; i < 3; i++ { // each read starts at a different replica
-		var out bytes.Buffer
-		if _, err := cl.Get(ctx, "/r3/f", &out); err != nil || !bytes.Equal(out.Bytes(), data) {
-			t.Fatalf("read %d with a node down: %v", i, err)
-		}
-	}
-	// Writes need every replica: they fail with an error naming the node.
-	f, err := cl.Open(ctx, "/r3/f")
-	if err != nil {
+	if err := cl.RemoveAll(ctx, "/data"); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	_, err = f.WriteAtContext(wctx, []byte("x"), 10)
-	var ne *client.NodeError
-	if err == nil || !errors.As(err, &ne) {
-		t.Fatalf("write with a replica down: %v", err)
-	}
-}
-
-func TestTruncateThenExtendReadsZeros(t *testing.T) {
-	c := startCluster(t, 3)
-	cl := newClient(t, c, client.Options{})
-	ctx := context.Background()
-	f, err := cl.Create(ctx, "/t", 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt(bytes.Repeat([]byte{7}, 300<<10), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(ctx, 100); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte("end"), 200<<10); err != nil {
-		t.Fatal(err)
-	}
-	g, _ := cl.Open(ctx, "/t")
-	buf := make([]byte, g.Size())
-	if _, err := g.ReadAt(buf, 0); err != nil && err != io.EOF {
-		t.Fatal(err)
-	}
-	want := append(bytes.Repeat([]byte{7}, 100), make([]byte, 200<<10-100)...)
-	want = append(want, "end"...)
-	if !bytes.Equal(buf, want) {
-		i := 0
-		for i < len(buf) && i < len(want) && buf[i] == want[i] {
-			i++
-		}
-		t.Fatalf("after truncate+extend, content differs at byte %d (size %d, want %d)", i, len(buf), len(want))
-	}
-}
-
-func TestNamespaceErrors(t *testing.T) {
-	c := startCluster(t, 1)
-	cl := newClient(t, c, client.Options{})
-	ctx := context.Background()
-	if _, err := cl.Open(ctx, "/missing"); !client.IsNotExist(err) {
-		t.Fatalf("open missing: %v", err)
-	}
-	long := string(bytes.Repeat([]byte{'a'}, 256))
-	if err := cl.Mkdir(ctx, "/"+long, 0o755); !metaapi.IsCode(err, metaapi.ENAMETOOLONG) {
-		t.Fatalf("long name: %v", err)
-	}
-	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing}); err != nil {
-		t.Fatal(err)
-	}
-	// A policy needing more nodes than are up fails at placement with a
-	// clear message.
-	_, err := cl.Put(ctx, "/x", bytes.NewReader([]byte("data")), 0o644)
-	if !metaapi.IsCode(err, metaapi.ENOSPC) {
-		t.Fatalf("placing 3 replicas on 1 node: %v", err)
-	}
-}
-
-// TestPutFromFile covers the mapped-source path: the put sends straight
-// from the file's pages, from its current offset.
-func TestPutFromFile(t *testing.T) {
-	c := startCluster(t, 3)
-	cl := newClient(t, c, client.Options{WriteMsg: 700 << 10})
-	ctx := context.Background()
-	data := randBytes(rand.New(rand.NewPCG(5, 5)), 3*testChunk+4321)
-	src := filepath.Join(tmpDir(t), "src")
-	if err := os.WriteFile(src, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, skip := range []int64{0, 5000} {
-		fh, err := os.Open(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := fh.Seek(skip, io.SeekStart); err != nil {
-			t.Fatal(err)
-		}
-		p := fmt.Sprintf("/from-file-%d", skip)
-		if n, err := cl.Put(ctx, p, fh, 0o600); err != nil || n != int64(len(data))-skip {
-			t.Fatalf("put: %d, %v", n, err)
-		}
-		if pos, _ := fh.Seek(0, io.SeekCurrent); pos != int64(len(data)) {
-			t.Fatalf("source offset %d after put, want the end", pos)
-		}
-		fh.Close()
-		var out bytes.Buffer
-		if _, err := cl.Get(ctx, p, &out); err != nil || !bytes.Equal(out.Bytes(), data[skip:]) {
-			t.Fatalf("get %s: %v", p, err)
-		}
-	}
-}
-
-// Reads of whole 1 MiB blocks land in the caller's buffer itself; they
-// must be as careful as pooled ones: a corrupt replica's bytes are
-// replaced by the next replica's, holes and short chunks read as zeros.
-func TestReadAtIntoCallersBuffer(t *testing.T) {
-	c := startCluster(t, 3)
-	cl := newClient(t, c, client.Options{})
-	ctx := context.Background()
-	dirWithPolicy(t, cl, "/r3", 3)
-	rng := rand.New(rand.NewPCG(9, 9))
-	data := randBytes(rng, 3*testChunk+5)
-	if _, err := cl.Put(ctx, "/r3/f", bytes.NewReader(data), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// Corrupt every chunk on two of the three nodes.
-	for i := range 2 {
-		files, _ := filepath.Glob(filepath.Join(nodeDir(c, i), "store", "chunks", "*", "*.chunk"))
-		if len(files) == 0 {
-			t.Fatalf("node %d holds no chunk files", i)
-		}
-		for _, f := range files {
-			fh, err := os.OpenFile(f, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := fh.WriteAt([]byte("garbage"), 4096); err != nil {
-				t.Fatal(err)
-			}
-			fh.Close()
-		}
-	}
-	f, err := cl.Open(ctx, "/r3/f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range []struct{ off, n int64 }{{0, 2 * testChunk}, {testChunk, 2 * testChunk}, {2 * testChunk, testChunk}} {
-		buf := bytes.Repeat([]byte{0xee}, int(r.n))
-		if n, err := f.ReadAtContext(ctx, buf, r.off); err != nil || int64(n) != r.n {
-			t.Fatalf("ReadAt(%d, %d): %d, %v", r.off, r.n, n, err)
-		}
-		if !bytes.Equal(buf, data[r.off:r.off+r.n]) {
-			t.Fatalf("ReadAt(%d, %d): wrong bytes", r.off, r.n)
-		}
-	}
-	// A sparse file: a hole chunk, then a chunk written only in part.
-	g, err := cl.Create(ctx, "/r3/sparse", 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := g.WriteAtContext(ctx, []byte("tail"), testChunk+10); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.Truncate(ctx, 3*testChunk); err != nil {
-		t.Fatal(err)
-	}
-	want := make([]byte, 3*testChunk)
-	copy(want[testChunk+10:], "tail")
-	buf := bytes.Repeat([]byte{0xee}, len(want))
-	if n, err := g.ReadAtContext(ctx, buf, 0); err != nil || n != len(want) {
-		t.Fatalf("sparse ReadAt: %d, %v", n, err)
-	}
-	if !bytes.Equal(buf, want) {
-		t.Fatal("sparse ReadAt: holes or the short chunk's tail are not zeros")
+	if _, err := cl.ReadDir(ctx, "/data"); !client.IsNotExist(err) || !strings.Contains(err.Error(), "/data") {
+		t.Fatalf("ReadDir(removed) = %v", err)
 	}
 }

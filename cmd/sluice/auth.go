@@ -13,9 +13,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // `sluice auth`: principals, each a client.conf with its own rights.
@@ -154,7 +154,7 @@ run checks or manage principals.`,
 			case allSquash:
 				r.Squash = metaapi.SquashAll
 			}
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				var resp metaapi.AuthCredResp
 				if err := c.Meta().Call(cmd.Context(), metaapi.OpAuthAdd, metaapi.AuthAddReq{Name: args[0], Rights: r}, &resp); err != nil {
 					return fmt.Errorf("adding principal %q: %w", args[0], err)
@@ -182,7 +182,7 @@ func (a *app) authLsCmd() *cobra.Command {
 		Short: "List principals and their rights",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				var resp metaapi.AuthListResp
 				if err := c.Meta().Call(cmd.Context(), metaapi.OpAuthList, struct{}{}, &resp); err != nil {
 					return fmt.Errorf("listing principals: %w", err)
@@ -230,7 +230,7 @@ func (a *app) authRotateCmd() *cobra.Command {
 		Short: "Give a principal a new credential; the old one (and what it was granted) stops working within seconds",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				var resp metaapi.AuthCredResp
 				if err := c.Meta().Call(cmd.Context(), metaapi.OpAuthRotate, metaapi.AuthNameReq{Name: args[0]}, &resp); err != nil {
 					return fmt.Errorf("rotating principal %q: %w", args[0], err)
@@ -249,7 +249,7 @@ func (a *app) authRmCmd() *cobra.Command {
 		Short: "Remove a principal: its mounts and clients fail within seconds",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				if err := c.Meta().Call(cmd.Context(), metaapi.OpAuthRemove, metaapi.AuthNameReq{Name: args[0]}, nil); err != nil {
 					return fmt.Errorf("removing principal %q: %w", args[0], err)
 				}
@@ -265,7 +265,7 @@ func (a *app) authWhoamiCmd() *cobra.Command {
 		Short: "Show the principal the client config names and its rights",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				var p metaapi.Principal
 				if err := c.Meta().Call(cmd.Context(), metaapi.OpWhoami, struct{}{}, &p); err != nil {
 					return err

@@ -10,10 +10,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/meta"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/metabackup"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // `sluice meta backup` and `sluice meta restore` (docs/backup.md).
@@ -27,7 +27,7 @@ func (a *app) metaBackupCmd() *cobra.Command {
 			"Restore it with `sluice meta restore FILE --data DIR` (docs/backup.md).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				body, err := c.Meta().Stream(cmd.Context(), metaapi.OpBackup, struct{}{})
 				if err != nil {
 					return err

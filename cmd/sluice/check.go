@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 func (a *app) checkCmd() *cobra.Command {
@@ -30,7 +30,7 @@ set, chunks below their policy reconciled) and says what it did. The
 exit status is 1 if any problem was found. Only root may run it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				last := time.Now() // quiet for a check that takes a moment
 				res, err := c.Check(cmd.Context(), verify, repair, func(st metaapi.CheckResp) {
 					if asJSON || time.Since(last) < 2*time.Second {

@@ -11,9 +11,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 func (a *app) policyCmd() *cobra.Command {
@@ -47,7 +48,11 @@ the rest). Existing files keep the policy they were created with.`,
 			case fl.Changed("cell"):
 				return fmt.Errorf("--cell goes with --ec")
 			case fl.Changed("replicas"):
-				pol = metaapi.Policy{Replicas: replicas, Strategy: metaapi.Strategy(strategy)}
+				p, err := plan.Parse(strategy)
+				if err != nil {
+					return err
+				}
+				pol = metaapi.Policy{Replicas: replicas, Strategy: p}
 			default:
 				return fmt.Errorf("--replicas is required (or --ec K+M for an erasure code)")
 			}
@@ -58,7 +63,7 @@ the rest). Existing files keep the policy they were created with.`,
 			if pol.EC != nil {
 				need, what = pol.EC.Units(), fmt.Sprintf("--ec %s needs %d distinct nodes, which is", pol.EC, pol.EC.Units())
 			}
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				st, err := c.Status(cmd.Context())
 				if err != nil {
 					return err
@@ -77,7 +82,7 @@ the rest). Existing files keep the policy they were created with.`,
 		},
 	}
 	set.Flags().IntVar(&replicas, "replicas", 0, "number of copies of each chunk")
-	set.Flags().StringVar(&strategy, "strategy", string(metaapi.StrategyRing), "replication strategy: ring, tree, flat, host-ring or host-tree")
+	set.Flags().StringVar(&strategy, "strategy", plan.Default.String(), "replication strategy: "+strings.Join(plan.Names(), ", "))
 	set.Flags().StringVar(&ec, "ec", "", "erasure code K+M: K data and M parity units per stripe (e.g. 4+2, 6+3, 10+4)")
 	set.Flags().Int64Var(&cell, "cell", metaapi.DefaultECCell, "erasure code: bytes of each stripe on each unit (a multiple of 512)")
 	get := &cobra.Command{
@@ -85,7 +90,7 @@ the rest). Existing files keep the policy they were created with.`,
 		Short: "Show the effective policy of PATH and where it comes from",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				pr, err := c.GetPolicy(cmd.Context(), args[0])
 				if err != nil {
 					return err
@@ -118,7 +123,7 @@ func (a *app) statusCmd() *cobra.Command {
 		Short: "Show the cluster: meta address, storage nodes up or down, capacity used",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				st, err := c.Status(cmd.Context())
 				if err != nil {
 					return err
@@ -257,7 +262,7 @@ with --repair-parallel 0).`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if degraded {
-				return a.withClient(func(c *client.Client) error {
+				return a.withClient(func(c *sdk.Client) error {
 					reps, err := c.RepairDegraded(cmd.Context(), mode)
 					for ino, rep := range reps {
 						fmt.Fprintf(a.stdout, "inode %d: %d stripe groups checked, %d units rebuilt, %d groups whole again\n", ino, rep.Groups, len(rep.Rebuilt), rep.Cleared)
@@ -268,7 +273,7 @@ with --repair-parallel 0).`,
 					return err
 				})
 			}
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				rep, err := c.Repair(cmd.Context(), args[0], mode)
 				for _, u := range rep.Rebuilt {
 					where := "in place"
@@ -285,7 +290,7 @@ with --repair-parallel 0).`,
 			})
 		},
 	}
-	cmd.Flags().StringVar(&mode, "mode", client.RepairDistributed, "distributed or gather")
+	cmd.Flags().StringVar(&mode, "mode", sdk.RepairDistributed, "distributed or gather")
 	cmd.Flags().BoolVar(&degraded, "degraded", false, "repair every stripe group recorded as degraded")
 	return cmd
 }
@@ -315,7 +320,7 @@ func (a *app) revokeNodeCmd() *cobra.Command {
 			"included) and takes it for down at once, so its data is repaired elsewhere after --repair-grace.\n"+
 			"Drain it first to keep full redundancy throughout. It may join again, keeping its id, with a token\n"+
 			"from `sluice join-token --node NODE`.",
-		"revoke", "%v's identity is revoked: meta refuses its certificates", (*client.Client).RevokeNode)
+		"revoke", "%v's identity is revoked: meta refuses its certificates", (*sdk.Client).RevokeNode)
 }
 
 func (a *app) removeNodeCmd() *cobra.Command {
@@ -324,12 +329,12 @@ func (a *app) removeNodeCmd() *cobra.Command {
 		"Take a storage node out of the cluster for good: meta forgets it (status no longer lists it, placements\n"+
 			"never choose it) and refuses its certificate. Refused while the node is up and not draining, or is still\n"+
 			"placed in chunks: drain it first (sluice node drain NODE). Its id may later be given to a new node (--id).",
-		"remove", "%v is removed from the cluster", (*client.Client).RemoveNode)
+		"remove", "%v is removed from the cluster", (*sdk.Client).RemoveNode)
 }
 
 // nodeAdminCmd is a `sluice node VERB NODE` that makes one call about a
 // node and says what it did (done, given the node).
-func (a *app) nodeAdminCmd(use, short, long, verb, done string, call func(*client.Client, context.Context, ids.NodeID) error) *cobra.Command {
+func (a *app) nodeAdminCmd(use, short, long, verb, done string, call func(*sdk.Client, context.Context, ids.NodeID) error) *cobra.Command {
 	return &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -340,7 +345,7 @@ func (a *app) nodeAdminCmd(use, short, long, verb, done string, call func(*clien
 			if err != nil {
 				return err
 			}
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				if err := call(c, cmd.Context(), id); err != nil {
 					return fmt.Errorf("%s %v: %w", verb, id, err)
 				}
@@ -362,7 +367,7 @@ func (a *app) drainCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				ctx := cmd.Context()
 				if err := c.Drain(ctx, id, cancel); err != nil {
 					return fmt.Errorf("drain %v: %w", id, err)

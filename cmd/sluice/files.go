@@ -15,12 +15,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // withClient runs fn with a client and closes it.
-func (a *app) withClient(fn func(c *client.Client) error, tune ...func(*client.Options)) error {
+func (a *app) withClient(fn func(c *sdk.Client) error, tune ...func(*sdk.Options)) error {
 	c, err := a.client(tune...)
 	if err != nil {
 		return err
@@ -36,7 +36,7 @@ func (a *app) putCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			local, remote := args[0], args[1]
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				ctx := cmd.Context()
 				var in io.Reader = os.Stdin
 				mode := uint32(0o644)
@@ -84,7 +84,7 @@ func (a *app) getCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			remote, local := args[0], args[1]
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				if local == "-" {
 					_, err := c.Get(cmd.Context(), remote, a.stdout)
 					return err
@@ -130,7 +130,7 @@ func (a *app) catCmd() *cobra.Command {
 		Short: "Write files to stdout",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				for _, p := range args {
 					if _, err := c.Get(cmd.Context(), p, a.stdout); err != nil {
 						return err
@@ -153,7 +153,7 @@ func (a *app) lsCmd() *cobra.Command {
 			if len(args) == 1 {
 				p = args[0]
 			}
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				ctx := cmd.Context()
 				at, err := c.Stat(ctx, p)
 				if err != nil {
@@ -172,7 +172,7 @@ func (a *app) lsCmd() *cobra.Command {
 					var at metaapi.Attr
 					if long {
 						if at, err = c.Lstat(ctx, path.Join(p, string(e.Name))); err != nil {
-							if client.IsNotExist(err) {
+							if sdk.IsNotExist(err) {
 								continue // removed meanwhile
 							}
 							return err
@@ -259,7 +259,7 @@ func (a *app) statCmd() *cobra.Command {
 		Short: "Show a file's attributes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				at, err := c.Lstat(cmd.Context(), args[0])
 				if err != nil {
 					return err
@@ -299,7 +299,7 @@ func (a *app) mkdirCmd() *cobra.Command {
 		Short: "Create directories",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				for _, p := range args {
 					var err error
 					if parents {
@@ -326,7 +326,7 @@ func (a *app) rmCmd() *cobra.Command {
 		Short: "Remove files or empty directories (-r: directories and their contents)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				for _, p := range args {
 					var err error
 					if recursive {
@@ -352,7 +352,7 @@ func (a *app) mvCmd() *cobra.Command {
 		Short: "Rename or move (atomically; NEW is replaced if POSIX allows; into NEW if it is a directory)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				dst := args[1]
 				if at, err := c.Stat(cmd.Context(), dst); err == nil && at.Type == metaapi.TypeDir {
 					if src, err := c.Lstat(cmd.Context(), args[0]); err == nil && src.Ino != at.Ino {

@@ -124,10 +124,10 @@ func TestMetaBackupRestore(t *testing.T) {
 
 	// Restore on the "new host": 127.0.0.2.
 	mustRun(t, c.conf, nil, "meta", "restore", backup, "--data", newDir)
-	p := startProc(t, dir, "meta-new", "meta", "--data", newDir, "--listen", "127.0.0.2:0", "--advertise", "127.0.0.2",
+	p := startDaemon(t, dir, "meta-new", "meta", "--data", newDir, "--listen", "127.0.0.2:0", "--advertise", "127.0.0.2",
 		"--node-timeout", "2s", "--orphan-grace", "2s")
-	c.meta = p.waitLine(t, reMetaListen, 20*time.Second)[1]
-	c.conf = p.waitLine(t, reMetaConf, 5*time.Second)[2]
+	info := p.waitReady(t, 20*time.Second)
+	c.meta, c.conf = info.Meta, info.Conf
 	if host := c.meta[:len("127.0.0.2")]; host != "127.0.0.2" {
 		t.Fatalf("restored meta serves at %s", c.meta)
 	}

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/secret"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -39,7 +39,7 @@ func TestCapKeysRotateUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := client.New(client.Options{Conf: cc})
+	cl, err := sdk.New(sdk.Options{Conf: cc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -198,7 +199,7 @@ func forgedCap(t *testing.T, node ids.NodeID, chunk ids.ChunkID, rights capabili
 
 func writeHeader(t *testing.T, chunk ids.ChunkID, off, n uint64, capb []byte, addr string) []byte {
 	t.Helper()
-	h, err := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: chunk, Off: off, Len: n, Cap: capb}, []string{addr})
+	h, err := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: chunk, Off: off, Len: n, Cap: capb}, []string{addr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +464,7 @@ func TestHostileDataPlane(t *testing.T) {
 	// the parity unit (unit 2 of RS(2,1)) and two other (absent) nodes.
 	const ecChunk = ids.ChunkID(0xec000000)
 	ecCap := func(rights capability.Rights) []byte {
-		c := capability.Capability{Rights: rights, Fanout: capability.FanoutEC, Data: 2, KeyID: 1, Client: 1, Ino: 2, Chunk: ecChunk,
+		c := capability.Capability{Rights: rights, Fanout: plan.FanoutEC, Data: 2, KeyID: 1, Client: 1, Ino: 2, Chunk: ecChunk,
 			Len: 64 << 20, Expiry: far.UnixNano(), Epoch: 1}
 		if err := c.SetReplicas([]ids.NodeID{head + 100, head + 101, head}); err != nil {
 			t.Fatal(err)
@@ -474,7 +475,7 @@ func TestHostileDataPlane(t *testing.T) {
 		r := dialRaw(t, addr)
 		addrs := []string{"127.0.0.1:1", "127.0.0.1:2", addr}
 		// A partial parity from a client (no node seal).
-		ph, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyEC, Rank: 2, Chunk: ecChunk, Len: 16, Version: 1, WriteID: 1,
+		ph, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.EC, Rank: 2, Chunk: ecChunk, Len: 16, Version: 1, WriteID: 1,
 			Cap: ecCap(capability.Write)}, addrs)
 		var p wire.WriteHeader
 		if err := wire.ParseWrite(ph, &p); err != nil {
@@ -486,7 +487,7 @@ func TestHostileDataPlane(t *testing.T) {
 		r.sendWrite(31, wire.SealForward(wire.AppendPartial(nil, &p, 2, 0, 1, 0), func([]byte) (s [wire.SealSize]byte) { return }), evil[:16])
 		r.expectStatus(31, wire.StatusAuth)
 		// A parity unit asked to encode.
-		eh, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: 2, Chunk: ecChunk, Len: 16, Version: 1,
+		eh, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.EC, Flags: wire.FlagEncode, Rank: 2, Chunk: ecChunk, Len: 16, Version: 1,
 			WriteID: 1, Cap: ecCap(capability.Write)}, addrs)
 		r.sendWrite(32, eh, evil[:16])
 		r.expectStatus(32, wire.StatusBadRequest, "not a data unit")

@@ -18,8 +18,8 @@ import (
 func (c *splitCluster) restartMeta(t *testing.T, name string, extra ...string) {
 	t.Helper()
 	args := append([]string{"meta", "--data", filepath.Join(c.dir, "meta"), "--listen", c.meta, "--node-timeout", "2s"}, extra...)
-	c.metaProc = startProc(t, c.dir, name, args...)
-	c.metaProc.waitLine(t, reMetaListen, 20*time.Second)
+	c.metaProc = startDaemon(t, c.dir, name, args...)
+	c.metaProc.waitReady(t, 20*time.Second)
 }
 
 // TestCLIMetaRestart: commands started while meta is down (restarting)

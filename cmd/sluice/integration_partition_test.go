@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // netPartition is a network namespace joined to this one by a veth pair:
@@ -81,7 +81,7 @@ func TestPartitionNeverAcknowledgesLostWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := client.New(client.Options{Conf: conf, BusyRetry: 5 * time.Second})
+	cl, err := sdk.New(sdk.Options{Conf: conf, BusyRetry: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestPartitionNeverAcknowledgesLostWrites(t *testing.T) {
 	// Files whose replica sets include the node to be cut off.
 	type file struct {
 		path  string
-		f     *client.File
+		f     *sdk.File
 		data  []byte   // what the acknowledged writes made it
 		maybe [][]byte // other possible contents after a failed write
 	}

@@ -98,8 +98,8 @@ func TestStatusWaitsForNodesAfterMetaRestart(t *testing.T) {
 	}
 	defer held.proc.cmd.Process.Signal(syscall.SIGCONT)
 	args := []string{"meta", "--data", filepath.Join(dir, "meta"), "--listen", c.meta, "--node-timeout", "60s", "--repair-grace", "1s"}
-	c.metaProc = startProc(t, dir, "meta-restarted", args...)
-	c.metaProc.waitLine(t, reMetaListen, 20*time.Second)
+	c.metaProc = startDaemon(t, dir, "meta-restarted", args...)
+	c.metaProc.waitReady(t, 20*time.Second)
 
 	st := status(t, c.conf)
 	if st.Waiting == nil || st.Waiting.Known != 3 || st.Waiting.Reported > 2 {

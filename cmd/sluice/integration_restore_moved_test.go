@@ -111,9 +111,9 @@ func TestMetaRestoreAfterCopiesMoved(t *testing.T) {
 	}
 	newDir := filepath.Join(c.dir, "meta-new")
 	mustRun(t, c.conf, nil, "meta", "restore", backup, "--data", newDir)
-	p := startProc(t, c.dir, "meta-new", append([]string{"meta", "--data", newDir, "--listen", "127.0.0.1:0", "--node-timeout", "2s"}, metaArgs...)...)
-	c.meta = p.waitLine(t, reMetaListen, 20*time.Second)[1]
-	c.conf = p.waitLine(t, reMetaConf, 5*time.Second)[2]
+	p := startDaemon(t, c.dir, "meta-new", append([]string{"meta", "--data", newDir, "--listen", "127.0.0.1:0", "--node-timeout", "2s"}, metaArgs...)...)
+	info := p.waitReady(t, 20*time.Second)
+	c.meta, c.conf = info.Meta, info.Conf
 	for _, n := range slices.Collect(maps.Values(c.nodes)) {
 		c.startNodeIn(t, n.proc.name, n.dir, nodeArgs...)
 	}

@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // mountTmpfs mounts a tmpfs of size bytes at dir (created) for the
@@ -151,7 +151,7 @@ func TestFullNodeGetsNoNewChunks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := client.New(client.Options{Conf: conf})
+	cl, err := sdk.New(sdk.Options{Conf: conf})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,8 +88,8 @@ func TestJoinAndTLS(t *testing.T) {
 
 	// A token used once does not join a second node.
 	used := strings.TrimSpace(string(mustRun(t, c.conf, nil, "join-token").stdout))
-	p := startProc(t, dir, "n4", "node", "--data", filepath.Join(dir, "n4"), "--meta", c.meta, "--listen", "127.0.0.1:0", "--join", used)
-	p.waitLine(t, reNodeListen, 20*time.Second)
+	p := startDaemon(t, dir, "n4", "node", "--data", filepath.Join(dir, "n4"), "--meta", c.meta, "--listen", "127.0.0.1:0", "--join", used)
+	p.waitReady(t, 20*time.Second)
 	waitNodesUp(t, c.conf, 4, 15*time.Second)
 	before = status(t, c.conf)
 	if msg := startBad("reused", used); !strings.Contains(msg, "already used") || strings.Contains(msg, "client config") {

@@ -13,11 +13,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -128,7 +129,7 @@ func TestReplayedWriteAfterRemove(t *testing.T) {
 	evil := randomBytes(t, 64<<10)
 	replay := func(id uint64) (wire.Reply, string) {
 		t.Helper()
-		h, err := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: l.Chunk, Len: uint64(len(evil)), WriteID: id, Cap: l.Cap}, addrs)
+		h, err := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: l.Chunk, Len: uint64(len(evil)), WriteID: id, Cap: l.Cap}, addrs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,12 +173,12 @@ func TestRemoveWhileWriting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writer, err := client.New(client.Options{Conf: conf})
+	writer, err := sdk.New(sdk.Options{Conf: conf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer writer.Close()
-	remover, err := client.New(client.Options{Conf: conf})
+	remover, err := sdk.New(sdk.Options{Conf: conf})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,9 +6,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // envJoin is the environment variable `sluice node` takes its join
@@ -39,7 +39,7 @@ func (a *app) joinTokenCmd() *cobra.Command {
 					return err
 				}
 			}
-			return a.withClient(func(c *client.Client) error {
+			return a.withClient(func(c *sdk.Client) error {
 				resp, err := c.JoinToken(cmd.Context(), ttl, id)
 				if err != nil {
 					return err

@@ -16,10 +16,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // app holds the global flags shared by subcommands.
@@ -102,17 +102,17 @@ func (a *app) logger() *slog.Logger {
 
 // client opens the cluster named by the client config (tune, if given,
 // adjusts the options).
-func (a *app) client(tune ...func(*client.Options)) (*client.Client, error) {
+func (a *app) client(tune ...func(*sdk.Options)) (*sdk.Client, error) {
 	path := config.Find(a.confPath)
 	conf, err := config.Load(path)
 	if err != nil {
 		return nil, err
 	}
-	opts := client.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS, OpTimeout: a.opTimeout, WaitForMeta: a.waitMeta}
+	opts := sdk.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS, OpTimeout: a.opTimeout, WaitForMeta: a.waitMeta}
 	for _, t := range tune {
 		t(&opts)
 	}
-	return client.New(opts)
+	return sdk.New(opts)
 }
 
 // explain turns errors into one clear line.

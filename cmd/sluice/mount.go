@@ -12,10 +12,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/fusefs"
 	"github.com/sluicefs/sluice/internal/readyfile"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // mountFlags are the FUSE mount's settings, shared by mount and up.
@@ -40,7 +40,7 @@ func (m *mountFlags) add(cmd *cobra.Command) {
 // answering busy (a write another writer left in doubt, which only
 // repair resolves) must fail the operation with EIO well within it, not
 // run into the timeout.
-func (m *mountFlags) tune(o *client.Options) {
+func (m *mountFlags) tune(o *sdk.Options) {
 	if m.opTimeout > 0 {
 		o.OpTimeout = m.opTimeout     // meta's calls retry within it too
 		o.BusyRetry = m.opTimeout / 4 // a flush may wait for two sends
@@ -58,7 +58,7 @@ func (a *app) mountOptions(m *mountFlags) fusefs.Options {
 // serveMount mounts cl at dir and serves until ctx ends (SIGINT,
 // SIGTERM) or the mount is unmounted from outside (`sluice umount`).
 // Once mounted it calls ready (nil: none).
-func (a *app) serveMount(ctx context.Context, cl *client.Client, dir string, m *mountFlags, ready func() error) error {
+func (a *app) serveMount(ctx context.Context, cl *sdk.Client, dir string, m *mountFlags, ready func() error) error {
 	if st, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("mount point: %w", err)
 	} else if !st.IsDir() {
@@ -110,7 +110,7 @@ func (a *app) mountCmd() *cobra.Command {
 		Short: "Mount the cluster as a POSIX file system (FUSE), in the foreground until SIGINT/SIGTERM or `sluice umount`",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withClient(func(cl *client.Client) error {
+			return a.withClient(func(cl *sdk.Client) error {
 				return a.serveMount(cmd.Context(), cl, args[0], &m, func() error {
 					return writeReady(readyPath, readyfile.Info{Mount: args[0]})
 				})

@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/daemonconf"
 	"github.com/sluicefs/sluice/internal/fabricrpc"
 	"github.com/sluicefs/sluice/internal/nfs3"
@@ -22,6 +21,7 @@ import (
 	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
 	"github.com/sluicefs/sluice/internal/readyfile"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -95,7 +95,7 @@ COMMIT has nothing left to do.`,
 				return err
 			}
 			var credential string
-			return a.withClient(func(cl *client.Client) error {
+			return a.withClient(func(cl *sdk.Client) error {
 				if cacheMiB > 1<<30 {
 					return fmt.Errorf("--cache-mib %d: more than 1 PiB", cacheMiB)
 				}
@@ -135,7 +135,7 @@ COMMIT has nothing left to do.`,
 					return err
 				}
 				return srv.Serve(cmd.Context())
-			}, func(o *client.Options) { credential = o.Conf.Credential })
+			}, func(o *sdk.Options) { credential = o.Conf.Credential })
 		},
 	}
 	cmd.Flags().StringArrayVar(&exportLines, "export", nil, "an export, as a line of /etc/exports: PATH CLIENT(OPTIONS)... (repeatable; see above)")

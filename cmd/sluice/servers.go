@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/connlimit"
@@ -25,6 +24,7 @@ import (
 	"github.com/sluicefs/sluice/internal/node"
 	"github.com/sluicefs/sluice/internal/pki"
 	"github.com/sluicefs/sluice/internal/readyfile"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // engineFlags are the data-plane settings shared by `up` and `node`.
@@ -161,9 +161,9 @@ func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf 
 		c.Close()
 		return err
 	}
-	opts := client.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS}
+	opts := sdk.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS}
 	mf.tune(&opts)
-	cl, err := client.New(opts)
+	cl, err := sdk.New(opts)
 	if err != nil {
 		c.Close()
 		return err

@@ -65,6 +65,15 @@ func run(conf, path, local string) error {
 		return fmt.Errorf("get %s: read back %d bytes that differ from the %d put", path, got.Len(), len(data))
 	}
 
+	// Stat describes it as the standard library does (io/fs.FileInfo).
+	fi, err := c.Stat(ctx, path)
+	if err != nil {
+		return err
+	}
+	if fi.Size() != int64(len(data)) || !fi.Mode().IsRegular() {
+		return fmt.Errorf("stat %s: %d bytes, mode %v; want %d bytes, a regular file", path, fi.Size(), fi.Mode(), len(data))
+	}
+
 	// Open gives random access: WriteAt is durable on every replica when
 	// it returns, ReadAt verifies what it reads against the checksums.
 	f, err := c.Open(ctx, path)

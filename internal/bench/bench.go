@@ -28,9 +28,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // LinkSpec is an emulated link (or none: plain loopback).
@@ -74,14 +74,6 @@ func ParseLink(s string) (LinkSpec, error) {
 		return l, err
 	}
 	return l, nil
-}
-
-func (l LinkSpec) link() *fabric.Link {
-	if l.None() {
-		return nil
-	}
-	lk, _ := fabric.NewLink(l.Rate, l.Delay)
-	return lk
 }
 
 // Config configures a bench run.
@@ -260,12 +252,12 @@ func (r *runner) onClusters(ctx context.Context, links []LinkSpec, n int, extra 
 }
 
 // newClient connects to c through a link like the nodes'.
-func (r *runner) newClient(c *procCluster, l LinkSpec, protocol string) (*client.Client, error) {
-	return client.New(client.Options{Conf: c.conf, Link: l.link(), Protocol: protocol, MTU: r.cfg.MTU})
+func (r *runner) newClient(c *procCluster, l LinkSpec, protocol string) (*sdk.Client, error) {
+	return sdk.NewBench(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU}, sdk.BenchOptions{Protocol: protocol, LinkRate: l.Rate, LinkDelay: l.Delay})
 }
 
 // prepare makes a directory with a policy.
-func prepare(ctx context.Context, cl *client.Client, dir string, pol metaapi.Policy) error {
+func prepare(ctx context.Context, cl *sdk.Client, dir string, pol metaapi.Policy) error {
 	if err := cl.MkdirAll(ctx, dir, 0o755); err != nil {
 		return err
 	}
@@ -281,7 +273,7 @@ func randomData(n int64) []byte {
 
 // latencies writes size bytes warmup+reps times, appending to a new file
 // in dir, and returns the measured latencies. The file is removed after.
-func (r *runner) latencies(ctx context.Context, cl *client.Client, dir string, size int64, reps int) ([]time.Duration, error) {
+func (r *runner) latencies(ctx context.Context, cl *sdk.Client, dir string, size int64, reps int) ([]time.Duration, error) {
 	path := r.fileName(dir, fmt.Sprintf("lat-%d", size))
 	f, err := cl.Create(ctx, path, 0o644)
 	if err != nil {
@@ -308,14 +300,14 @@ func (r *runner) latencies(ctx context.Context, cl *client.Client, dir string, s
 // to.
 type lane struct {
 	mode string
-	cl   *client.Client
+	cl   *sdk.Client
 	path string
-	f    *client.File
+	f    *sdk.File
 	off  int64
 	lat  []time.Duration
 }
 
-func (r *runner) openLane(ctx context.Context, mode string, cl *client.Client, dir string) (*lane, error) {
+func (r *runner) openLane(ctx context.Context, mode string, cl *sdk.Client, dir string) (*lane, error) {
 	path := r.fileName(dir, "lane")
 	f, err := cl.Create(ctx, path, 0o644)
 	if err != nil {
@@ -354,7 +346,7 @@ func (r *runner) interleaved(ctx context.Context, lanes []*lane, size int64) err
 
 // concurrent runs n writers, each appending to its own file, and returns
 // every measured latency and the elapsed time of the whole run.
-func (r *runner) concurrent(ctx context.Context, cl *client.Client, dir string, size int64, n int) ([]time.Duration, time.Duration, error) {
+func (r *runner) concurrent(ctx context.Context, cl *sdk.Client, dir string, size int64, n int) ([]time.Duration, time.Duration, error) {
 	var (
 		mu       sync.Mutex
 		all      []time.Duration

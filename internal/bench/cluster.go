@@ -10,13 +10,13 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/launch"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/readyfile"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // procCluster is a cluster of separate processes: one `sluice meta` and
@@ -57,7 +57,7 @@ func startClusterWith(ctx context.Context, cfg *Config, n int, metaArgs, nodeArg
 		c.Close()
 		return nil, err
 	}
-	cl, err := client.New(client.Options{Conf: c.conf})
+	cl, err := sdk.New(sdk.Options{Conf: c.conf})
 	if err != nil {
 		c.Close()
 		return nil, err

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // Erasure-coding experiments: seed 000 Fig. 15 (encoding latency and
@@ -19,7 +19,7 @@ import (
 
 var ecCodes = [][2]int{{3, 2}, {6, 3}}
 
-var ecModes = []string{client.ECStream, client.ECPerChunk, client.ECCentral}
+var ecModes = []string{sdk.ECStream, sdk.ECPerChunk, sdk.ECCentral}
 
 // ecSize rounds a write size up to whole stripes of 512-byte-multiple
 // cells, so every measured write is a full stripe (as in the seed, where
@@ -36,7 +36,7 @@ func ecSize(size int64, k int) (actual, cell int64) {
 // unit each, M times the data), central encoding sends the M parity units
 // from the client (M/K of the data).
 func wireBytes(mode string, k, m int) float64 {
-	if mode == client.ECCentral {
+	if mode == sdk.ECCentral {
 		return 1 + float64(m)/float64(k)
 	}
 	return 1 + float64(m)
@@ -98,9 +98,9 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
 	var out []Point
 	err := r.onClusters(ctx, r.links(true), nodes, nil, func(c *procCluster, l LinkSpec) error {
-		clients := map[string]*client.Client{}
+		clients := map[string]*sdk.Client{}
 		for _, mode := range ecModes {
-			cl, err := client.New(client.Options{Conf: c.conf, Link: l.link(), MTU: r.cfg.MTU, ECMode: mode})
+			cl, err := sdk.NewBench(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU}, sdk.BenchOptions{ECMode: mode, LinkRate: l.Rate, LinkDelay: l.Delay})
 			if err != nil {
 				return err
 			}
@@ -117,7 +117,7 @@ func measureEC(ctx context.Context, r *runner) ([]Point, error) {
 				}
 				last = actual
 				dir := fmt.Sprintf("/ec-%d-%d-%d", k, m, cell)
-				if err := prepare(ctx, clients[client.ECStream], dir, metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
+				if err := prepare(ctx, clients[sdk.ECStream], dir, metaapi.Policy{EC: &metaapi.ErasureCode{Data: k, Parity: m, Cell: cell}}); err != nil {
 					return err
 				}
 				var lanes []*lane
@@ -214,7 +214,7 @@ func ecRecovery(ctx context.Context, r *runner) error {
 				return err
 			}
 			lat := map[string][]time.Duration{}
-			modes := []string{client.RepairDistributed, client.RepairGather}
+			modes := []string{sdk.RepairDistributed, sdk.RepairGather}
 			for i := 0; i < 1+reps; i++ {
 				for j := range modes {
 					mode := modes[(i+j)%len(modes)]

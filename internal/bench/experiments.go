@@ -5,17 +5,18 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // writeLatency: seed 000 Fig. 6 — write latency of a single-replica write
 // by authentication protocol.
 func writeLatency(ctx context.Context, r *runner) error {
 	sizes := r.sizes(powers(1<<10, 4<<20), []int64{64 << 10, 512 << 10})
-	protos := []string{client.ProtoRaw, client.ProtoStream, client.ProtoRPC, client.ProtoRPCPull}
+	protos := []string{sdk.ProtoRaw, sdk.ProtoStream, sdk.ProtoRPC, sdk.ProtoRPCPull}
 	return r.onClusters(ctx, r.links(false), 1, []string{"--bench-allow-raw"}, func(c *procCluster, l LinkSpec) error {
-		clients := map[string]*client.Client{}
+		clients := map[string]*sdk.Client{}
 		for _, proto := range protos {
 			cl, err := r.newClient(c, l, proto)
 			if err != nil {
@@ -24,7 +25,7 @@ func writeLatency(ctx context.Context, r *runner) error {
 			defer cl.Close()
 			clients[proto] = cl
 		}
-		if err := prepare(ctx, clients[client.ProtoStream], "/wl", metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
+		if err := prepare(ctx, clients[sdk.ProtoStream], "/wl", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 			return err
 		}
 		for _, size := range sizes {
@@ -89,12 +90,12 @@ func replication(ctx context.Context, r *runner) error {
 		defer cl.Close()
 		for _, w := range want {
 			var lanes []*lane
-			for _, s := range metaapi.Strategies {
+			for _, s := range plan.Replicated() {
 				dir := fmt.Sprintf("/rep-%s-%d", s, w.k)
 				if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: w.k, Strategy: s}); err != nil {
 					return err
 				}
-				ln, err := r.openLane(ctx, string(s), cl, dir)
+				ln, err := r.openLane(ctx, s.String(), cl, dir)
 				if err != nil {
 					return err
 				}
@@ -128,8 +129,8 @@ func goodput(ctx context.Context, r *runner) error {
 			return err
 		}
 		defer cl.Close()
-		for _, s := range []metaapi.Strategy{metaapi.StrategyRing, metaapi.StrategyTree} {
-			dir := "/gp-" + string(s)
+		for _, s := range []plan.Plan{{Strategy: plan.Ring}, {Strategy: plan.Tree}} {
+			dir := "/gp-" + s.String()
 			if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: k, Strategy: s}); err != nil {
 				return err
 			}
@@ -141,7 +142,7 @@ func goodput(ctx context.Context, r *runner) error {
 				// Bytes per second over the whole run, warm-up included
 				// (every write counts as ingest).
 				total := float64(size) * float64(writers*(r.cfg.Warmup+r.cfg.Reps))
-				p := Point{Mode: string(s), K: k, Size: size, Link: l.String(), Group: l.String(),
+				p := Point{Mode: s.String(), K: k, Size: size, Link: l.String(), Group: l.String(),
 					Throughput: total / elapsed.Seconds(), Concurrency: writers}
 				summarize(&p, all)
 				r.add(p)
@@ -175,7 +176,7 @@ func tableFill(ctx context.Context, r *runner) error {
 			return err
 		}
 		dir := fmt.Sprintf("/tf-%d", n)
-		if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
+		if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 			cl.Close()
 			return err
 		}

@@ -16,8 +16,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // The fuse experiment (issue 5): fio through a real mount against the
@@ -79,13 +80,13 @@ func (r *runner) fuseCluster(ctx context.Context, k int, sz fuseSizes, add func(
 		return err
 	}
 	defer c.Close()
-	cl, err := client.New(client.Options{Conf: c.conf})
+	cl, err := sdk.New(sdk.Options{Conf: c.conf})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	dir := fmt.Sprintf("/r%d", k)
-	if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: k, Strategy: metaapi.StrategyRing}); err != nil {
+	if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: k, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 		return err
 	}
 	mnt := filepath.Join(c.dir, "mnt")
@@ -167,7 +168,7 @@ func (r *runner) fuseSide(ctx context.Context, dir, via string, k int, sz fuseSi
 // sdkSide does the same operations through the SDK: Put and Get for the
 // sequential ones (its streaming paths), 4 KiB WriteAt and ReadAt at
 // random offsets, and Create, Stat and Remove.
-func (r *runner) sdkSide(ctx context.Context, cl *client.Client, dir string, k int, sz fuseSizes, add func(string, int, string, []float64, string)) error {
+func (r *runner) sdkSide(ctx context.Context, cl *sdk.Client, dir string, k int, sz fuseSizes, add func(string, int, string, []float64, string)) error {
 	var sw, sr, sf, rw, rr []float64
 	pattern := randomData(16 << 20)
 	for i := 0; i < sz.runs; i++ {

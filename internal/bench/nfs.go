@@ -13,8 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // nfsBench: seed 001 §7 — sequential reads of one large file, held in
@@ -39,12 +40,12 @@ func nfsBench(ctx context.Context, r *runner) error {
 		return err
 	}
 	defer c.Close()
-	cl, err := client.New(client.Options{Conf: c.conf})
+	cl, err := sdk.New(sdk.Options{Conf: c.conf})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	if err := prepare(ctx, cl, "/nfs", metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}); err != nil {
+	if err := prepare(ctx, cl, "/nfs", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 		return err
 	}
 	if _, err := cl.Put(ctx, "/nfs/f", bytes.NewReader(randomData(size)), 0o644); err != nil {

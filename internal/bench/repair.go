@@ -11,8 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // The repair experiment (issue 6): lose one node holding a share of N
@@ -46,7 +47,7 @@ func repairBench(ctx context.Context, r *runner) error {
 		name string
 		p    metaapi.Policy
 	}{
-		{"replicas-3", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing}},
+		{"replicas-3", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}},
 		{"rs-4+2", metaapi.Policy{EC: &metaapi.ErasureCode{Data: 4, Parity: 2, Cell: metaapi.DefaultECCell}}},
 	} {
 		for _, run := range []struct {
@@ -88,7 +89,7 @@ func (r *runner) repairRun(ctx context.Context, name string, pol metaapi.Policy,
 		return row, err
 	}
 	defer c.Close()
-	cl, err := client.New(client.Options{Conf: c.conf})
+	cl, err := sdk.New(sdk.Options{Conf: c.conf})
 	if err != nil {
 		return row, err
 	}
@@ -214,7 +215,7 @@ func (r *runner) repairRun(ctx context.Context, name string, pol metaapi.Policy,
 
 // waitRedundant waits for a scan after since that finds every chunk and
 // group whole and nothing pending.
-func waitRedundant(ctx context.Context, cl *client.Client, since time.Time, timeout time.Duration) (metaapi.StatusResp, error) {
+func waitRedundant(ctx context.Context, cl *sdk.Client, since time.Time, timeout time.Duration) (metaapi.StatusResp, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	st, err := cl.WaitRepaired(ctx, since)

@@ -18,24 +18,7 @@ import (
 	"fmt"
 
 	"github.com/sluicefs/sluice/internal/ids"
-)
-
-// Fanout says who may write a chunk's replicas other than the first.
-type Fanout uint8
-
-const (
-	// FanoutNodes: the client writes rank 0 only; every other replica
-	// accepts a write only as forwarded (and sealed) by another node —
-	// ring and tree layouts and their store-and-forward variants.
-	FanoutNodes Fanout = 0
-	// FanoutClient: the client writes every replica itself (flat), so
-	// the nodes trust it to send them all the same bytes.
-	FanoutClient Fanout = 1
-	// FanoutEC: the chunk is an erasure-coded stripe group: the replica
-	// set is its Data data units then its parity units, and the client
-	// writes each unit itself (a parity unit may also take partial
-	// parities a data unit's node forwards and seals).
-	FanoutEC Fanout = 2
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // Rights is a bit set of operations a capability allows.
@@ -85,7 +68,9 @@ const fixedSize = 4 + 4 + 8*7 + 4 + 8
 // does not allocate; only the first NReplicas entries are meaningful.
 type Capability struct {
 	Rights Rights
-	Fanout Fanout
+	// Fanout is who may write the copies other than the first: meta
+	// sets it from the file's plan (plan.Plan.Fanout).
+	Fanout plan.Fanout
 	KeyID  uint32
 	Client ids.ClientID
 	Ino    ids.Ino
@@ -99,7 +84,7 @@ type Capability struct {
 	Epoch     uint64 // cluster-map epoch the layout was planned on
 	NReplicas uint8
 	// Data is the number of data units of an erasure-coded stripe group
-	// (FanoutEC); 0 otherwise.
+	// (plan.FanoutEC); 0 otherwise.
 	Data     uint8
 	Replicas [MaxReplicas]ids.NodeID
 	MAC      [MACSize]byte
@@ -171,10 +156,10 @@ func Decode(b []byte, c *Capability) (int, error) {
 		return 0, fmt.Errorf("%w: version %d", ErrMalformed, b[0])
 	}
 	n := int(b[2])
-	if n > MaxReplicas || b[3] > byte(FanoutEC) {
+	if n > MaxReplicas || b[3] > byte(plan.FanoutEC) {
 		return 0, fmt.Errorf("%w: %d replicas, fanout %d", ErrMalformed, n, b[3])
 	}
-	if data := int(b[64]); (Fanout(b[3]) == FanoutEC) != (data > 0) || data >= max(n, 1) || b[65]|b[66]|b[67] != 0 {
+	if data := int(b[64]); (plan.Fanout(b[3]) == plan.FanoutEC) != (data > 0) || data >= max(n, 1) || b[65]|b[66]|b[67] != 0 {
 		return 0, fmt.Errorf("%w: %d data units of %d, fanout %d", ErrMalformed, data, n, b[3])
 	}
 	size := fixedSize + 4*n + MACSize
@@ -182,7 +167,7 @@ func Decode(b []byte, c *Capability) (int, error) {
 		return 0, fmt.Errorf("%w: %d bytes, need %d", ErrMalformed, len(b), size)
 	}
 	c.Rights = Rights(b[1])
-	c.Fanout = Fanout(b[3])
+	c.Fanout = plan.Fanout(b[3])
 	c.NReplicas = uint8(n)
 	c.KeyID = binary.LittleEndian.Uint32(b[4:])
 	c.Client = ids.ClientID(binary.LittleEndian.Uint64(b[8:]))

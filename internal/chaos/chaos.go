@@ -24,11 +24,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/launch"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // Options configure a run.
@@ -62,7 +63,7 @@ type cluster struct {
 	// repairs and repaired count what earlier meta incarnations
 	// reported (a restart starts meta's counters over).
 	repairs, repaired int64
-	cl                *client.Client
+	cl                *sdk.Client
 }
 
 func (c *cluster) startMeta(ctx context.Context, listen string) error {
@@ -110,7 +111,7 @@ func (c *cluster) joinToken(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cl, err := client.New(client.Options{Conf: conf})
+	cl, err := sdk.New(sdk.Options{Conf: conf})
 	if err != nil {
 		return "", err
 	}
@@ -186,7 +187,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	cl, err := client.New(client.Options{Conf: conf, BusyRetry: 10 * time.Second})
+	cl, err := sdk.New(sdk.Options{Conf: conf, BusyRetry: 10 * time.Second})
 	if err != nil {
 		return Report{}, err
 	}
@@ -198,7 +199,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	for _, d := range []struct {
 		p   string
 		pol metaapi.Policy
-	}{{"/r", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing}}, {"/e", metaapi.Policy{EC: &metaapi.ErasureCode{Data: 3, Parity: 2, Cell: 64 << 10}}}} {
+	}{{"/r", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}}, {"/e", metaapi.Policy{EC: &metaapi.ErasureCode{Data: 3, Parity: 2, Cell: 64 << 10}}}} {
 		if err := cl.MkdirAll(ctx, d.p, 0o755); err != nil {
 			return Report{}, err
 		}
@@ -295,7 +296,7 @@ func (c *cluster) faults(ctx context.Context, d time.Duration) error {
 	return nil
 }
 
-func waitUp(ctx context.Context, cl *client.Client, n int, timeout time.Duration) error {
+func waitUp(ctx context.Context, cl *sdk.Client, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		st, err := cl.Status(ctx)
@@ -319,7 +320,7 @@ func waitUp(ctx context.Context, cl *client.Client, n int, timeout time.Duration
 
 // waitHealed waits until every node is up and a scan after that finds
 // every chunk and stripe group at full redundancy, nothing to repair.
-func waitHealed(ctx context.Context, cl *client.Client, n int, timeout time.Duration) (metaapi.StatusResp, error) {
+func waitHealed(ctx context.Context, cl *sdk.Client, n int, timeout time.Duration) (metaapi.StatusResp, error) {
 	if err := waitUp(ctx, cl, n, timeout); err != nil {
 		return metaapi.StatusResp{}, err
 	}
@@ -402,7 +403,7 @@ func (f *fileState) allows(h [32]byte) bool {
 }
 
 type workload struct {
-	cl    *client.Client
+	cl    *sdk.Client
 	o     Options
 	mu    sync.Mutex
 	files map[string]*fileState

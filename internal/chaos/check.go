@@ -5,15 +5,15 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // checkSettled runs `sluice check --verify` until it finds nothing or d
 // passes, and returns what the last one found: once the cluster has
 // healed, the fsck must come back clean (deletions queued for nodes that
 // were down may take a heartbeat or two to be applied).
-func checkSettled(ctx context.Context, cl *client.Client, d time.Duration) ([]metaapi.CheckProblem, error) {
+func checkSettled(ctx context.Context, cl *sdk.Client, d time.Duration) ([]metaapi.CheckProblem, error) {
 	deadline := time.Now().Add(d)
 	for {
 		res, err := cl.Check(ctx, true, false, nil)

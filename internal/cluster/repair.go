@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/meta"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // RepairClient makes meta's repair worker (meta.StartOptions.NewRepairer):
@@ -16,7 +16,7 @@ import (
 // fabricTLS. Meta does not import the SDK, which links the data plane.
 func RepairClient(fabricTLS bool, log *slog.Logger) func(config.ClientConf) (meta.Repairer, io.Closer, error) {
 	return func(conf config.ClientConf) (meta.Repairer, io.Closer, error) {
-		cl, err := client.New(client.Options{Conf: conf, Logger: log, BusyRetry: 10 * time.Second, FabricTLS: fabricTLS})
+		cl, err := sdk.New(sdk.Options{Conf: conf, Logger: log, BusyRetry: 10 * time.Second, FabricTLS: fabricTLS})
 		if err != nil {
 			return nil, nil, fmt.Errorf("repair worker: %w", err)
 		}

@@ -11,9 +11,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // openFile is a regular file open through this mount, shared by all its
@@ -27,7 +27,7 @@ type openFile struct {
 	orphan bool // its last name was removed while open, under fsys.mu
 
 	mu     sync.Mutex
-	f      *client.File
+	f      *sdk.File
 	buf    []byte // sequential writes not yet sent, at bufOff
 	bufOff int64
 	// One full buffer may be on its way while the next fills: the

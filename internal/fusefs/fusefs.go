@@ -29,9 +29,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // Options configure a mount.
@@ -77,7 +77,7 @@ func (o *Options) defaults() {
 
 // FS is one mount's state.
 type FS struct {
-	cl   *client.Client
+	cl   *sdk.Client
 	opts Options
 
 	mu    sync.Mutex
@@ -115,7 +115,7 @@ func (s *Server) Wait() {
 // Mount mounts the cluster cl reaches at dir and serves it until Unmount
 // (or `sluice umount`). The root's attributes are read first, so that an
 // unreachable cluster fails here rather than in the first program.
-func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*Server, error) {
+func Mount(ctx context.Context, cl *sdk.Client, dir string, opts Options) (*Server, error) {
 	opts.defaults()
 	root, err := cl.Stat(ctx, "/")
 	if err != nil {
@@ -183,7 +183,7 @@ func Mount(ctx context.Context, cl *client.Client, dir string, opts Options) (*S
 // and the operation timeout.
 func (f *FS) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	if c, ok := fuse.FromContext(ctx); ok {
-		ctx = client.WithWho(ctx, metaapi.Who{UID: c.Uid, GID: c.Gid, GIDs: f.groups.of(c.Pid)})
+		ctx = sdk.WithWho(ctx, metaapi.Who{UID: c.Uid, GID: c.Gid, GIDs: f.groups.of(c.Pid)})
 	}
 	// The kernel interrupts a request when its process gets a signal —
 	// for Go programs, constantly (preemption). An operation half done

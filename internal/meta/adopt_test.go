@@ -10,6 +10,7 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/inventory"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/repairplan"
 )
 
@@ -67,7 +68,7 @@ func adoptFixture(t *testing.T, pol metaapi.Policy, nodes int, held uint64, rest
 // the member in the down one's place, holding the chunk (not placed
 // fresh: it is the source, perhaps the only one).
 func TestAdoptDisplacedCopy(t *testing.T) {
-	f, l, gone, other := adoptFixture(t, metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}, 3, 1, true)
+	f, l, gone, other := adoptFixture(t, metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}, 3, 1, true)
 	if d := f.s.inv.displaced(l.Chunk); len(d) != 1 || d[0].Node != other {
 		t.Fatalf("displaced copies %+v, want one on %v", d, other)
 	}
@@ -97,7 +98,7 @@ func TestAdoptDisplacedCopy(t *testing.T) {
 // TestAdoptNotOlder: a copy older than the version meta recorded is not
 // adopted (nor collected): with no other source the chunk waits.
 func TestAdoptNotOlder(t *testing.T) {
-	f, l, _, _ := adoptFixture(t, metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}, 3, 0, true)
+	f, l, _, _ := adoptFixture(t, metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}, 3, 0, true)
 	_, _, err := f.s.beginReconcile(&repairJob{ref: chunkRef{f.ino("/d/f"), 0}})
 	if !metaapi.IsCode(err, metaapi.ENOSPC) {
 		t.Fatalf("begin with only an older copy elsewhere: %v, want no source", err)
@@ -160,7 +161,7 @@ func (r *claimRepairer) DropMembers(context.Context, *metaapi.ChunkLayout, []int
 // its claim was the chunk's version and the live member's copy, the
 // chunk's data, was overwritten from it.
 func TestNoAdoptWithoutRestore(t *testing.T) {
-	f, l, gone, other := adoptFixture(t, metaapi.Policy{Replicas: 2, Strategy: metaapi.StrategyRing}, 4, 1000, false)
+	f, l, gone, other := adoptFixture(t, metaapi.Policy{Replicas: 2, Strategy: plan.Plan{Strategy: plan.Ring}}, 4, 1000, false)
 	live := l.Replicas[1].Node
 	r := &claimRepairer{holds: map[ids.NodeID]uint64{live: 1, other: 1000}}
 	done, _, err := f.s.reconcile(context.Background(), r, &repairJob{ref: chunkRef{f.ino("/d/f"), 0}})

@@ -7,6 +7,7 @@ import (
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // TestCorruptCopiesCountedBlockByBlock: redundancy counts what each byte
@@ -36,7 +37,7 @@ func TestCorruptCopiesCountedBlockByBlock(t *testing.T) {
 			f := newFixture(t)
 			nodes := f.addNodes(3)
 			f.tree("/a")
-			f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing})
+			f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}})
 			f.tree("/b")
 			l := f.layout("/b", 0, 1, true).Chunks[0]
 			var reps []metaapi.CorruptCopy
@@ -78,7 +79,7 @@ func TestCorruptCopiesCountedBlockByBlock(t *testing.T) {
 func TestReportCorruptNeedsTheReadCapability(t *testing.T) {
 	f := newFixture(t)
 	f.addNodes(3)
-	f.setPolicy("/", metaapi.Policy{Replicas: 2, Strategy: metaapi.StrategyRing})
+	f.setPolicy("/", metaapi.Policy{Replicas: 2, Strategy: plan.Plan{Strategy: plan.Ring}})
 	f.tree("/a", "/b")
 	la := f.layout("/a", 0, 1, true).Chunks[0]
 	lb := f.layout("/b", 0, 1, true).Chunks[0]
@@ -133,7 +134,7 @@ func TestReportCorruptNeedsTheReadCapability(t *testing.T) {
 func TestClientReportsRateLimited(t *testing.T) {
 	f := newFixture(t)
 	f.addNodes(3)
-	f.setPolicy("/", metaapi.Policy{Replicas: 2, Strategy: metaapi.StrategyRing})
+	f.setPolicy("/", metaapi.Policy{Replicas: 2, Strategy: plan.Plan{Strategy: plan.Ring}})
 	f.tree("/a")
 	l := f.layout("/a", 0, 1, true).Chunks[0]
 	req := metaapi.ReportCorruptReq{Cap: l.Cap, Copy: metaapi.CorruptCopy{Chunk: l.Chunk, Node: l.Replicas[0].Node}}

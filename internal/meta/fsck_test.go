@@ -9,6 +9,7 @@ import (
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 func TestJudgeCopies(t *testing.T) {
@@ -84,7 +85,7 @@ func runCheckOn(t *testing.T, f *fixture, verify, repair bool, held map[ids.Node
 func TestCheckSession(t *testing.T) {
 	f := newFixture(t)
 	nodes := f.addNodes(3)
-	f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing})
+	f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}})
 	f.tree("/a", "/b")
 	la := f.layout("/a", 0, 1, true).Chunks[0]
 	lb := f.layout("/b", 0, 1, true).Chunks[0]
@@ -184,7 +185,7 @@ func commitAll(t *testing.T, f *fixture, path string, n int64) []metaapi.ChunkLa
 func TestCheckQuietAboutTraffic(t *testing.T) {
 	f := newFixture(t)
 	nodes := f.addNodes(3)
-	f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing})
+	f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}})
 	f.tree("/big", "/unwritten", "/gone")
 	big := commitAll(t, f, "/big", 1100)
 	f.layout("/unwritten", 0, 1, true) // allocated, never committed

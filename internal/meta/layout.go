@@ -8,6 +8,7 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/placement"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // maxCommitChunks bounds the chunk versions one Commit may carry.
@@ -161,7 +162,7 @@ func (s *Service) layout(client ids.ClientID, req metaapi.LayoutReq, valid func(
 			if err != nil {
 				return err
 			}
-			pol := metaapi.Policy{Replicas: s.opts.DefaultReplicas, Strategy: metaapi.StrategyRing}
+			pol := metaapi.Policy{Replicas: s.opts.DefaultReplicas, Strategy: plan.Plan{Strategy: plan.Ring}}
 			if in.Policy != nil {
 				pol = *in.Policy
 			}
@@ -229,15 +230,14 @@ func (s *Service) layout(client ids.ClientID, req metaapi.LayoutReq, valid func(
 // mintLayout turns a plan into the reply, minting one capability per chunk.
 func (s *Service) mintLayout(client ids.ClientID, rights capability.Rights, p *layoutPlan) metaapi.LayoutResp {
 	expiry := p.at + int64(s.opts.CapabilityTTL)
-	// Only a flat file's client may write replicas other than the first.
-	fanout, data, unitLen := capability.FanoutNodes, uint8(0), p.attr.ChunkSize
-	switch pol := p.attr.Policy; {
-	case pol == nil:
-	case pol.EC != nil:
-		fanout, data = capability.FanoutEC, uint8(pol.EC.Data)
+	// The capability says who may write the copies past the first: the
+	// file's plan decides (only a flat file's client, or an erasure
+	// code's, writes them itself).
+	pol := p.attr.Policy
+	fanout, data, unitLen := pol.Plan().Fanout(), uint8(0), p.attr.ChunkSize
+	if pol != nil && pol.EC != nil {
+		data = uint8(pol.EC.Data)
 		unitLen = p.attr.ChunkSize / int64(pol.EC.Data) // each unit holds its share of the group
-	case pol.Strategy == metaapi.StrategyFlat:
-		fanout = capability.FanoutClient
 	}
 	out := metaapi.LayoutResp{Attr: p.attr, Epoch: p.epoch, Chunks: make([]metaapi.ChunkLayout, 0, len(p.chunks)), More: p.more}
 	for _, c := range p.chunks {

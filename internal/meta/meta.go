@@ -52,6 +52,7 @@ import (
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/pki"
 	"github.com/sluicefs/sluice/internal/placement"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/privfs"
 	"github.com/sluicefs/sluice/internal/privfs/privpebble"
 	"github.com/sluicefs/sluice/internal/secret"
@@ -365,7 +366,7 @@ func (s *Service) load() error {
 
 func (s *Service) initDB() error {
 	now := s.opts.Now().UnixNano()
-	pol := metaapi.Policy{Replicas: s.opts.DefaultReplicas, Strategy: metaapi.StrategyRing}
+	pol := metaapi.Policy{Replicas: s.opts.DefaultReplicas, Strategy: plan.Plan{Strategy: plan.Ring}}
 	root := &inode{
 		Attr: metaapi.Attr{
 			Ino: ids.RootIno, Type: metaapi.TypeDir, Mode: 0o755, Nlink: 2,

@@ -8,6 +8,7 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/pki"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 func TestRemovable(t *testing.T) {
@@ -36,7 +37,7 @@ func TestRemoveNode(t *testing.T) {
 	f := newFixture(t, func(o *Options) { o.NodeTimeout = 5 * time.Second })
 	ns := f.addNodes(4)
 	f.tree("/one/")
-	if _, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/one"), Policy: metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}, Who: root}); err != nil {
+	if _, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/one"), Policy: metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}, Who: root}); err != nil {
 		t.Fatal(err)
 	}
 	f.tree("/one/f")
@@ -143,7 +144,7 @@ func TestRemoveSilentNodeRacingPlacement(t *testing.T) {
 	f := newFixture(t, func(o *Options) { o.NodeTimeout = 5 * time.Second })
 	ns := f.addNodes(3)
 	f.tree("/d/")
-	if _, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/d"), Policy: metaapi.Policy{Replicas: 2, Strategy: metaapi.StrategyRing}, Who: root}); err != nil {
+	if _, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/d"), Policy: metaapi.Policy{Replicas: 2, Strategy: plan.Plan{Strategy: plan.Ring}}, Who: root}); err != nil {
 		t.Fatal(err)
 	}
 	f.tree("/d/f")

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // permTree: directories with interesting modes and owners.
@@ -163,11 +164,11 @@ func TestPermissions(t *testing.T) {
 			return err
 		}, metaapi.ENOENT},
 		{"setpolicy: not owner", func(f *fixture) error {
-			_, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/pub"), Policy: metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}, Who: alice})
+			_, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/pub"), Policy: metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}, Who: alice})
 			return err
 		}, metaapi.EPERM},
 		{"setpolicy: owner", func(f *fixture) error {
-			_, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/priv"), Policy: metaapi.Policy{Replicas: 1, Strategy: metaapi.StrategyRing}, Who: alice})
+			_, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: f.ino("/priv"), Policy: metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}, Who: alice})
 			return err
 		}, ""},
 	} {

@@ -5,9 +5,12 @@ import (
 
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
-func ring(k int) metaapi.Policy { return metaapi.Policy{Replicas: k, Strategy: metaapi.StrategyRing} }
+func ring(k int) metaapi.Policy {
+	return metaapi.Policy{Replicas: k, Strategy: plan.Plan{Strategy: plan.Ring}}
+}
 
 func (f *fixture) policy(path string) metaapi.PolicyResp {
 	f.t.Helper()
@@ -93,7 +96,7 @@ func TestPolicyErrors(t *testing.T) {
 		{"missing", 999, ring(2), metaapi.ENOENT},
 		{"zero replicas", f.ino("/d"), ring(0), metaapi.EINVAL},
 		{"too many replicas", f.ino("/d"), ring(17), metaapi.EINVAL},
-		{"unknown strategy", f.ino("/d"), metaapi.Policy{Replicas: 2, Strategy: "carrier-pigeon"}, metaapi.EINVAL},
+		{"unknown strategy", f.ino("/d"), metaapi.Policy{Replicas: 2, Strategy: plan.Plan{Strategy: 99}}, metaapi.EINVAL},
 	} {
 		_, err := f.s.SetPolicy(metaapi.SetPolicyReq{Ino: tc.ino, Policy: tc.p, Who: root})
 		if !metaapi.IsCode(err, tc.want) {

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/repairplan"
 )
 
@@ -189,7 +190,7 @@ func TestReconcileAsksDuringAttempt(t *testing.T) {
 func TestRetiredCopiesCarryTheirEpoch(t *testing.T) {
 	f := newFixture(t)
 	nodes := f.addNodes(4)
-	f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: metaapi.StrategyRing})
+	f.setPolicy("/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}})
 	f.tree("/a")
 	l := f.layout("/a", 0, 1, true).Chunks[0]
 	ref := chunkRef{f.ino("/a"), 0}

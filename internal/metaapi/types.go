@@ -18,8 +18,10 @@ package metaapi
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // Code is a POSIX-flavoured error code. Front ends map it to errno.
@@ -120,29 +122,25 @@ type Attr struct {
 	Counted  bool  `json:"counted,omitempty"`
 }
 
-// Strategy names a replication strategy.
-type Strategy string
-
-// The replication strategies (seed 000 §V). ring, tree and flat stream
-// (flat from the client); host-ring and host-tree are the CPU-centric
-// store-and-forward baselines.
-const (
-	StrategyRing     Strategy = "ring"
-	StrategyTree     Strategy = "tree"
-	StrategyFlat     Strategy = "flat"
-	StrategyHostRing Strategy = "host-ring"
-	StrategyHostTree Strategy = "host-tree"
-)
-
-// Strategies lists every strategy, for help texts and errors.
-var Strategies = []Strategy{StrategyRing, StrategyTree, StrategyFlat, StrategyHostRing, StrategyHostTree}
-
 // Policy says how a file's data is made redundant: Replicas copies
-// placed with Strategy, or (EC set) a Reed-Solomon erasure code.
+// written with the plan Strategy (by name in JSON: "ring", "host-tree"
+// ...), or (EC set) a Reed-Solomon erasure code.
 type Policy struct {
 	Replicas int          `json:"replicas,omitempty"`
-	Strategy Strategy     `json:"strategy,omitempty"`
+	Strategy plan.Plan    `json:"strategy,omitzero"`
 	EC       *ErasureCode `json:"ec,omitempty"`
+}
+
+// Plan is how the policy's chunks are written (an erasure code's units:
+// plan.EC; no policy: the default).
+func (p *Policy) Plan() plan.Plan {
+	switch {
+	case p == nil:
+		return plan.Default
+	case p.EC != nil:
+		return plan.Plan{Strategy: plan.EC}
+	}
+	return p.Strategy
 }
 
 func (p Policy) String() string {
@@ -163,7 +161,7 @@ func (p Policy) Units() int {
 // Validate checks a policy on its own (not against the cluster size).
 func (p Policy) Validate() error {
 	if p.EC != nil {
-		if p.Replicas != 0 || p.Strategy != "" {
+		if p.Replicas != 0 || !p.Strategy.IsZero() {
 			return Errorf(EINVAL, "a policy is either replicated or erasure-coded, not both")
 		}
 		return p.EC.Validate()
@@ -171,12 +169,10 @@ func (p Policy) Validate() error {
 	if p.Replicas < 1 || p.Replicas > 16 {
 		return Errorf(EINVAL, "replicas must be between 1 and 16, got %d", p.Replicas)
 	}
-	for _, s := range Strategies {
-		if p.Strategy == s {
-			return nil
-		}
+	if !p.Strategy.Named() {
+		return Errorf(EINVAL, "unknown replication strategy %q (known: %s)", p.Strategy, strings.Join(plan.Names(), ", "))
 	}
-	return Errorf(EINVAL, "unknown replication strategy %q (known: ring, tree, flat, host-ring, host-tree)", p.Strategy)
+	return nil
 }
 
 // Who is the caller's identity for permission checks. The CLI sends the

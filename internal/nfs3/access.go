@@ -14,11 +14,11 @@ import (
 	"net/netip"
 	"sync"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -204,7 +204,7 @@ func (g *Gateway) admitCall(ctx context.Context, c *oncrpc.Call, args *xdr.Reade
 			g.log.Debug("nfs3: call refused", "remote", c.Remote, "export", acc.exp.Path, "proc", c.Proc, "err", err)
 		}
 	}
-	return context.WithValue(client.WithWho(ctx, acc.who), accessKey{}, acc)
+	return context.WithValue(sdk.WithWho(ctx, acc.who), accessKey{}, acc)
 }
 
 // modifies reports whether NFS procedure proc changes the file system

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/nfs3"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -161,7 +161,7 @@ func TestReadCacheOtherClient(t *testing.T) {
 		t.Fatal("no hit on a second READ")
 	}
 
-	other, err := client.New(client.Options{Conf: e.conf})
+	other, err := sdk.New(sdk.Options{Conf: e.conf})
 	if err != nil {
 		t.Fatal(err)
 	}

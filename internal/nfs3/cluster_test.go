@@ -5,16 +5,16 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/config"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // StartTestCluster starts an in-process cluster of nodes storage nodes (data
 // on tmpfs when there is one) and an SDK client of it, both closed when
 // the test ends; it returns the client and its configuration.
 // Exported for the package's external tests.
-func StartTestCluster(tb testing.TB, nodes int) (*client.Client, config.ClientConf) {
+func StartTestCluster(tb testing.TB, nodes int) (*sdk.Client, config.ClientConf) {
 	tb.Helper()
 	dir := tb.TempDir()
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
@@ -30,7 +30,7 @@ func StartTestCluster(tb testing.TB, nodes int) (*client.Client, config.ClientCo
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cl, err := client.New(client.Options{Conf: conf})
+	cl, err := sdk.New(sdk.Options{Conf: conf})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -9,16 +9,16 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // Options configure a Gateway.
 type Options struct {
-	Client *client.Client
+	Client *sdk.Client
 	Logger *slog.Logger
 	// AttrTTL is how long the gateway trusts a file's attributes (size,
 	// for READ's end of file) before asking meta again; other clients'
@@ -43,7 +43,7 @@ type Options struct {
 
 // Gateway serves the cluster's namespace over NFSv3.
 type Gateway struct {
-	cl   *client.Client
+	cl   *sdk.Client
 	log  *slog.Logger
 	ttl  time.Duration
 	verf [8]byte // write verifier: new at every start (RFC 1813 §3.3.7)
@@ -70,7 +70,7 @@ type Gateway struct {
 // openFile is an SDK handle the gateway keeps for READ and WRITE, so a
 // sequential read costs no meta call per request.
 type openFile struct {
-	f  *client.File
+	f  *sdk.File
 	at time.Time // when its attributes were fetched
 }
 
@@ -140,7 +140,7 @@ func nfsIdempotent(_, proc uint32) bool {
 
 // file returns an SDK handle for regular file ino with attributes at
 // most AttrTTL old.
-func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*client.File, error) {
+func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*sdk.File, error) {
 	g.filesMu.Lock()
 	of := g.files[ino]
 	var at time.Time
@@ -231,7 +231,7 @@ func (g *Gateway) status(ctx context.Context) (metaapi.StatusResp, error) {
 // unprivileged caller is about to write, as a write(2) does (knfsd
 // writes as the caller, and the kernel drops them); the write's record
 // at meta then brings back the file's new mode.
-func (g *Gateway) killPrivs(ctx context.Context, f *client.File) Status {
+func (g *Gateway) killPrivs(ctx context.Context, f *sdk.File) Status {
 	a := f.Attr()
 	if accessOf(ctx).who.UID == 0 || metaapi.KillSuidgid(a.Type, a.Mode) == a.Mode {
 		return OK

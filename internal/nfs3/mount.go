@@ -5,11 +5,11 @@ import (
 	"path"
 	"strings"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -95,7 +95,7 @@ func (g *Gateway) mnt(ctx context.Context, c *oncrpc.Call, p string) (uint32, *e
 		return mntErrAcces, nil, 0
 	}
 	exp := g.exportByID[exportID(e.Path)]
-	ctx = client.WithWho(ctx, acc.Who)
+	ctx = sdk.WithWho(ctx, acc.Who)
 	// From the export's root, one name at a time: a symbolic link below
 	// it could lead out of the export (mountd resolves the path before
 	// it looks for its export; here such a mount is refused).

@@ -12,18 +12,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/nfs3"
 	"github.com/sluicefs/sluice/internal/nfsexport"
 	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
 // env is a cluster, a gateway serving it on loopback, and an RPC client.
 type env struct {
-	cl   *client.Client
+	cl   *sdk.Client
 	conf config.ClientConf
 	rpc  *oncrpc.Client
 	cred *oncrpc.AuthSysCred
@@ -471,7 +471,7 @@ func TestWriteRemovedElsewhere(t *testing.T) {
 	if st := write(); st != nfs3.OK {
 		t.Fatalf("WRITE: %d", st)
 	}
-	other, err := client.New(client.Options{Conf: e.conf})
+	other, err := sdk.New(sdk.Options{Conf: e.conf})
 	if err != nil {
 		t.Fatal(err)
 	}

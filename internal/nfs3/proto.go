@@ -12,8 +12,8 @@ import (
 	"context"
 	"errors"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 	"github.com/sluicefs/sluice/internal/xdr"
 )
 
@@ -272,7 +272,7 @@ func statusOf(err error) Status {
 	}
 	var me *metaapi.Error
 	if !errors.As(err, &me) {
-		var ne *client.NodeError
+		var ne *sdk.NodeError
 		if errors.As(err, &ne) || errors.Is(err, context.Canceled) {
 			return ErrIO // a storage node failed the data, or the gateway is stopping
 		}

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // TestStatusOf: meta's answers map to their nfsstat3; a storage node's
@@ -23,7 +23,7 @@ func TestStatusOf(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", metaapi.Errorf(metaapi.ENOTEMPTY, "x")), ErrNotempty},
 		{metaapi.Errorf(metaapi.EAGAIN, "repairing"), ErrJukebox},
 		{metaapi.Errorf(metaapi.EIO, "x"), ErrIO},
-		{&client.NodeError{Op: "read", Addr: "n1", Err: errors.New("reset")}, ErrIO},
+		{&sdk.NodeError{Op: "read", Addr: "n1", Err: errors.New("reset")}, ErrIO},
 		{errors.New("meta GetAttr: dial tcp 127.0.0.1:7700: connect: connection refused"), ErrJukebox},
 		{context.Canceled, ErrIO},
 		{errBadHandle, ErrBadhandle},

@@ -107,7 +107,14 @@ func (s *Store) beginWrite(id ids.ChunkID, off, length int64, version, base, tag
 	}
 	c, ok := s.chunks.acquireWriter(id)
 	if !ok {
-		return nil, fmt.Errorf("store: begin write %v: another write is open: %w", id, ErrBusy)
+		// The writer lock is the chunk's open write: admission refuses
+		// a second one.
+		var ev admit.Event = admit.BeginFollow{Version: version, Base: base, Tag: tag}
+		if head {
+			ev = admit.BeginHead{Off: off, End: off + length, Tag: tag}
+		}
+		_, d := admit.Step(admit.Chunk{ID: id, Open: true}, ev)
+		return nil, fmt.Errorf("store: begin write %v: %w", id, d.Err)
 	}
 	w := &Write{s: s, id: id, c: c, off: off, end: off + length, next: off, tag: tag, head: head, base: base}
 	if err := w.begin(version); err != nil {

@@ -15,6 +15,7 @@ import (
 	"fmt"
 
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // Op is the first byte of every header: the message class.
@@ -36,85 +37,6 @@ func (o Op) String() string {
 		return "reply"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
-}
-
-// Strategy is the replication topology of a write.
-type Strategy uint8
-
-const (
-	// StrategyRing: each replica forwards to the replica of the next rank.
-	StrategyRing Strategy = 1
-	// StrategyTree: a pipelined binary tree; rank r forwards to ranks
-	// 2r+1 and 2r+2.
-	StrategyTree Strategy = 2
-	// StrategyFlat: the client writes every replica itself; no replica
-	// forwards. The version comes from a reservation at rank 0.
-	StrategyFlat Strategy = 3
-	// StrategyEC: one unit of an erasure-coded stripe group; Rank is the
-	// unit's index (data units first, then parity units). Like flat, the
-	// client writes each unit with the version reserved at unit 0.
-	StrategyEC Strategy = 4
-)
-
-func (s Strategy) String() string {
-	switch s {
-	case StrategyRing:
-		return "ring"
-	case StrategyTree:
-		return "tree"
-	case StrategyFlat:
-		return "flat"
-	case StrategyEC:
-		return "ec"
-	}
-	return fmt.Sprintf("strategy(%d)", uint8(s))
-}
-
-// Children returns the ranks a replica of rank forwards to among n.
-func (s Strategy) Children(rank, n int) []int {
-	switch s {
-	case StrategyRing:
-		if rank+1 < n {
-			return []int{rank + 1}
-		}
-	case StrategyTree:
-		var out []int
-		for _, c := range []int{2*rank + 1, 2*rank + 2} {
-			if c < n {
-				out = append(out, c)
-			}
-		}
-		return out
-	}
-	return nil
-}
-
-// Mode is how a node handles a write's data.
-type Mode uint8
-
-const (
-	// ModeStream: the handler engine checks the header and places and
-	// forwards every packet as it arrives (the sPIN design).
-	ModeStream Mode = 0
-	// ModeHost: store-and-forward, the CPU-centric baseline: the whole
-	// request is received into host memory, then validated, stored and
-	// forwarded. With one replica this is the "rpc" protocol.
-	ModeHost Mode = 1
-	// ModePull: the header names a region of the client's; the node
-	// validates it, then pulls the data with one-sided READs ("rpc-pull").
-	ModePull Mode = 2
-)
-
-func (m Mode) String() string {
-	switch m {
-	case ModeStream:
-		return "stream"
-	case ModeHost:
-		return "host"
-	case ModePull:
-		return "pull"
-	}
-	return fmt.Sprintf("mode(%d)", uint8(m))
 }
 
 // Write header flags.
@@ -218,8 +140,9 @@ const writeFixed = 48
 // WriteHeader is the WRH: write Len bytes at Off of Chunk. The data
 // follows in the message's data packets.
 type WriteHeader struct {
-	Strategy Strategy
-	Mode     Mode
+	// Strategy and Mode are the write's plan (plan.Plan; see Plan).
+	Strategy plan.Strategy
+	Mode     plan.Mode
 	Flags    uint8
 	Rank     uint8 // this node's position in the replica chain
 	Chunk    ids.ChunkID
