@@ -9,6 +9,7 @@ import (
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -37,7 +38,7 @@ func TestContextsMatchHeaders(t *testing.T) {
 	}
 	bogus := []byte("not a capability")
 	two := []string{"127.0.0.1:1", "127.0.0.1:2"}
-	write := func(s wire.Strategy, m wire.Mode, flags uint8, version uint64) []byte {
+	write := func(s plan.Strategy, m plan.Mode, flags uint8, version uint64) []byte {
 		h := wire.WriteHeader{Strategy: s, Mode: m, Flags: flags, Chunk: 7, Len: 10, Version: version, Cap: bogus, RegionKey: 1}
 		b, err := wire.AppendWrite(nil, &h, two)
 		if err != nil {
@@ -63,16 +64,16 @@ func TestContextsMatchHeaders(t *testing.T) {
 		hdr  []byte
 		want string
 	}{
-		{write(wire.StrategyRing, wire.ModeStream, 0, 0), "write-stream"},
-		{write(wire.StrategyTree, wire.ModeStream, wire.FlagBase, 5), "write-stream"},
-		{write(wire.StrategyFlat, wire.ModeStream, 0, 3), "write-stream"},
-		{write(wire.StrategyRing, wire.ModeHost, 0, 0), "write-host"},
-		{write(wire.StrategyEC, wire.ModeHost, wire.FlagEncode, 3), "write-host"},
-		{write(wire.StrategyRing, wire.ModePull, 0, 0), "write-pull"},
-		{write(wire.StrategyFlat, wire.ModeStream, wire.FlagReserve, 0), "write-reserve"},
-		{write(wire.StrategyFlat, wire.ModeStream, wire.FlagReserve, 4), "write-reserve"}, // a release
-		{write(wire.StrategyEC, wire.ModeStream, wire.FlagEncode, 3), "write-encode"},
-		{write(wire.StrategyEC, wire.ModeStream, wire.FlagPartial, 3), "write-parity"},
+		{write(plan.Ring, plan.Stream, 0, 0), "write-stream"},
+		{write(plan.Tree, plan.Stream, wire.FlagBase, 5), "write-stream"},
+		{write(plan.Flat, plan.Stream, 0, 3), "write-stream"},
+		{write(plan.Ring, plan.Host, 0, 0), "write-host"},
+		{write(plan.EC, plan.Host, wire.FlagEncode, 3), "write-host"},
+		{write(plan.Ring, plan.Pull, 0, 0), "write-pull"},
+		{write(plan.Flat, plan.Stream, wire.FlagReserve, 0), "write-reserve"},
+		{write(plan.Flat, plan.Stream, wire.FlagReserve, 4), "write-reserve"}, // a release
+		{write(plan.EC, plan.Stream, wire.FlagEncode, 3), "write-encode"},
+		{write(plan.EC, plan.Stream, wire.FlagPartial, 3), "write-parity"},
 		{[]byte{byte(wire.OpWrite), 1, 0}, "write-stream"}, // malformed: refused by the catch-all
 		{read(false), "read"},
 		{read(true), "read-scaled"},

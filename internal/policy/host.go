@@ -9,6 +9,7 @@ import (
 	"github.com/sluicefs/sluice/internal/exchange"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -66,8 +67,8 @@ func (x hostWrites) completion(r *engine.Request) {
 func (x hostWrites) cleanup(r *engine.Request, reason error) { x.releaseHost(r.State.(*hostState)) }
 
 func (x hostWrites) hostHeader(st *hostState, h *wire.WriteHeader, raw []byte) error {
-	ec := h.Strategy == wire.StrategyEC && h.Flags&wire.FlagEncode != 0
-	if !ec && (h.Flags&^(wire.FlagBase|wire.FlagSealed) != 0 || h.Strategy == wire.StrategyFlat || h.Strategy == wire.StrategyEC) {
+	ec := h.Strategy == plan.EC && h.Flags&wire.FlagEncode != 0
+	if !ec && (h.Flags&^(wire.FlagBase|wire.FlagSealed) != 0 || h.Strategy == plan.Flat || h.Strategy == plan.EC) {
 		return wire.Errorf(wire.StatusBadRequest, "store-and-forward writes are ring or tree writes, or erasure-coded data units that encode")
 	}
 	if h.Len > uint64(x.d.HostBuffer) || int64(1)<<sizeClass(int(h.Len)) > max(x.d.HostBuffer, 1) {
@@ -155,7 +156,7 @@ func (x hostWrites) hostStore(st *hostState) []byte {
 	if err != nil {
 		return wire.AppendError(nil, err)
 	}
-	if h.Strategy == wire.StrategyEC {
+	if h.Strategy == plan.EC {
 		return x.hostEncode(st, &h, &c)
 	}
 	var w *store.Write

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -118,7 +119,7 @@ func (x *repairer) rebuildHeader(r *engine.Request, hdr []byte) error {
 		return err
 	}
 	h, c := &st.h, &st.cap
-	ec := c.Fanout == capability.FanoutEC
+	ec := c.Fanout == plan.FanoutEC
 	switch {
 	case h.Mode == wire.RepairCopy && ec:
 		return wire.Errorf(wire.StatusBadRequest, "chunk %v is erasure-coded: its units are rebuilt, not copied", h.Chunk)

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -65,16 +66,16 @@ const (
 // Streaming comes last and takes the rest, malformed headers included
 // (its header handler refuses them).
 func (x *writer) writeContexts() []*engine.Context {
-	mode := func(m wire.Mode) engine.Field {
+	mode := func(m plan.Mode) engine.Field {
 		return engine.Field{At: writeModeAt, Mask: 0xff, Value: byte(m)}
 	}
 	flag := func(f uint8) engine.Field { return engine.Field{At: writeFlagsAt, Mask: f, Value: f} }
 	return []*engine.Context{
-		writeContext("write-host", hostWrites{x}, mode(wire.ModeHost)),
-		writeContext("write-pull", pullWrites{x}, mode(wire.ModePull)),
-		writeContext("write-reserve", reserveWrites{x}, mode(wire.ModeStream), flag(wire.FlagReserve)),
-		writeContext("write-parity", parityWrites{x}, mode(wire.ModeStream), flag(wire.FlagPartial)),
-		writeContext("write-encode", encodeWrites{x}, mode(wire.ModeStream), flag(wire.FlagEncode)),
+		writeContext("write-host", hostWrites{x}, mode(plan.Host)),
+		writeContext("write-pull", pullWrites{x}, mode(plan.Pull)),
+		writeContext("write-reserve", reserveWrites{x}, mode(plan.Stream), flag(wire.FlagReserve)),
+		writeContext("write-parity", parityWrites{x}, mode(plan.Stream), flag(wire.FlagPartial)),
+		writeContext("write-encode", encodeWrites{x}, mode(plan.Stream), flag(wire.FlagEncode)),
 		writeContext("write-stream", streamWrites{x}),
 	}
 }
@@ -200,7 +201,7 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 		if !x.d.AllowRaw {
 			return wire.Errorf(wire.StatusAuth, "raw (unauthenticated) writes are disabled on this node")
 		}
-		if h.Addrs.Len() != 1 || h.Rank != 0 || h.Version != 0 || h.Mode != wire.ModeStream || h.Flags != wire.FlagRaw {
+		if h.Addrs.Len() != 1 || h.Rank != 0 || h.Version != 0 || h.Mode != plan.Stream || h.Flags != wire.FlagRaw {
 			return wire.Errorf(wire.StatusBadRequest, "raw writes are single-replica streaming writes")
 		}
 		return nil
@@ -224,13 +225,13 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 	// whose seal a client cannot make. Otherwise a client could send two
 	// replicas different bytes as the same version.
 	sealed := h.Flags&wire.FlagSealed != 0 && x.d.Keys.CheckSeal(h.Sealed, h.Seal)
-	flat, ec := h.Strategy == wire.StrategyFlat, h.Strategy == wire.StrategyEC
+	flat, ec := h.Strategy == plan.Flat, h.Strategy == plan.EC
 	switch {
-	case flat != (c.Fanout == capability.FanoutClient) || ec != (c.Fanout == capability.FanoutEC):
-		return wire.Errorf(wire.StatusAuth, "chunk %v is %s; a %v write is not allowed", h.Chunk, fanoutName(c.Fanout), h.Strategy)
+	case h.Strategy.Fanout() != c.Fanout:
+		return wire.Errorf(wire.StatusAuth, "chunk %v is %s; a %v write is not allowed", h.Chunk, c.Fanout, h.Strategy)
 	case !flat && !ec && rank != 0 && !sealed:
 		return wire.Errorf(wire.StatusAuth, "replica rank %d of chunk %v takes a %v write only as forwarded by rank %d's node",
-			rank, h.Chunk, h.Strategy, parentRank(h.Strategy, rank))
+			rank, h.Chunk, h.Strategy, h.Strategy.Parent(rank))
 	case !ec && h.Flags&(wire.FlagEncode|wire.FlagPartial) != 0:
 		return wire.Errorf(wire.StatusBadRequest, "encode and partial-parity flags are for erasure-coded writes")
 	case ec:
@@ -240,38 +241,28 @@ func (x *writer) check(h *wire.WriteHeader, c *capability.Capability) error {
 	}
 	reserve := h.Flags&wire.FlagReserve != 0
 	switch h.Strategy {
-	case wire.StrategyRing, wire.StrategyTree:
+	case plan.Ring, plan.Tree:
 		// Rank 0 assigns the version; every other rank is told it.
 		if reserve || (rank == 0) != (h.Version == 0) {
 			return wire.Errorf(wire.StatusBadRequest, "version %d at rank %d of a %v write", h.Version, rank, h.Strategy)
 		}
-	case wire.StrategyFlat, wire.StrategyEC:
+	case plan.Flat, plan.EC:
 		// The client reserves the version at rank 0, then writes every
 		// replica (unit) with it.
 		// (A reservation with a version releases it: see reserve.go.)
-		if reserve && (rank != 0 || h.Mode != wire.ModeStream) || !reserve && h.Version == 0 {
+		if reserve && (rank != 0 || h.Mode != plan.Stream) || !reserve && h.Version == 0 {
 			return wire.Errorf(wire.StatusBadRequest, "%v write: version %d at rank %d (reserve %v)", h.Strategy, h.Version, rank, reserve)
 		}
-		if h.Mode != wire.ModeStream && !(h.Mode == wire.ModeHost && h.Flags&wire.FlagEncode != 0) {
+		if h.Mode != plan.Stream && !(h.Mode == plan.Host && h.Flags&wire.FlagEncode != 0) {
 			return wire.Errorf(wire.StatusBadRequest, "%v writes stream", h.Strategy)
 		}
 	default:
 		return wire.Errorf(wire.StatusBadRequest, "unknown replication strategy %v", h.Strategy)
 	}
-	if h.Mode == wire.ModePull && (c.NReplicas != 1 || h.Strategy != wire.StrategyRing) {
+	if h.Mode == plan.Pull && (c.NReplicas != 1 || h.Strategy != plan.Ring) {
 		return wire.Errorf(wire.StatusBadRequest, "pulled writes are single-replica")
 	}
 	return nil
-}
-
-func fanoutName(f capability.Fanout) string {
-	switch f {
-	case capability.FanoutClient:
-		return "client-replicated"
-	case capability.FanoutEC:
-		return "erasure-coded"
-	}
-	return "node-replicated"
 }
 
 // checkEC checks the unit-specific rules of an erasure-coded write: only
@@ -290,18 +281,10 @@ func checkEC(h *wire.WriteHeader, c *capability.Capability, rank int, sealed boo
 		return wire.Errorf(wire.StatusBadRequest, "partial parity from unit %d of chunk %v, which is not a data unit", h.Src, h.Chunk)
 	case !sealed:
 		return wire.Errorf(wire.StatusAuth, "parity unit %d of chunk %v takes partial parities only from a data unit's node", rank, h.Chunk)
-	case h.Mode != wire.ModeStream || h.Flags&wire.FlagReserve != 0:
+	case h.Mode != plan.Stream || h.Flags&wire.FlagReserve != 0:
 		return wire.Errorf(wire.StatusBadRequest, "partial parities stream")
 	}
 	return nil
-}
-
-// parentRank is the rank that forwards to rank in strategy s (rank > 0).
-func parentRank(s wire.Strategy, rank int) int {
-	if s == wire.StrategyTree {
-		return (rank - 1) / 2
-	}
-	return rank - 1
 }
 
 // forwardHeader is the sealed header for child rank k.

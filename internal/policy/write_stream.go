@@ -4,6 +4,7 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -52,7 +53,7 @@ func (x *writer) admitStream(hdr []byte) (h wire.WriteHeader, c capability.Capab
 func (x *writer) openStream(st *streamState, h *wire.WriteHeader, c *capability.Capability, kids []child) error {
 	var err error
 	switch {
-	case (h.Strategy == wire.StrategyFlat || h.Strategy == wire.StrategyEC) && h.Rank == 0:
+	case (h.Strategy == plan.Flat || h.Strategy == plan.EC) && h.Rank == 0:
 		// The data of a flat write whose version rank 0 reserved.
 		if st.w, err = x.reserved.take(h.Chunk, h.Version, int64(h.Off), int64(h.Len), h.WriteID); err != nil {
 			return err
@@ -65,7 +66,7 @@ func (x *writer) openStream(st *streamState, h *wire.WriteHeader, c *capability.
 		}
 		st.head = true
 	default:
-		if h.Strategy == wire.StrategyFlat || h.Strategy == wire.StrategyEC {
+		if h.Strategy == plan.Flat || h.Strategy == plan.EC {
 			// An earlier flat write may not have reached this replica yet:
 			// busy, not stale (the store decides the rest).
 			if err := awaitPredecessor(x.d.Store, h); err != nil {
