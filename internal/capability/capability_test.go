@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 // testKeys are fixed keys for ids, distinct per seed (as two clusters'
@@ -23,7 +24,7 @@ func testKeys(seed byte, keyIDs ...uint32) []Key {
 }
 
 func sample() Capability {
-	c := Capability{Rights: Read | Write, Fanout: FanoutClient, Client: 7, Ino: 42, Chunk: 0x1234, Off: 4096, Len: 1 << 20,
+	c := Capability{Rights: Read | Write, Fanout: plan.FanoutClient, Client: 7, Ino: 42, Chunk: 0x1234, Off: 4096, Len: 1 << 20,
 		Expiry: time.Now().Add(time.Minute).UnixNano(), Issued: time.Now().UnixNano(), Epoch: 3}
 	_ = c.SetReplicas([]ids.NodeID{5, 9, 2})
 	return c
@@ -190,7 +191,7 @@ func FuzzDecode(f *testing.F) {
 	c := sample()
 	f.Add(k.Mint(&c))
 	ec := sample()
-	ec.Fanout, ec.Data = FanoutEC, 1
+	ec.Fanout, ec.Data = plan.FanoutEC, 1
 	f.Add(k.Mint(&ec))
 	f.Add([]byte{})
 	f.Add(make([]byte, fixedSize+MACSize))

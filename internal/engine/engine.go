@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,11 +69,38 @@ type Handlers struct {
 	Cleanup func(r *Request, reason error)
 }
 
-// Context is an execution context: the handlers for one message class.
+// Context is an execution context: the handlers and per-request state of
+// one message class. A class is the header's first byte (its op) and,
+// within the op, the header fields in Match — as sPIN matches a message
+// class on header fields, so each kind of request has its own handlers
+// instead of one set switching on the header in every handler.
 type Context struct {
 	Name  string
 	Class wire.Op
+	// Match are further header fields the message must carry; nil matches
+	// every message of the op. Contexts of one op are tried in the order
+	// given to New, and the first that matches takes the message: the one
+	// without Match (if any) comes last and takes the rest.
+	Match []Field
 	Handlers
+}
+
+// Field is one header byte a context matches: hdr[At]&Mask == Value. A
+// header too short to hold it does not match.
+type Field struct {
+	At          int
+	Mask, Value byte
+}
+
+// matches reports whether header packet hdr is of c's class (hdr[0] is
+// c's op already).
+func (c *Context) matches(hdr []byte) bool {
+	for _, f := range c.Match {
+		if f.At >= len(hdr) || hdr[f.At]&f.Mask != f.Value {
+			return false
+		}
+	}
+	return true
 }
 
 // Options configure an engine.
@@ -137,7 +165,7 @@ type Stats struct {
 // Engine dispatches packets to handlers. It is a fabric.Handler.
 type Engine struct {
 	opts     Options
-	contexts [256]*Context
+	contexts [256][]*Context // by op, in matching order
 	table    table
 	workers  []*worker
 	next     atomic.Uint32
@@ -170,13 +198,9 @@ func New(opts Options, contexts ...*Context) (*Engine, error) {
 	}
 	e := &Engine{opts: opts, stop: make(chan struct{})}
 	for _, c := range contexts {
-		if e.contexts[c.Class] != nil {
-			return nil, fmt.Errorf("engine: two contexts for class %v", c.Class)
+		if err := e.install(c); err != nil {
+			return nil, err
 		}
-		if c.Header == nil || c.Completion == nil {
-			return nil, fmt.Errorf("engine: context %s needs header and completion handlers", c.Name)
-		}
-		e.contexts[c.Class] = c
 	}
 	e.table.init(e, opts.TableSize)
 	e.clock.Store(time.Now().UnixNano())
@@ -189,6 +213,36 @@ func New(opts Options, contexts ...*Context) (*Engine, error) {
 	e.wg.Add(1)
 	go e.sweep()
 	return e, nil
+}
+
+// install adds c after the contexts of its op, refusing one no message
+// could reach.
+func (e *Engine) install(c *Context) error {
+	if c.Header == nil || c.Completion == nil {
+		return fmt.Errorf("engine: context %s needs header and completion handlers", c.Name)
+	}
+	for _, f := range c.Match {
+		if f.At < 1 || f.Value&^f.Mask != 0 {
+			return fmt.Errorf("engine: context %s matches byte %d with mask %#x on %#x, which no header can", c.Name, f.At, f.Mask, f.Value)
+		}
+	}
+	for _, o := range e.contexts[c.Class] {
+		if len(o.Match) == 0 || slices.Equal(o.Match, c.Match) {
+			return fmt.Errorf("engine: context %s is unreachable: %s takes every message of class %v it would", c.Name, o.Name, c.Class)
+		}
+	}
+	e.contexts[c.Class] = append(e.contexts[c.Class], c)
+	return nil
+}
+
+// match returns the context of header packet hdr (not empty), or nil.
+func (e *Engine) match(hdr []byte) *Context {
+	for _, c := range e.contexts[hdr[0]] {
+		if c.matches(hdr) {
+			return c
+		}
+	}
+	return nil
 }
 
 // Close stops the workers and the sweeper. Connections must be closed
@@ -312,11 +366,15 @@ func (e *Engine) start(cs *connState, p *fabric.Packet) {
 		refuse(wire.StatusBadRequest, "empty header packet")
 		return
 	}
-	ctx := e.contexts[p.Data[0]]
+	ctx := e.match(p.Data)
 	if ctx == nil {
 		e.unknown.Add(1)
-		e.event(Event{Kind: EventUnknownClass, ID: p.ID, Peer: peer(p.Conn), Reason: fmt.Errorf("message class %d", p.Data[0])})
-		refuse(wire.StatusUnknownOp, fmt.Sprintf("no handler for message class %d", p.Data[0]))
+		msg := fmt.Sprintf("no handler for message class %d", p.Data[0])
+		if len(e.contexts[p.Data[0]]) > 0 {
+			msg += " with these header fields"
+		}
+		e.event(Event{Kind: EventUnknownClass, ID: p.ID, Peer: peer(p.Conn), Reason: errors.New(msg)})
+		refuse(wire.StatusUnknownOp, msg)
 		return
 	}
 	w := e.workers[int(e.next.Add(1))%len(e.workers)]

@@ -100,6 +100,14 @@ func newEnv(t *testing.T, opts Options) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e := serve(t, eng)
+	e.x, e.events = x, events
+	return e
+}
+
+// serve listens with eng on loopback, for a client pool.
+func serve(t *testing.T, eng *Engine) *env {
+	t.Helper()
 	srv, _ := fabric.NewEndpoint(fabric.Options{MTU: 1024})
 	addr, err := srv.Listen("127.0.0.1:0", eng)
 	if err != nil {
@@ -107,7 +115,7 @@ func newEnv(t *testing.T, opts Options) *env {
 	}
 	cli, _ := fabric.NewEndpoint(fabric.Options{MTU: 1024})
 	t.Cleanup(func() { cli.Close(); srv.Close(); eng.Close() })
-	return &env{eng: eng, x: x, pool: fabric.NewPool(cli, 8), addr: addr.String(), events: events}
+	return &env{eng: eng, pool: fabric.NewPool(cli, 8), addr: addr.String()}
 }
 
 func (e *env) conn(t *testing.T) *fabric.PeerConn {

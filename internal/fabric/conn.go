@@ -49,11 +49,14 @@ const maxBatch = 64
 // packets are written contiguously. It is safe for concurrent use.
 type Conn struct {
 	ep *Endpoint
-	nc net.Conn
+	nc net.Conn // the transport's (transport.go)
 	br *bufio.Reader
 	// tlsw coalesces a batch's small pieces (headers) into full TLS
 	// records; nil for plain TCP, where writev does that.
-	tlsw    *bufio.Writer
+	tlsw *bufio.Writer
+	// direct is the transport's, if it reaches the peer's regions
+	// itself: one-sided operations then send no packets.
+	direct  directAccess
 	handler Handler
 	placer  Placer // the handler, if it places directly
 	quota   *quota
@@ -142,13 +145,14 @@ func (c *Conn) flushCtrl(d time.Duration) {
 // than exceed it at the peer, where it would be a fatal access error.
 const MaxReads = 8
 
-func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, peerIdle time.Duration, release func()) *Conn {
+func newConn(ep *Endpoint, l link, h Handler, peerMTU, peerQuota int, peerIdle time.Duration, release func()) *Conn {
 	o := ep.opts
 	c := &Conn{
 		ep:         ep,
-		nc:         nc,
-		br:         bufio.NewReaderSize(nc, 8<<10),
-		tlsw:       tlsWriter(nc),
+		nc:         l.Conn,
+		br:         bufio.NewReaderSize(l.Conn, 8<<10),
+		tlsw:       tlsWriter(l.Conn),
+		direct:     l.direct,
 		handler:    h,
 		quota:      newQuota(o.Quota, o.MTU),
 		sendMTU:    min(peerMTU, o.MTU),
@@ -168,6 +172,9 @@ func newConn(ep *Endpoint, nc net.Conn, h Handler, peerMTU, peerQuota int, peerI
 		readerDone: make(chan struct{}),
 	}
 	c.placer, _ = h.(Placer)
+	if b, ok := l.direct.(connBinder); ok {
+		b.bind(c)
+	}
 	c.lastActive.Store(ep.clock.Load())
 	if o.Link != nil {
 		c.wire = &wire{}

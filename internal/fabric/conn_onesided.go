@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
@@ -44,6 +45,14 @@ func (c *Conn) wait(ctx context.Context, o *op) error {
 // without, it returns once the data is sent, and a later message on this
 // connection is delivered after the data is placed.
 func (c *Conn) Write(ctx context.Context, key, off uint64, data []byte, signal bool) error {
+	if c.direct != nil {
+		if err := c.Err(); err != nil {
+			return err
+		}
+		if err := c.direct.writeRegion(ctx, key, off, data); err != errNotDirect {
+			return c.directOp(err)
+		}
+	}
 	var o *op
 	var id uint64
 	if signal {
@@ -95,10 +104,18 @@ func (c *Conn) writeOneSided(id, key, off uint64, data []byte, signal bool) erro
 // Read fills dst from offset off of the peer's region key, placing the
 // data directly into dst as it arrives.
 func (c *Conn) Read(ctx context.Context, key, off uint64, dst []byte) error {
-	o := &op{dst: dst, done: make(chan error, 1)}
 	if len(dst) == 0 {
 		return nil
 	}
+	if c.direct != nil {
+		if err := c.Err(); err != nil {
+			return err
+		}
+		if err := c.direct.readRegion(ctx, key, off, dst); err != errNotDirect {
+			return c.directOp(err)
+		}
+	}
+	o := &op{dst: dst, done: make(chan error, 1)}
 	select {
 	case c.readSlots <- struct{}{}:
 	case <-ctx.Done():
@@ -119,4 +136,21 @@ func (c *Conn) Read(ctx context.Context, key, off uint64, dst []byte) error {
 		return err
 	}
 	return c.wait(ctx, o)
+}
+
+// directOp completes a one-sided operation the transport performed
+// itself (directAccess): a refusal is fatal to the connection, as when
+// the target refuses a packet; so is any other failure of the transport.
+func (c *Conn) directOp(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrNoRegion) || errors.Is(err, ErrBounds) || errors.Is(err, ErrPerm) {
+		ae := &AccessError{Reason: err.Error()}
+		c.fail(ae)
+		return ae
+	}
+	err = fmt.Errorf("fabric: one-sided operation: %w", err)
+	c.fail(err)
+	return err
 }

@@ -64,6 +64,11 @@ type Options struct {
 	// Dial, if set, opens the TCP connections Dial makes (an NFS client
 	// binds a reserved source port with it); default a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	// transport, if set, replaces TCP (transport.go); tests run the
+	// fabric over another backend with it. Dial, PeerTimeout and the TLS
+	// options are TCP's.
+	transport transport
 }
 
 func (o *Options) fill() error {
@@ -129,13 +134,14 @@ var ErrIdle = errors.New("fabric: connection idle too long")
 // accepts and dials connections.
 type Endpoint struct {
 	opts    Options
+	tr      transport
 	regions regions
 
 	// admit counts inbound connections, from their accept to their end.
 	admit *connlimit.Limiter
 
 	mu     sync.Mutex
-	lns    []net.Listener
+	lns    []listener
 	conns  map[*Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
@@ -154,6 +160,10 @@ func NewEndpoint(opts Options) (*Endpoint, error) {
 	}
 	e := &Endpoint{opts: opts, conns: make(map[*Conn]struct{}), stop: make(chan struct{}),
 		admit: connlimit.New(opts.MaxConns, opts.MaxConnsPerHost)}
+	e.tr = opts.transport
+	if e.tr == nil {
+		e.tr = tcpTransport{opts: &e.opts}
+	}
 	e.clock.Store(time.Now().UnixNano())
 	e.wg.Add(1)
 	go e.watch()
@@ -241,21 +251,21 @@ func (e *Endpoint) Release(r *Region, idle func()) { e.regions.deregister(r, idl
 // Listen accepts connections on addr (host:port) and hands their messages
 // to h. It returns the bound address.
 func (e *Endpoint) Listen(addr string, h Handler) (net.Addr, error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := e.tr.listen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: listening on %s: %w", addr, err)
 	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		ln.Close()
+		ln.close()
 		return nil, ErrClosed
 	}
 	e.lns = append(e.lns, ln)
 	e.mu.Unlock()
 	e.wg.Add(1)
 	go e.acceptLoop(ln, h)
-	return ln.Addr(), nil
+	return ln.addr(), nil
 }
 
 // acceptLoop accepts until the listener is closed. Errors such as running
@@ -263,11 +273,11 @@ func (e *Endpoint) Listen(addr string, h Handler) (net.Addr, error) {
 // a moment of exhaustion must not stop the node accepting for good.
 // Connections still in their hello count against MaxConns, so a flood of
 // bare TCP connects cannot pile up goroutines and descriptors.
-func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
+func (e *Endpoint) acceptLoop(ln listener, h Handler) {
 	defer e.wg.Done()
 	var backoff time.Duration
 	for {
-		nc, err := ln.Accept()
+		l, err := ln.accept()
 		if err != nil {
 			e.mu.Lock()
 			closed := e.closed
@@ -285,17 +295,16 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 			continue
 		}
 		backoff = 0
-		setPeerTimeout(nc, e.opts.PeerTimeout)
-		release, err := e.admit.Admit(nc.RemoteAddr())
+		release, err := e.admit.Admit(l.RemoteAddr())
 		if err != nil {
-			connlimit.Log(e.opts.Logger, "fabric", nc.RemoteAddr(), err)
-			nc.Close()
+			connlimit.Log(e.opts.Logger, "fabric", l.RemoteAddr(), err)
+			l.Close()
 			continue
 		}
 		go func() {
-			if _, err := e.handshake(e.serverTLS(nc), h, release); err != nil {
+			if _, err := e.handshake(l, h, release); err != nil {
 				release()
-				e.opts.Logger.Debug("fabric: handshake failed", "peer", nc.RemoteAddr(), "err", err)
+				e.opts.Logger.Debug("fabric: handshake failed", "peer", l.RemoteAddr(), "err", err)
 			}
 		}()
 	}
@@ -304,25 +313,16 @@ func (e *Endpoint) acceptLoop(ln net.Listener, h Handler) {
 // Dial connects to a peer endpoint; h receives the messages the peer
 // sends on this connection (typically replies).
 func (e *Endpoint) Dial(ctx context.Context, addr string, h Handler) (*Conn, error) {
-	dial := e.opts.Dial
-	if dial == nil {
-		// A peer whose host is cut off answers nothing: without a bound
-		// the kernel retries the SYN for minutes, while another replica
-		// could serve.
-		d := net.Dialer{Timeout: e.opts.HandshakeTimeout}
-		dial = d.DialContext
-	}
-	nc, err := dial(ctx, "tcp", addr)
+	l, err := e.tr.dial(ctx, addr)
 	if err != nil {
-		return nil, fmt.Errorf("fabric: dialing %s: %w", addr, err)
+		return nil, fmt.Errorf("fabric: %w", err)
 	}
-	setPeerTimeout(nc, e.opts.PeerTimeout)
-	if nc, err = e.clientTLS(ctx, nc, addr); err != nil {
+	c, err := e.handshake(l, h, nil)
+	if err != nil {
+		if x, ok := e.tr.(interface{ explainHello(error) error }); ok {
+			err = x.explainHello(err)
+		}
 		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, err)
-	}
-	c, err := e.handshake(nc, h, nil)
-	if err != nil {
-		return nil, fmt.Errorf("fabric: connecting to %s: %w", addr, explainPlain(err, e.opts.DialTLS != nil))
 	}
 	return c, nil
 }
@@ -337,7 +337,8 @@ var helloMagic = [4]byte{'S', 'L', 'F', 1}
 //
 // The hello is the magic, the MTU and receive quota, and the idle
 // timeout in milliseconds (0: none; earlier versions sent 0).
-func (e *Endpoint) handshake(nc net.Conn, h Handler, release func()) (*Conn, error) {
+func (e *Endpoint) handshake(l link, h Handler, release func()) (*Conn, error) {
+	nc := l.Conn
 	var hello [helloSize]byte
 	copy(hello[:], helloMagic[:])
 	binary.LittleEndian.PutUint32(hello[4:], uint32(e.opts.MTU))
@@ -370,9 +371,6 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler, release func()) (*Conn, err
 		return nil, fmt.Errorf("%w: peer receive quota %d", ErrProtocol, pq)
 	}
 	nc.SetDeadline(time.Time{})
-	if tc, ok := nc.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -381,7 +379,7 @@ func (e *Endpoint) handshake(nc net.Conn, h Handler, release func()) (*Conn, err
 	}
 	peerIdle := time.Duration(binary.LittleEndian.Uint32(peer[12:])) * time.Millisecond
 	e.readers.Add(1)
-	c := newConn(e, nc, h, mtu, pq, peerIdle, release)
+	c := newConn(e, l, h, mtu, pq, peerIdle, release)
 	e.conns[c] = struct{}{}
 	e.mu.Unlock()
 	return c, nil
@@ -414,7 +412,7 @@ func (e *Endpoint) Close() error {
 	}
 	e.mu.Unlock()
 	for _, ln := range lns {
-		ln.Close()
+		ln.close()
 	}
 	for _, c := range conns {
 		c.Close()

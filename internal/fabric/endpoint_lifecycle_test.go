@@ -40,46 +40,48 @@ func (h *blockingHandler) Closed(*Conn, error) { close(h.closed) }
 // channel: "send on closed channel" panic (seen as a flaky race in
 // TestStaleReplicaRefusesAndHeadAborts).
 func TestEndpointCloseWaitsForEveryReader(t *testing.T) {
-	h := &blockingHandler{entered: make(chan *Conn, 1), release: make(chan struct{}), closed: make(chan struct{})}
-	srv, err := NewEndpoint(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, err := srv.Listen("127.0.0.1:0", h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, _ := NewEndpoint(Options{})
-	defer cli.Close()
-	pc, err := NewPool(cli, 1).Get(context.Background(), addr.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pc.Send(pc.NewID(), []byte("hello")); err != nil {
-		t.Fatal(err)
-	}
-	sc := <-h.entered                              // the server's reader is inside HandlePacket
-	sc.CloseWithError(errors.New("idle too long")) // e.g. the engine's idle sweeper
-
-	closeDone := make(chan struct{})
-	go func() { srv.Close(); close(closeDone) }()
-	select {
-	case <-closeDone:
-		// Close returned while the reader is still inside the handler and
-		// Closed has not run yet: the handler's owner may now tear down
-		// what the late callbacks use.
-		select {
-		case <-h.closed:
-		default:
-			close(h.release)
-			<-h.closed
-			t.Fatal("Endpoint.Close returned while a reader goroutine was still in HandlePacket; Closed ran after Close")
+	backends(t, func(t *testing.T, tr transport) {
+		h := &blockingHandler{entered: make(chan *Conn, 1), release: make(chan struct{}), closed: make(chan struct{})}
+		srv, err := NewEndpoint(Options{transport: tr})
+		if err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(2 * time.Second):
-		// Close is waiting for the reader, as it should.
-		close(h.release)
-		<-closeDone
-	}
+		addr, err := srv.Listen("127.0.0.1:0", h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cli, _ := NewEndpoint(Options{transport: tr})
+		defer cli.Close()
+		pc, err := NewPool(cli, 1).Get(context.Background(), addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pc.Send(pc.NewID(), []byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		sc := <-h.entered                              // the server's reader is inside HandlePacket
+		sc.CloseWithError(errors.New("idle too long")) // e.g. the engine's idle sweeper
+
+		closeDone := make(chan struct{})
+		go func() { srv.Close(); close(closeDone) }()
+		select {
+		case <-closeDone:
+			// Close returned while the reader is still inside the handler and
+			// Closed has not run yet: the handler's owner may now tear down
+			// what the late callbacks use.
+			select {
+			case <-h.closed:
+			default:
+				close(h.release)
+				<-h.closed
+				t.Fatal("Endpoint.Close returned while a reader goroutine was still in HandlePacket; Closed ran after Close")
+			}
+		case <-time.After(2 * time.Second):
+			// Close is waiting for the reader, as it should.
+			close(h.release)
+			<-closeDone
+		}
+	})
 }
 
 // TestAcceptLoopSurvivesEMFILE: running out of file descriptors for a
@@ -173,7 +175,7 @@ func TestMaxConnsPerHost(t *testing.T) {
 		if err != nil {
 			t.Skipf("cannot dial from %s: %v", ip, err)
 		}
-		c, err := cli.handshake(nc, newCollector(), nil)
+		c, err := cli.handshake(tcpLink(nc), newCollector(), nil)
 		if err != nil {
 			return nil, err
 		}

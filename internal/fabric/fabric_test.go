@@ -82,190 +82,204 @@ func pair(t *testing.T, opts Options, server Handler) (*Endpoint, *Endpoint, *Pe
 }
 
 func TestMessagesAcrossMTUs(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	for _, mtu := range []int{MinMTU, 1500, 4096, DefaultMTU} {
-		col := newCollector()
-		_, _, pc := pair(t, Options{MTU: mtu, Quota: 4}, col)
-		want := map[uint64][]byte{}
-		for i := 0; i < 20; i++ {
-			n := rng.IntN(5 * mtu)
-			if i == 0 {
-				n = 0
+	backends(t, func(t *testing.T, tr transport) {
+		rng := rand.New(rand.NewPCG(1, 2))
+		for _, mtu := range []int{MinMTU, 1500, 4096, DefaultMTU} {
+			col := newCollector()
+			_, _, pc := pair(t, Options{transport: tr, MTU: mtu, Quota: 4}, col)
+			want := map[uint64][]byte{}
+			for i := 0; i < 20; i++ {
+				n := rng.IntN(5 * mtu)
+				if i == 0 {
+					n = 0
+				}
+				data := make([]byte, n)
+				for j := range data {
+					data[j] = byte(rng.Uint32())
+				}
+				id := pc.NewID()
+				want[id] = data
+				// Split the data into uneven parts to exercise packetizing.
+				var parts [][]byte
+				for rest := data; len(rest) > 0; {
+					k := min(len(rest), 1+rng.IntN(2*mtu))
+					parts = append(parts, rest[:k])
+					rest = rest[k:]
+				}
+				if err := pc.Send(id, []byte("hdr"), parts...); err != nil {
+					t.Fatal(err)
+				}
 			}
-			data := make([]byte, n)
-			for j := range data {
-				data[j] = byte(rng.Uint32())
-			}
-			id := pc.NewID()
-			want[id] = data
-			// Split the data into uneven parts to exercise packetizing.
-			var parts [][]byte
-			for rest := data; len(rest) > 0; {
-				k := min(len(rest), 1+rng.IntN(2*mtu))
-				parts = append(parts, rest[:k])
-				rest = rest[k:]
-			}
-			if err := pc.Send(id, []byte("hdr"), parts...); err != nil {
-				t.Fatal(err)
+			for range want {
+				select {
+				case id := <-col.done:
+					col.mu.Lock()
+					if got := col.msgs[id].Bytes(); !bytes.Equal(got, want[id]) {
+						t.Fatalf("mtu %d msg %d: got %d bytes, want %d", mtu, id, len(got), len(want[id]))
+					}
+					if string(col.hdrs[id]) != "hdr" {
+						t.Fatalf("header %q", col.hdrs[id])
+					}
+					col.mu.Unlock()
+				case <-time.After(5 * time.Second):
+					t.Fatalf("mtu %d: timed out", mtu)
+				}
 			}
 		}
-		for range want {
-			select {
-			case id := <-col.done:
-				col.mu.Lock()
-				if got := col.msgs[id].Bytes(); !bytes.Equal(got, want[id]) {
-					t.Fatalf("mtu %d msg %d: got %d bytes, want %d", mtu, id, len(got), len(want[id]))
-				}
-				if string(col.hdrs[id]) != "hdr" {
-					t.Fatalf("header %q", col.hdrs[id])
-				}
-				col.mu.Unlock()
-			case <-time.After(5 * time.Second):
-				t.Fatalf("mtu %d: timed out", mtu)
-			}
-		}
-	}
+	})
 }
 
 func TestHeaderLargerThanMTURefused(t *testing.T) {
-	_, _, pc := pair(t, Options{MTU: MinMTU}, newCollector())
-	if err := pc.Send(1, make([]byte, MinMTU+1)); err == nil {
-		t.Fatal("oversized header accepted")
-	}
+	backends(t, func(t *testing.T, tr transport) {
+		_, _, pc := pair(t, Options{transport: tr, MTU: MinMTU}, newCollector())
+		if err := pc.Send(1, make([]byte, MinMTU+1)); err == nil {
+			t.Fatal("oversized header accepted")
+		}
+	})
 }
 
 func TestQuotaBoundsReceiveMemory(t *testing.T) {
-	col := newCollector()
-	col.hold = true
-	srv, _, pc := pair(t, Options{MTU: MinMTU, Quota: 3}, col)
-	_ = srv
-	sent := make(chan error, 1)
-	go func() { sent <- pc.Send(1, []byte("h"), make([]byte, 64*MinMTU)) }()
-	time.Sleep(100 * time.Millisecond)
-	col.mu.Lock()
-	held := len(col.held)
-	col.mu.Unlock()
-	if held != 3 {
-		t.Fatalf("handler holds %d packets, quota is 3", held)
-	}
-	// Releasing lets the rest through.
-	go func() {
-		for {
-			col.mu.Lock()
-			for _, p := range col.held {
-				p.Release()
-			}
-			col.held = col.held[:0]
-			col.hold = false
-			col.mu.Unlock()
-			select {
-			case <-col.done:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
+	backends(t, func(t *testing.T, tr transport) {
+		col := newCollector()
+		col.hold = true
+		srv, _, pc := pair(t, Options{transport: tr, MTU: MinMTU, Quota: 3}, col)
+		_ = srv
+		sent := make(chan error, 1)
+		go func() { sent <- pc.Send(1, []byte("h"), make([]byte, 64*MinMTU)) }()
+		time.Sleep(100 * time.Millisecond)
+		col.mu.Lock()
+		held := len(col.held)
+		col.mu.Unlock()
+		if held != 3 {
+			t.Fatalf("handler holds %d packets, quota is 3", held)
 		}
-	}()
-	if err := <-sent; err != nil {
-		t.Fatal(err)
-	}
+		// Releasing lets the rest through.
+		go func() {
+			for {
+				col.mu.Lock()
+				for _, p := range col.held {
+					p.Release()
+				}
+				col.held = col.held[:0]
+				col.hold = false
+				col.mu.Unlock()
+				select {
+				case <-col.done:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+		}()
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 func TestOneSidedWriteAndRead(t *testing.T) {
-	col := newCollector()
-	srv, _, pc := pair(t, Options{MTU: 1024}, col)
-	mem := make([]byte, 10000)
-	r := srv.Register(mem, RemoteRead|RemoteWrite)
-	data := bytes.Repeat([]byte("0123456789"), 500)
-	ctx := context.Background()
-	if err := pc.Write(ctx, r.Key(), 1234, data, true); err != nil {
-		t.Fatal(err)
-	}
-	// The region's owner learns of the data from a later message on the
-	// same connection (the race detector cannot see the ack's path).
-	pc.Send(pc.NewID(), []byte("written"))
-	<-col.done
-	if !bytes.Equal(mem[1234:1234+len(data)], data) {
-		t.Fatal("signaled write did not place the data")
-	}
-	got := make([]byte, 3333)
-	if err := pc.Read(ctx, r.Key(), 1500, got); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, mem[1500:1500+3333]) {
-		t.Fatal("read returned wrong bytes")
-	}
+	backends(t, func(t *testing.T, tr transport) {
+		col := newCollector()
+		srv, _, pc := pair(t, Options{transport: tr, MTU: 1024}, col)
+		mem := make([]byte, 10000)
+		r := srv.Register(mem, RemoteRead|RemoteWrite)
+		data := bytes.Repeat([]byte("0123456789"), 500)
+		ctx := context.Background()
+		if err := pc.Write(ctx, r.Key(), 1234, data, true); err != nil {
+			t.Fatal(err)
+		}
+		// The region's owner learns of the data from a later message on the
+		// same connection (the race detector cannot see the ack's path).
+		pc.Send(pc.NewID(), []byte("written"))
+		<-col.done
+		if !bytes.Equal(mem[1234:1234+len(data)], data) {
+			t.Fatal("signaled write did not place the data")
+		}
+		got := make([]byte, 3333)
+		if err := pc.Read(ctx, r.Key(), 1500, got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, mem[1500:1500+3333]) {
+			t.Fatal("read returned wrong bytes")
+		}
+	})
 }
 
 func TestOneSidedAccessErrors(t *testing.T) {
-	ctx := context.Background()
-	cases := []struct {
-		name string
-		op   func(pc *PeerConn, r *Region) error
-	}{
-		{"write unknown key", func(pc *PeerConn, r *Region) error { return pc.Write(ctx, r.Key()+1, 0, []byte("x"), true) }},
-		{"write out of bounds", func(pc *PeerConn, r *Region) error { return pc.Write(ctx, r.Key(), 99, []byte("xy"), true) }},
-		{"write overflow", func(pc *PeerConn, r *Region) error { return pc.Write(ctx, r.Key(), 1<<64-1, []byte("xy"), true) }},
-		{"read out of bounds", func(pc *PeerConn, r *Region) error { return pc.Read(ctx, r.Key(), 50, make([]byte, 51)) }},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			srv, _, pc := pair(t, Options{}, newCollector())
-			mem := make([]byte, 100)
-			r := srv.Register(mem, RemoteRead|RemoteWrite)
-			err := tc.op(pc, r)
-			var ae *AccessError
-			if !errors.As(err, &ae) && !errors.Is(err, ErrClosed) {
-				t.Fatalf("got %v, want an access error", err)
-			}
-			select {
-			case <-pc.Done():
-			case <-time.After(2 * time.Second):
-				t.Fatal("connection stayed open after a remote access error")
-			}
-			srv.Close() // the target's reader has stopped: safe to inspect
-			if !bytes.Equal(mem, make([]byte, 100)) {
-				t.Fatal("refused write modified the region")
-			}
-		})
-	}
+	backends(t, func(t *testing.T, tr transport) {
+		ctx := context.Background()
+		cases := []struct {
+			name string
+			op   func(pc *PeerConn, r *Region) error
+		}{
+			{"write unknown key", func(pc *PeerConn, r *Region) error { return pc.Write(ctx, r.Key()+1, 0, []byte("x"), true) }},
+			{"write out of bounds", func(pc *PeerConn, r *Region) error { return pc.Write(ctx, r.Key(), 99, []byte("xy"), true) }},
+			{"write overflow", func(pc *PeerConn, r *Region) error { return pc.Write(ctx, r.Key(), 1<<64-1, []byte("xy"), true) }},
+			{"read out of bounds", func(pc *PeerConn, r *Region) error { return pc.Read(ctx, r.Key(), 50, make([]byte, 51)) }},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				srv, _, pc := pair(t, Options{transport: tr}, newCollector())
+				mem := make([]byte, 100)
+				r := srv.Register(mem, RemoteRead|RemoteWrite)
+				err := tc.op(pc, r)
+				var ae *AccessError
+				if !errors.As(err, &ae) && !errors.Is(err, ErrClosed) {
+					t.Fatalf("got %v, want an access error", err)
+				}
+				select {
+				case <-pc.Done():
+				case <-time.After(2 * time.Second):
+					t.Fatal("connection stayed open after a remote access error")
+				}
+				srv.Close() // the target's reader has stopped: safe to inspect
+				if !bytes.Equal(mem, make([]byte, 100)) {
+					t.Fatal("refused write modified the region")
+				}
+			})
+		}
+	})
 }
 
 func TestPermissionsAndDeregister(t *testing.T) {
-	ctx := context.Background()
-	srv, cli, pc := pair(t, Options{}, newCollector())
-	ro := srv.Register(make([]byte, 10), RemoteRead)
-	var ae *AccessError
-	if err := pc.Write(ctx, ro.Key(), 0, []byte("x"), true); !errors.As(err, &ae) {
-		t.Fatalf("write to read-only region: %v", err)
-	}
-	pool := NewPool(cli, 1)
-	pc2, err := pool.Get(ctx, pc.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rw := srv.Register(make([]byte, 10), RemoteRead|RemoteWrite)
-	srv.Deregister(rw)
-	if err := pc2.Read(ctx, rw.Key(), 0, make([]byte, 1)); !errors.As(err, &ae) {
-		t.Fatalf("read of deregistered region: %v", err)
-	}
+	backends(t, func(t *testing.T, tr transport) {
+		ctx := context.Background()
+		srv, cli, pc := pair(t, Options{transport: tr}, newCollector())
+		ro := srv.Register(make([]byte, 10), RemoteRead)
+		var ae *AccessError
+		if err := pc.Write(ctx, ro.Key(), 0, []byte("x"), true); !errors.As(err, &ae) {
+			t.Fatalf("write to read-only region: %v", err)
+		}
+		pool := NewPool(cli, 1)
+		pc2, err := pool.Get(ctx, pc.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rw := srv.Register(make([]byte, 10), RemoteRead|RemoteWrite)
+		srv.Deregister(rw)
+		if err := pc2.Read(ctx, rw.Key(), 0, make([]byte, 1)); !errors.As(err, &ae) {
+			t.Fatalf("read of deregistered region: %v", err)
+		}
+	})
 }
 
 func TestUnsignaledWriteOrderedBeforeLaterSend(t *testing.T) {
-	col := newCollector()
-	srv, _, pc := pair(t, Options{MTU: 512}, col)
-	mem := make([]byte, 4096)
-	r := srv.Register(mem, RemoteWrite)
-	data := bytes.Repeat([]byte{7}, 4096)
-	if err := pc.Write(context.Background(), r.Key(), 0, data, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := pc.Send(pc.NewID(), []byte("done")); err != nil {
-		t.Fatal(err)
-	}
-	<-col.done
-	if !bytes.Equal(mem, data) { // the send was delivered after placement
-		t.Fatal("data not placed before the following message was delivered")
-	}
+	backends(t, func(t *testing.T, tr transport) {
+		col := newCollector()
+		srv, _, pc := pair(t, Options{transport: tr, MTU: 512}, col)
+		mem := make([]byte, 4096)
+		r := srv.Register(mem, RemoteWrite)
+		data := bytes.Repeat([]byte{7}, 4096)
+		if err := pc.Write(context.Background(), r.Key(), 0, data, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := pc.Send(pc.NewID(), []byte("done")); err != nil {
+			t.Fatal(err)
+		}
+		<-col.done
+		if !bytes.Equal(mem, data) { // the send was delivered after placement
+			t.Fatal("data not placed before the following message was delivered")
+		}
+	})
 }
 
 // rawPeer connects with a raw socket and completes the hello.
@@ -360,7 +374,7 @@ func FuzzReceive(f *testing.F) {
 			bconn.Write(b)
 			bconn.Close()
 		}()
-		c, err := ep.handshake(a, col, nil)
+		c, err := ep.handshake(link{Conn: a}, col, nil)
 		if err == nil {
 			<-col.closed
 			c.Wait()
@@ -441,42 +455,44 @@ func TestStalledPeerIsClosedIdlePeerIsNot(t *testing.T) {
 // TestSendLater: a queued message goes out with the next send, ahead of
 // it, or on its own within the delay when nothing else is sent.
 func TestSendLater(t *testing.T) {
-	col := newCollector()
-	_, _, pc := pair(t, Options{MTU: MinMTU, Quota: 8}, col)
-	next := func() uint64 {
-		select {
-		case id := <-col.done:
-			return id
-		case <-time.After(5 * time.Second):
-			t.Fatal("no message")
-			return 0
+	backends(t, func(t *testing.T, tr transport) {
+		col := newCollector()
+		_, _, pc := pair(t, Options{transport: tr, MTU: MinMTU, Quota: 8}, col)
+		next := func() uint64 {
+			select {
+			case id := <-col.done:
+				return id
+			case <-time.After(5 * time.Second):
+				t.Fatal("no message")
+				return 0
+			}
 		}
-	}
-	// Alone: delivered by the timer.
-	if err := pc.SendLater(1, []byte("later")); err != nil {
-		t.Fatal(err)
-	}
-	if id := next(); id != 1 {
-		t.Fatalf("got %d", id)
-	}
-	// Queued twice, then a send: the order holds.
-	pc.SendLater(2, []byte("a"))
-	pc.SendLater(3, []byte("b"))
-	if err := pc.SendPacket(4, []byte("now"), []byte("!")); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []uint64{2, 3, 4} {
-		if id := next(); id != want {
-			t.Fatalf("got message %d, want %d", id, want)
+		// Alone: delivered by the timer.
+		if err := pc.SendLater(1, []byte("later")); err != nil {
+			t.Fatal(err)
 		}
-	}
-	col.mu.Lock()
-	got := string(col.hdrs[3]) + string(col.hdrs[4])
-	col.mu.Unlock()
-	if got != "bnow!" {
-		t.Fatalf("contents %q", got)
-	}
-	if err := pc.SendLater(5, make([]byte, MinMTU+1)); err == nil {
-		t.Fatal("a message over the MTU was queued")
-	}
+		if id := next(); id != 1 {
+			t.Fatalf("got %d", id)
+		}
+		// Queued twice, then a send: the order holds.
+		pc.SendLater(2, []byte("a"))
+		pc.SendLater(3, []byte("b"))
+		if err := pc.SendPacket(4, []byte("now"), []byte("!")); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []uint64{2, 3, 4} {
+			if id := next(); id != want {
+				t.Fatalf("got message %d, want %d", id, want)
+			}
+		}
+		col.mu.Lock()
+		got := string(col.hdrs[3]) + string(col.hdrs[4])
+		col.mu.Unlock()
+		if got != "bnow!" {
+			t.Fatalf("contents %q", got)
+		}
+		if err := pc.SendLater(5, make([]byte, MinMTU+1)); err == nil {
+			t.Fatal("a message over the MTU was queued")
+		}
+	})
 }

@@ -94,80 +94,82 @@ func TestIdleConnectionClosed(t *testing.T) {
 // server closed is skipped, and one idle for half the announced timeout
 // is not reused (the server may be closing it just then).
 func TestPoolSurvivesIdleClose(t *testing.T) {
-	const idle = 300 * time.Millisecond
-	srv, err := NewEndpoint(Options{IdleTimeout: idle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	addr, err := srv.Listen("127.0.0.1:0", echo{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := NewEndpoint(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	pool := NewPool(cli, 4)
-	defer pool.Close()
-	ctx := context.Background()
-	call := func() *PeerConn {
-		t.Helper()
-		pc, err := pool.Get(ctx, addr.String())
+	backends(t, func(t *testing.T, tr transport) {
+		const idle = 300 * time.Millisecond
+		srv, err := NewEndpoint(Options{transport: tr, IdleTimeout: idle})
 		if err != nil {
 			t.Fatal(err)
 		}
-		id := pc.NewID()
-		replies := pc.Replies.Expect(id)
-		if err := pc.Send(id, []byte("ping")); err != nil {
-			t.Fatalf("send: %v", err)
+		defer srv.Close()
+		addr, err := srv.Listen("127.0.0.1:0", echo{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cli, err := NewEndpoint(Options{transport: tr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		pool := NewPool(cli, 4)
+		defer pool.Close()
+		ctx := context.Background()
+		call := func() *PeerConn {
+			t.Helper()
+			pc, err := pool.Get(ctx, addr.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := pc.NewID()
+			replies := pc.Replies.Expect(id)
+			if err := pc.Send(id, []byte("ping")); err != nil {
+				t.Fatalf("send: %v", err)
+			}
+			select {
+			case p, ok := <-replies:
+				if !ok {
+					t.Fatalf("connection lost: %v", pc.Err())
+				}
+				p.Release()
+			case <-time.After(10 * time.Second):
+				t.Fatal("no reply")
+			}
+			pool.Put(pc)
+			return pc
+		}
+
+		// The server closes the pooled connection; the next call redials.
+		first := call()
+		deadline := time.Now().Add(20 * time.Second)
+		for first.Err() == nil {
+			if time.Now().After(deadline) {
+				t.Fatal("the server did not close the idle pooled connection")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !errors.Is(first.Err(), io.EOF) {
+			t.Logf("closed with %v", first.Err())
+		}
+		if second := call(); second == first {
+			t.Fatal("a closed connection was reused")
+		}
+
+		// Past half the timeout, the pool dials anew instead of racing the
+		// server's close.
+		a := call()
+		time.Sleep(idle/2 + 20*time.Millisecond)
+		if b := call(); b == a {
+			t.Fatal("a connection idle for over half the announced timeout was reused")
 		}
 		select {
-		case p, ok := <-replies:
-			if !ok {
-				t.Fatalf("connection lost: %v", pc.Err())
-			}
-			p.Release()
-		case <-time.After(10 * time.Second):
-			t.Fatal("no reply")
+		case <-a.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the stale connection was not closed by the pool")
 		}
-		pool.Put(pc)
-		return pc
-	}
 
-	// The server closes the pooled connection; the next call redials.
-	first := call()
-	deadline := time.Now().Add(20 * time.Second)
-	for first.Err() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the server did not close the idle pooled connection")
+		// Gaps all around the timeout: no call fails.
+		for range 12 {
+			call()
+			time.Sleep(rand.N(idle * 3 / 2))
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if !errors.Is(first.Err(), io.EOF) {
-		t.Logf("closed with %v", first.Err())
-	}
-	if second := call(); second == first {
-		t.Fatal("a closed connection was reused")
-	}
-
-	// Past half the timeout, the pool dials anew instead of racing the
-	// server's close.
-	a := call()
-	time.Sleep(idle/2 + 20*time.Millisecond)
-	if b := call(); b == a {
-		t.Fatal("a connection idle for over half the announced timeout was reused")
-	}
-	select {
-	case <-a.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the stale connection was not closed by the pool")
-	}
-
-	// Gaps all around the timeout: no call fails.
-	for range 12 {
-		call()
-		time.Sleep(rand.N(idle * 3 / 2))
-	}
+	})
 }

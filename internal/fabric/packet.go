@@ -4,7 +4,9 @@
 // registered under a key, bounds- and key-checked by the target's fabric
 // layer without involving its host code — the way an RDMA NIC would.
 //
-// The TCP backend frames every packet with a 16-byte header. As on an RDMA
+// The bytes move through a transport backend (transport.go; TCP, with
+// optional TLS, is the one in production), and every backend carries the
+// same packets, framed with a 16-byte header. As on an RDMA
 // reliable connection, the packets of one message are contiguous on a
 // connection (messages do not interleave), so a receiver needs one
 // "current message" per connection, not a table. A message is one header

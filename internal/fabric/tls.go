@@ -21,26 +21,26 @@ import (
 // serverTLS wraps an accepted connection when the endpoint serves TLS;
 // the handshake runs on its first read or write, inside the hello's
 // deadline.
-func (e *Endpoint) serverTLS(nc net.Conn) net.Conn {
-	if e.opts.ServerTLS == nil {
+func serverTLS(o *Options, nc net.Conn) net.Conn {
+	if o.ServerTLS == nil {
 		return nc
 	}
-	return tls.Server(nc, e.opts.ServerTLS)
+	return tls.Server(nc, o.ServerTLS)
 }
 
 // clientTLS runs the TLS handshake on a dialled connection when the
 // endpoint dials with TLS, so a refused peer is reported as such.
-func (e *Endpoint) clientTLS(ctx context.Context, nc net.Conn, addr string) (net.Conn, error) {
-	if e.opts.DialTLS == nil {
+func clientTLS(ctx context.Context, o *Options, nc net.Conn, addr string) (net.Conn, error) {
+	if o.DialTLS == nil {
 		return nc, nil
 	}
-	cfg, err := e.opts.DialTLS(addr)
+	cfg, err := o.DialTLS(addr)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
 	tc := tls.Client(nc, cfg)
-	hctx, cancel := context.WithTimeout(ctx, e.opts.HandshakeTimeout)
+	hctx, cancel := context.WithTimeout(ctx, o.HandshakeTimeout)
 	defer cancel()
 	if err := tc.HandshakeContext(hctx); err != nil {
 		nc.Close()

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -44,7 +45,7 @@ func TestCleanupDoesNotBlockWorker(t *testing.T) {
 	}()
 
 	cp := e.mint(21, capability.Write, time.Now().Add(time.Minute), n[0], n[1])
-	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 21, Len: 1 << 20, Cap: cp},
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: 21, Len: 1 << 20, Cap: cp},
 		[]string{n[0].Addr(), ln.Addr().String()})
 	pc, err := e.pool.Get(context.Background(), n[0].Addr())
 	if err != nil {
@@ -63,7 +64,7 @@ func TestCleanupDoesNotBlockWorker(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	cp2 := e.mint(22, capability.Write, time.Now().Add(time.Minute), n[0])
 	start := time.Now()
-	r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 22, Len: 10, Cap: cp2}, []*node.Node{n[0]}, bytes.Repeat([]byte("z"), 10))
+	r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 22, Len: 10, Cap: cp2}, []*node.Node{n[0]}, bytes.Repeat([]byte("z"), 10))
 	if r.Status != wire.StatusOK {
 		t.Fatalf("unrelated write: %v %s", r.Status, r.Msg)
 	}
@@ -87,7 +88,7 @@ func TestZeroLengthWriteWithDataPacketLeaksQuota(t *testing.T) {
 	n := e.c.Nodes
 	ring := []*node.Node{n[0], n[1]}
 	cp := e.mint(23, capability.Write, time.Now().Add(time.Minute), ring...)
-	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 23, Off: 0, Len: 0, Cap: cp}, addrs(ring...))
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: 23, Off: 0, Len: 0, Cap: cp}, addrs(ring...))
 	pc, err := e.pool.Get(context.Background(), n[0].Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +168,7 @@ func TestSlowReaderDoesNotBlockCommits(t *testing.T) {
 	one := []*node.Node{n[0]}
 	cp := e.mint(24, capability.Write|capability.Read, time.Now().Add(time.Minute), one...)
 	data := bytes.Repeat([]byte("r"), 16<<20)
-	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 24, Len: uint64(len(data)), Cap: cp}, one, data); r.Status != wire.StatusOK {
+	if r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 24, Len: uint64(len(data)), Cap: cp}, one, data); r.Status != wire.StatusOK {
 		t.Fatalf("write: %v %s", r.Status, r.Msg)
 	}
 	raw := rawFabric(t, n[0].Addr())
@@ -178,7 +179,7 @@ func TestSlowReaderDoesNotBlockCommits(t *testing.T) {
 
 	done := make(chan wire.Reply, 1)
 	go func() {
-		done <- e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 24, Off: 0, Len: 10, Cap: cp}, one, make([]byte, 10))
+		done <- e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 24, Off: 0, Len: 10, Cap: cp}, one, make([]byte, 10))
 	}()
 	select {
 	case r := <-done:
@@ -203,7 +204,7 @@ func TestSlowReaderDoesNotBlockCommits(t *testing.T) {
 func TestRefusedRequestsDoNotPinTheTable(t *testing.T) {
 	e := newEnv(t, engine.Options{TableSize: 4, IdleTimeout: time.Second})
 	n := e.c.Nodes
-	garbage, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 25, Len: 1 << 30, Cap: []byte("not a capability")}, []string{n[0].Addr()})
+	garbage, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: 25, Len: 1 << 30, Cap: []byte("not a capability")}, []string{n[0].Addr()})
 	stop := make(chan struct{})
 	defer close(stop)
 	for i := 0; i < 4; i++ {
@@ -234,7 +235,7 @@ func TestRefusedRequestsDoNotPinTheTable(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second) // three idle timeouts
 	cp := e.mint(26, capability.Write, time.Now().Add(time.Minute), n[0])
-	r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 26, Len: 10, Cap: cp}, []*node.Node{n[0]}, make([]byte, 10))
+	r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 26, Len: 10, Cap: cp}, []*node.Node{n[0]}, make([]byte, 10))
 	if r.Status != wire.StatusOK {
 		t.Fatalf("legitimate write refused (%v %s): refused, credential-less requests still hold every table entry (%+v)",
 			r.Status, r.Msg, n[0].Engine().Stats())
@@ -250,7 +251,7 @@ func TestScaledReadSpanningPastItsBuffer(t *testing.T) {
 	one := []*node.Node{e.c.Nodes[0]}
 	cp := e.mint(31, capability.Write|capability.Read, time.Now().Add(time.Minute), one...)
 	data := bytes.Repeat([]byte("s"), 2<<20)
-	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 31, Len: uint64(len(data)), Cap: cp}, one, data); r.Status != wire.StatusOK {
+	if r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 31, Len: uint64(len(data)), Cap: cp}, one, data); r.Status != wire.StatusOK {
 		t.Fatalf("write: %v %s", r.Status, r.Msg)
 	}
 	pc, err := e.pool.Get(context.Background(), one[0].Addr())

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/policy"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -98,19 +99,19 @@ func newDoubtEnvWith(t *testing.T, n int, tweak func(*policy.Deps), eopts engine
 }
 
 func (e *doubtEnv) capFor(chunk ids.ChunkID) []byte {
-	return e.capFanout(chunk, capability.FanoutNodes)
+	return e.capFanout(chunk, plan.FanoutNodes)
 }
 
 // flatCap is a capability for a client-replicated (flat) file.
 func (e *doubtEnv) flatCap(chunk ids.ChunkID) []byte {
-	return e.capFanout(chunk, capability.FanoutClient)
+	return e.capFanout(chunk, plan.FanoutClient)
 }
 
-func (e *doubtEnv) capFanout(chunk ids.ChunkID, f capability.Fanout) []byte {
+func (e *doubtEnv) capFanout(chunk ids.ChunkID, f plan.Fanout) []byte {
 	return e.capFor3(chunk, f, 1)
 }
 
-func (e *doubtEnv) capFor3(chunk ids.ChunkID, f capability.Fanout, client ids.ClientID) []byte {
+func (e *doubtEnv) capFor3(chunk ids.ChunkID, f plan.Fanout, client ids.ClientID) []byte {
 	c := capability.Capability{Rights: capability.Write | capability.Read, Fanout: f, Client: client, Ino: 1, Chunk: chunk, Len: 64 << 20,
 		Expiry: time.Now().Add(time.Minute).UnixNano()}
 	var list []ids.NodeID
@@ -266,7 +267,7 @@ func TestTreeBusySiblingLeavesDoubt(t *testing.T) {
 			t.Fatal(err)
 		}
 		a := bytes.Repeat([]byte("A"), 4000)
-		s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Len: uint64(len(a)), Cap: cp, WriteID: 0xA}, a)
+		s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Len: uint64(len(a)), Cap: cp, WriteID: 0xA}, a)
 		if s != wire.StatusBusy {
 			t.Fatalf("write A through a busy rank 1: %v %s", s, msg)
 		}
@@ -284,14 +285,14 @@ func TestTreeBusySiblingLeavesDoubt(t *testing.T) {
 	}
 	// Another writer, inside A's range.
 	b := bytes.Repeat([]byte("B"), 1000)
-	s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Off: 1000, Len: uint64(len(b)), Cap: cp, WriteID: 0xB}, b)
+	s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Off: 1000, Len: uint64(len(b)), Cap: cp, WriteID: 0xB}, b)
 	if s != wire.StatusBusy || !strings.Contains(msg, "unresolved write") {
 		t.Fatalf("write inside an unresolved one: %v %s", s, msg)
 	}
 	assertNoSameVersionDivergence(t, e, chunk)
 	// A write covering A: version 2 everywhere, whatever each replica had.
 	c := bytes.Repeat([]byte("C"), 5000)
-	s, msg, v := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Len: uint64(len(c)), Cap: cp, WriteID: 0xC}, c)
+	s, msg, v := e.send(t, 0, wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Len: uint64(len(c)), Cap: cp, WriteID: 0xC}, c)
 	if s != wire.StatusOK || v != 2 {
 		t.Fatalf("covering write: %v %s v%d", s, msg, v)
 	}
@@ -313,7 +314,7 @@ func TestTreeRetryResolvesDoubt(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := bytes.Repeat([]byte("A"), 4000)
-	h := wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Off: 100, Len: uint64(len(a)), Cap: cp, WriteID: 0xA}
+	h := wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Off: 100, Len: uint64(len(a)), Cap: cp, WriteID: 0xA}
 	if s, msg, _ := e.send(t, 0, h, a); s != wire.StatusBusy {
 		t.Fatalf("write A through a busy rank 1: %v %s", s, msg)
 	}
@@ -362,7 +363,7 @@ func TestTreeRetryWithEarlyAlreadyApplied(t *testing.T) {
 	if _, err := w.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	s, msg, v := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Len: uint64(len(data)), Cap: cp, WriteID: 0xC}, data)
+	s, msg, v := e.send(t, 0, wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Len: uint64(len(data)), Cap: cp, WriteID: 0xC}, data)
 	if s != wire.StatusOK {
 		t.Fatalf("retry of a write rank 2 already applied: %v %s", s, msg)
 	}
@@ -383,16 +384,16 @@ func TestFlatExpiredReservationLeavesDoubt(t *testing.T) {
 	cp := e.flatCap(chunk)
 	a := bytes.Repeat([]byte("A"), 1000)
 	b := bytes.Repeat([]byte("B"), 1000)
-	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 0xA}
+	res := wire.WriteHeader{Strategy: plan.Flat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 0xA}
 	s, msg, v := e.send(t, 0, res, nil)
 	if s != wire.StatusOK || v != 1 {
 		t.Fatalf("reserve A: %v %s v%d", s, msg, v)
 	}
-	if s, msg, _ := e.send(t, 1, wire.WriteHeader{Strategy: wire.StrategyFlat, Rank: 1, Chunk: chunk, Len: 1000, Version: 1, Cap: cp, WriteID: 0xA}, a); s != wire.StatusOK {
+	if s, msg, _ := e.send(t, 1, wire.WriteHeader{Strategy: plan.Flat, Rank: 1, Chunk: chunk, Len: 1000, Version: 1, Cap: cp, WriteID: 0xA}, a); s != wire.StatusOK {
 		t.Fatalf("A at rank 1: %v %s", s, msg)
 	}
 	time.Sleep(500 * time.Millisecond) // A's data for rank 0 is late
-	if s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyFlat, Chunk: chunk, Len: 1000, Version: 1, Cap: cp, WriteID: 0xA}, a); s == wire.StatusOK {
+	if s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Flat, Chunk: chunk, Len: 1000, Version: 1, Cap: cp, WriteID: 0xA}, a); s == wire.StatusOK {
 		t.Fatalf("A at rank 0 after expiry succeeded: %s", msg)
 	}
 	// Writer B covers A: it is given version 2, skipping 1.
@@ -402,7 +403,7 @@ func TestFlatExpiredReservationLeavesDoubt(t *testing.T) {
 		t.Fatalf("reserve B: %v %s v%d", s, msg, v)
 	}
 	for rank := range 2 {
-		h := wire.WriteHeader{Strategy: wire.StrategyFlat, Rank: uint8(rank), Chunk: chunk, Len: 1000, Version: 2, Flags: wire.FlagBase, Base: 0, Cap: cp, WriteID: 0xB}
+		h := wire.WriteHeader{Strategy: plan.Flat, Rank: uint8(rank), Chunk: chunk, Len: 1000, Version: 2, Flags: wire.FlagBase, Base: 0, Cap: cp, WriteID: 0xB}
 		if s, msg, _ := e.send(t, rank, h, b); s != wire.StatusOK {
 			t.Fatalf("B at rank %d: %v %s", rank, s, msg)
 		}
@@ -418,7 +419,7 @@ func TestHostBudgetNeedsCapability(t *testing.T) {
 	const chunk = 73
 	forged := e.capFor(chunk)
 	forged[len(forged)-1] ^= 1
-	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Mode: wire.ModeHost, Chunk: chunk, Len: 1 << 20, Cap: forged}, e.addrs())
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Mode: plan.Host, Chunk: chunk, Len: 1 << 20, Cap: forged}, e.addrs())
 	pc, err := e.pool.Get(context.Background(), e.nodes[0].addr)
 	if err != nil {
 		t.Fatal(err)
@@ -431,7 +432,7 @@ func TestHostBudgetNeedsCapability(t *testing.T) {
 	mw.Flush()
 	time.Sleep(100 * time.Millisecond)
 	data := bytes.Repeat([]byte("L"), 4096)
-	s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyRing, Mode: wire.ModeHost, Chunk: chunk + 1, Len: uint64(len(data)), Cap: e.capFor(chunk + 1)}, data)
+	s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Ring, Mode: plan.Host, Chunk: chunk + 1, Len: uint64(len(data)), Cap: e.capFor(chunk + 1)}, data)
 	mw.Abort(nil)
 	if s != wire.StatusOK {
 		t.Fatalf("authenticated host write while an unauthenticated peer holds a request open: %v %s", s, msg)
@@ -467,7 +468,7 @@ func TestReservationWithData(t *testing.T) {
 	e := newDoubtEnv(t, 2, nil)
 	const chunk = 75
 	cp := e.flatCap(chunk)
-	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 0xA}
+	res := wire.WriteHeader{Strategy: plan.Flat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 0xA}
 	if s, msg, _ := e.send(t, 0, res, make([]byte, 1000)); s != wire.StatusBadRequest {
 		t.Fatalf("reservation with data: %v %s", s, msg)
 	}
@@ -496,7 +497,7 @@ func TestReservationWithData(t *testing.T) {
 func TestShutdownRecordsReservations(t *testing.T) {
 	e := newDoubtEnv(t, 2, nil)
 	const chunk = 76
-	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Off: 10, Len: 1000, Cap: e.flatCap(chunk), WriteID: 0xA}
+	res := wire.WriteHeader{Strategy: plan.Flat, Flags: wire.FlagReserve, Chunk: chunk, Off: 10, Len: 1000, Cap: e.flatCap(chunk), WriteID: 0xA}
 	if s, msg, v := e.send(t, 0, res, nil); s != wire.StatusOK || v != 1 {
 		t.Fatalf("reserve: %v %s v%d", s, msg, v)
 	}
@@ -533,8 +534,8 @@ func TestAbortInDoubtAfterStoreClose(t *testing.T) {
 func TestReservationsPerClient(t *testing.T) {
 	e := newDoubtEnv(t, 1, nil)
 	reserve := func(chunk ids.ChunkID, client ids.ClientID) (wire.Status, string) {
-		s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Len: 10,
-			Cap: e.capFor3(chunk, capability.FanoutClient, client), WriteID: uint64(chunk)}, nil)
+		s, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Flat, Flags: wire.FlagReserve, Chunk: chunk, Len: 10,
+			Cap: e.capFor3(chunk, plan.FanoutClient, client), WriteID: uint64(chunk)}, nil)
 		return s, msg
 	}
 	var chunk ids.ChunkID = 1000

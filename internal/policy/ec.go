@@ -2,6 +2,7 @@ package policy
 
 import (
 	"sync"
+
 	"sync/atomic"
 	"time"
 
@@ -36,93 +37,51 @@ import (
 // the client only after every parity unit has. So the client's OK means
 // all K+M units of the stripe are durable.
 
-// outBuf is a computed buffer a forward sends (a partial parity packet).
-// It holds a reference to the packet it was computed from, so the inbound
-// connection's quota still bounds what the forwards hold, and a forward's
-// queue (sized to that quota) never fills: the worker never blocks.
-type outBuf struct {
-	data []byte
-	last bool
-	src  *fabric.Packet
-	pool *outBufs
+// ---- parity units: aggregation ----
+
+// parityWrites is the context of a partial parity arriving at a parity
+// unit (FlagPartial, from a data unit's node): it joins its write's
+// aggregation, XORs every packet into the accumulator slots, and waits
+// for the aggregation's verdict.
+type parityWrites struct{ *writer }
+
+// partialState is one data unit's partial parity being aggregated.
+type partialState struct {
+	agg    *aggregation
+	src    uint8 // the data unit it comes from
+	length int64
 }
 
-func (b *outBuf) release() {
-	b.pool.bufs.put(b.data)
-	b.data = nil
-	if b.src != nil {
-		b.src.Release()
-		b.src = nil
-	}
-	b.pool.structs.Put(b)
-}
-
-// outBufs pools partial-parity buffers, so the per-packet path does not
-// allocate.
-type outBufs struct {
-	structs sync.Pool
-	bufs    bufPools
-}
-
-func (o *outBufs) get(n int, last bool) *outBuf {
-	b, _ := o.structs.Get().(*outBuf)
-	if b == nil {
-		b = &outBuf{pool: o}
-	}
-	b.data, b.last = o.bufs.get(n), last
-	return b
-}
-
-// encodeState is a data unit's streaming encoder.
-type encodeState struct {
-	code   *erasure.Code
-	src    int
-	shards [][]byte // scratch: the packet, then one output per parity unit
-}
-
-// ecCode returns RS(k, n-k), the code of an erasure-coded write's capability.
-func (x *writer) ecCode(k, n int) (*erasure.Code, error) {
-	code, err := x.codes.Get(k, n-k)
+func (x parityWrites) header(r *engine.Request, hdr []byte) error {
+	h, c, _, err := x.admitStream(hdr)
 	if err != nil {
-		return nil, wire.Errorf(wire.StatusBadRequest, "%v", err)
+		return err
 	}
-	return code, nil
-}
-
-// partialHeader is the sealed header of this data unit's partial parity
-// for parity unit k.
-func (x *writer) partialHeader(h *wire.WriteHeader, k child, w *store.Write) []byte {
-	return wire.SealForward(wire.AppendPartial(nil, h, uint8(k.rank), h.Rank, w.Version(), w.Base()), x.d.Keys.Seal)
-}
-
-// encodePacket computes a data packet's partial parities and hands one to
-// each parity unit's forward.
-func (x *writer) encodePacket(st *writeState, p *fabric.Packet) error {
-	e := st.enc
-	e.shards[0] = p.Data
-	bufs := [erasure.MaxUnits]*outBuf{}
-	for i := range st.fwds {
-		bufs[i] = x.outBufs.get(len(p.Data), p.Last())
-		p.Retain()
-		bufs[i].src = p
-		e.shards[1+i] = bufs[i].data
-	}
-	err := e.code.Partial(e.src, e.shards)
-	for i, f := range st.fwds {
-		if err != nil {
-			bufs[i].release()
-			continue
-		}
-		f.pushBuf(bufs[i])
-	}
-	clear(e.shards)
+	agg, err := x.join(&h, int(c.Data), c.Client, c.Epoch)
 	if err != nil {
-		return wire.Errorf(wire.StatusIO, "computing partial parity: %v", err)
+		return err
 	}
+	r.State = &partialState{agg: agg, src: h.Src, length: int64(h.Len)}
 	return nil
 }
 
-// ---- parity units: aggregation ----
+func (x parityWrites) payload(r *engine.Request, p *fabric.Packet) error {
+	st := r.State.(*partialState)
+	if err := inBounds(p, st.length); err != nil {
+		return err
+	}
+	x.aggs.Accumulated.Add(int64(len(p.Data)))
+	return st.agg.add(p.Off, p.Data)
+}
+
+func (parityWrites) completion(r *engine.Request) {
+	st := r.State.(*partialState)
+	st.agg.complete(st.src, r)
+}
+
+func (parityWrites) cleanup(r *engine.Request, reason error) {
+	r.State.(*partialState).agg.fail(reason)
+}
 
 // accSlot is the size of one accumulator slot.
 const accSlot = 64 << 10

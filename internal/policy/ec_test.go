@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/policy"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -20,7 +21,7 @@ import (
 // ecCap is a capability for an erasure-coded group: the env's nodes, the
 // first k of them data units.
 func (e *doubtEnv) ecCap(chunk ids.ChunkID, k int) []byte {
-	c := capability.Capability{Rights: capability.Write | capability.Read, Fanout: capability.FanoutEC, Data: uint8(k), Client: 1, Ino: 1,
+	c := capability.Capability{Rights: capability.Write | capability.Read, Fanout: plan.FanoutEC, Data: uint8(k), Client: 1, Ino: 1,
 		Chunk: chunk, Len: 64 << 20, Expiry: time.Now().Add(time.Minute).UnixNano()}
 	var list []ids.NodeID
 	for i := range e.nodes {
@@ -34,7 +35,7 @@ func (e *doubtEnv) ecCap(chunk ids.ChunkID, k int) []byte {
 // rank, sealed as that unit's node would (seal: false leaves it unsealed).
 func (e *doubtEnv) partialHdr(t *testing.T, chunk ids.ChunkID, cp []byte, rank, src uint8, version, n uint64, seal bool) []byte {
 	t.Helper()
-	h := wire.WriteHeader{Strategy: wire.StrategyEC, Rank: src, Chunk: chunk, Len: n, Version: version, WriteID: 77, Cap: cp}
+	h := wire.WriteHeader{Strategy: plan.EC, Rank: src, Chunk: chunk, Len: n, Version: version, WriteID: 77, Cap: cp}
 	hdr, err := wire.AppendWrite(nil, &h, e.addrs())
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +70,7 @@ func TestECBadInput(t *testing.T) {
 		{"partial parity from a parity unit", 2, e.partialHdr(t, chunk, cp, 2, 2, 1, 5000, true), wire.StatusBadRequest, "not a data unit"},
 		{"partial parity for a stripe version the unit has not reached", 2, e.partialHdr(t, chunk, cp, 2, 0, 5, 5000, true), wire.StatusBusy, "must wait for 4"},
 	}
-	enc := wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: 2, Chunk: chunk, Len: 5000, Version: 1, WriteID: 9, Cap: cp}
+	enc := wire.WriteHeader{Strategy: plan.EC, Flags: wire.FlagEncode, Rank: 2, Chunk: chunk, Len: 5000, Version: 1, WriteID: 9, Cap: cp}
 	encHdr, _ := wire.AppendWrite(nil, &enc, e.addrs())
 	cases = append(cases, struct {
 		name string
@@ -78,7 +79,7 @@ func TestECBadInput(t *testing.T) {
 		want wire.Status
 		text string
 	}{"a parity unit asked to encode", 2, encHdr, wire.StatusBadRequest, "not a data unit"})
-	ring := wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: chunk, Len: 5000, WriteID: 9, Cap: cp}
+	ring := wire.WriteHeader{Strategy: plan.Ring, Chunk: chunk, Len: 5000, WriteID: 9, Cap: cp}
 	ringHdr, _ := wire.AppendWrite(nil, &ring, e.addrs())
 	cases = append(cases, struct {
 		name string
@@ -182,14 +183,14 @@ func TestECShortPartialFreesSlots(t *testing.T) {
 	const chunk2 ids.ChunkID = 901
 	cp2 := e.ecCap(chunk2, 2)
 	write := func(short bool, id uint64) []asyncReply {
-		res := wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagReserve, Chunk: chunk2, Len: 5000, WriteID: id, Cap: cp2}
+		res := wire.WriteHeader{Strategy: plan.EC, Flags: wire.FlagReserve, Chunk: chunk2, Len: 5000, WriteID: id, Cap: cp2}
 		st, msg, ver := e.send(t, 0, res, nil)
 		if st != wire.StatusOK {
 			t.Fatalf("reserve: %v %q", st, msg)
 		}
 		var chs []<-chan asyncReply
 		for r := 0; r < 2; r++ {
-			h := wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: uint8(r), Chunk: chunk2, Len: 5000, Version: ver, WriteID: id, Cap: cp2}
+			h := wire.WriteHeader{Strategy: plan.EC, Flags: wire.FlagEncode, Rank: uint8(r), Chunk: chunk2, Len: 5000, Version: ver, WriteID: id, Cap: cp2}
 			if ver > 1 {
 				h.Flags |= wire.FlagBase
 				h.Base = 0
@@ -232,8 +233,8 @@ func TestHeaderOnlyWriteFails(t *testing.T) {
 		to int
 		h  wire.WriteHeader
 	}{
-		{1, wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: 1, Chunk: ecChunk, Len: 5000, Version: 1, WriteID: 5, Cap: e.ecCap(ecChunk, 2)}},
-		{0, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: ringChunk, Len: 5000, WriteID: 5, Cap: e.capFor(ringChunk)}},
+		{1, wire.WriteHeader{Strategy: plan.EC, Flags: wire.FlagEncode, Rank: 1, Chunk: ecChunk, Len: 5000, Version: 1, WriteID: 5, Cap: e.ecCap(ecChunk, 2)}},
+		{0, wire.WriteHeader{Strategy: plan.Ring, Chunk: ringChunk, Len: 5000, WriteID: 5, Cap: e.capFor(ringChunk)}},
 	}
 	for _, c := range cases {
 		hdr, _ := wire.AppendWrite(nil, &c.h, e.addrs())
@@ -245,7 +246,7 @@ func TestHeaderOnlyWriteFails(t *testing.T) {
 		h := c.h
 		h.Flags, h.WriteID = 0, 6
 		hdr, _ = wire.AppendWrite(nil, &h, e.addrs())
-		if c.h.Strategy == wire.StrategyEC {
+		if c.h.Strategy == plan.EC {
 			continue // its parity aggregation is gone; the unit itself is free (checked below)
 		}
 		if r := wait(t, e.sendAsync(t, c.to, hdr, make([]byte, 5000))); r.status != wire.StatusOK {
@@ -278,7 +279,7 @@ func TestEncodeDoesNotBlockWorker(t *testing.T) {
 	const chunk ids.ChunkID = 910
 	addrs := e.addrs()
 	addrs[2] = sa.String() // the parity unit: stuck
-	h := wire.WriteHeader{Strategy: wire.StrategyEC, Flags: wire.FlagEncode, Rank: 1, Chunk: chunk, Len: 32 << 20, Version: 1, WriteID: 5, Cap: e.ecCap(chunk, 2)}
+	h := wire.WriteHeader{Strategy: plan.EC, Flags: wire.FlagEncode, Rank: 1, Chunk: chunk, Len: 32 << 20, Version: 1, WriteID: 5, Cap: e.ecCap(chunk, 2)}
 	hdr, _ := wire.AppendWrite(nil, &h, addrs)
 	go func() {
 		pc, err := e.pool.Get(context.Background(), e.nodes[1].addr)
@@ -291,7 +292,7 @@ func TestEncodeDoesNotBlockWorker(t *testing.T) {
 	}()
 	time.Sleep(time.Second)
 	start := time.Now()
-	other := wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 911, Len: 10, WriteID: 6, Cap: e.capFor(911)}
+	other := wire.WriteHeader{Strategy: plan.Ring, Chunk: 911, Len: 10, WriteID: 6, Cap: e.capFor(911)}
 	ohdr, _ := wire.AppendWrite(nil, &other, e.addrs())
 	r := wait(t, e.sendAsync(t, 1, ohdr, []byte("0123456789")))
 	if time.Since(start) > 2*time.Second {

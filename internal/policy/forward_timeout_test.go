@@ -9,6 +9,7 @@ import (
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/policy"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -70,7 +71,7 @@ func TestForwardReplyTimeoutCountsFromReply(t *testing.T) {
 	c := capability.Capability{Rights: capability.Write, Client: 1, Ino: 1, Chunk: 30, Len: 1 << 20, Expiry: time.Now().Add(time.Minute).UnixNano()}
 	c.SetReplicas([]ids.NodeID{1, 2})
 	cp := keys.Mint(&c)
-	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 30, Len: 2000, Cap: cp}, []string{a.addr, b.addr})
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: 30, Len: 2000, Cap: cp}, []string{a.addr, b.addr})
 
 	ep, _ := fabric.NewEndpoint(fabric.Options{})
 	defer ep.Close()

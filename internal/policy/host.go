@@ -7,7 +7,9 @@ import (
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/exchange"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -20,18 +22,53 @@ import (
 // so it has the same durability and ordering as streaming; it is just
 // slower, which is the point of comparing.
 
+// hostWrites is the store-and-forward context (ModeHost).
+type hostWrites struct{ *writer }
+
 // hostState is a host-mode request: the header kept for validation after
-// the data is in, and the buffer the data is received into.
+// the data is in, the buffer the data is received into, and the store
+// write it becomes.
 type hostState struct {
+	stored
 	hdr     []byte
 	buf     []byte
 	got     int64
 	charged int64 // bytes charged to the node's host buffer budget
 }
 
-func (x *writer) hostHeader(st *writeState, h *wire.WriteHeader, raw []byte) error {
-	ec := h.Strategy == wire.StrategyEC && h.Flags&wire.FlagEncode != 0
-	if !ec && (h.Flags&^(wire.FlagBase|wire.FlagSealed) != 0 || h.Strategy == wire.StrategyFlat || h.Strategy == wire.StrategyEC) {
+func (x hostWrites) header(r *engine.Request, hdr []byte) error {
+	var h wire.WriteHeader
+	if err := parseWrite(hdr, &h); err != nil {
+		return err
+	}
+	st := &hostState{stored: storedOf(&h)}
+	// Store-and-forward validates only once the whole request is in.
+	if err := x.hostHeader(st, &h, hdr); err != nil {
+		return err
+	}
+	r.State = st
+	return nil
+}
+
+func (hostWrites) payload(r *engine.Request, p *fabric.Packet) error {
+	st := r.State.(*hostState)
+	if err := inBounds(p, st.length); err != nil {
+		return err
+	}
+	st.got += int64(copy(st.buf[p.Off:], p.Data))
+	return nil
+}
+
+func (x hostWrites) completion(r *engine.Request) {
+	st := r.State.(*hostState)
+	x.background(func() { x.hostFinish(r, st) })
+}
+
+func (x hostWrites) cleanup(r *engine.Request, reason error) { x.releaseHost(r.State.(*hostState)) }
+
+func (x hostWrites) hostHeader(st *hostState, h *wire.WriteHeader, raw []byte) error {
+	ec := h.Strategy == plan.EC && h.Flags&wire.FlagEncode != 0
+	if !ec && (h.Flags&^(wire.FlagBase|wire.FlagSealed) != 0 || h.Strategy == plan.Flat || h.Strategy == plan.EC) {
 		return wire.Errorf(wire.StatusBadRequest, "store-and-forward writes are ring or tree writes, or erasure-coded data units that encode")
 	}
 	if h.Len > uint64(x.d.HostBuffer) || int64(1)<<sizeClass(int(h.Len)) > max(x.d.HostBuffer, 1) {
@@ -55,15 +92,15 @@ func (x *writer) hostHeader(st *writeState, h *wire.WriteHeader, raw []byte) err
 		x.hostBytes.Add(-charge)
 		return wire.Errorf(wire.StatusBusy, "host buffers for store-and-forward writes are full")
 	}
-	st.host = &hostState{hdr: append([]byte(nil), raw...), buf: x.hostBufs.get(int(h.Len)), charged: charge}
+	st.hdr, st.buf, st.charged = append([]byte(nil), raw...), x.hostBufs.get(int(h.Len)), charge
 	return nil
 }
 
-func (x *writer) releaseHost(st *writeState) {
-	if st.host != nil && st.host.buf != nil {
-		x.hostBytes.Add(-st.host.charged)
-		x.hostBufs.put(st.host.buf)
-		st.host.buf = nil
+func (x hostWrites) releaseHost(st *hostState) {
+	if st.buf != nil {
+		x.hostBytes.Add(-st.charged)
+		x.hostBufs.put(st.buf)
+		st.buf = nil
 	}
 }
 
@@ -99,23 +136,18 @@ func (p *bufPools) put(b []byte) {
 }
 
 // hostFinish validates, stores and forwards a fully received request.
-func (x *writer) hostFinish(r *engine.Request, st *writeState) {
+func (x hostWrites) hostFinish(r *engine.Request, st *hostState) {
 	defer x.releaseHost(st)
 	r.Finish(x.hostStore(st))
 }
 
-func (x *writer) hostStore(st *writeState) []byte {
-	hs := st.host
-	var h wire.WriteHeader
-	if err := wire.ParseWrite(hs.hdr, &h); err != nil {
-		return wire.AppendError(nil, wire.Errorf(wire.StatusBadRequest, "%v", err))
-	}
-	var c capability.Capability
-	if err := x.check(&h, &c); err != nil {
+func (x hostWrites) hostStore(st *hostState) []byte {
+	h, c, err := x.admitWrite(st.hdr)
+	if err != nil {
 		return wire.AppendError(nil, err)
 	}
-	if hs.got != int64(len(hs.buf)) {
-		return wire.AppendError(nil, wire.Errorf(wire.StatusBadRequest, "received %d of %d bytes", hs.got, len(hs.buf)))
+	if st.got != int64(len(st.buf)) {
+		return wire.AppendError(nil, wire.Errorf(wire.StatusBadRequest, "received %d of %d bytes", st.got, len(st.buf)))
 	}
 	if reply, ok := x.alreadyApplied(&h); ok {
 		return reply
@@ -124,7 +156,7 @@ func (x *writer) hostStore(st *writeState) []byte {
 	if err != nil {
 		return wire.AppendError(nil, err)
 	}
-	if h.Strategy == wire.StrategyEC {
+	if h.Strategy == plan.EC {
 		return x.hostEncode(st, &h, &c)
 	}
 	var w *store.Write
@@ -142,8 +174,8 @@ func (x *writer) hostStore(st *writeState) []byte {
 	}
 	st.w = w
 	w.SetTag(h.WriteID)
-	if len(hs.buf) > 0 {
-		if err := w.Place(int64(h.Off), hs.buf); err != nil {
+	if len(st.buf) > 0 {
+		if err := w.Place(int64(h.Off), st.buf); err != nil {
 			w.Abort()
 			return wire.AppendError(nil, storeError(err))
 		}
@@ -155,7 +187,7 @@ func (x *writer) hostStore(st *writeState) []byte {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = x.sendWhole(k, x.forwardHeader(&h, k, w), hs.buf)
+			errs[i] = x.sendWhole(k, x.forwardHeader(&h, k, w), st.buf)
 		}()
 	}
 	err = w.Sync()
@@ -170,7 +202,7 @@ func (x *writer) hostStore(st *writeState) []byte {
 			err = e
 		}
 	}
-	return x.publish(st, err, partial)
+	return x.publish(&st.stored, err, partial)
 }
 
 // sendWhole sends a whole write to a child replica and waits for its
@@ -219,8 +251,7 @@ func (x *writer) dialReplica(ctx context.Context, node ids.NodeID, addr *string)
 // hostEncode is the per-chunk erasure-coding baseline at a data unit: the
 // whole unit is in host memory; store it, then compute its partial
 // parities and send each parity unit its whole partial.
-func (x *writer) hostEncode(st *writeState, h *wire.WriteHeader, c *capability.Capability) []byte {
-	hs := st.host
+func (x hostWrites) hostEncode(st *hostState, h *wire.WriteHeader, c *capability.Capability) []byte {
 	code, units, err := x.encodeTargets(h, c)
 	if err != nil {
 		return wire.AppendError(nil, err)
@@ -247,18 +278,18 @@ func (x *writer) hostEncode(st *writeState, h *wire.WriteHeader, c *capability.C
 	w := st.w
 	w.SetTag(h.WriteID)
 	fail := func(err error) []byte {
-		x.abort(st, st.head)
+		x.abort(&st.stored, st.head)
 		return wire.AppendError(nil, err)
 	}
-	if len(hs.buf) > 0 {
-		if err := w.Place(int64(h.Off), hs.buf); err != nil {
+	if len(st.buf) > 0 {
+		if err := w.Place(int64(h.Off), st.buf); err != nil {
 			return fail(storeError(err))
 		}
 	}
 	shards := make([][]byte, 1+code.M)
-	shards[0] = hs.buf
+	shards[0] = st.buf
 	for i := range code.M {
-		shards[1+i] = x.hostBufs.get(len(hs.buf))
+		shards[1+i] = x.hostBufs.get(len(st.buf))
 		defer x.hostBufs.put(shards[1+i])
 	}
 	if err := code.Partial(int(h.Rank), shards); err != nil {
@@ -285,5 +316,5 @@ func (x *writer) hostEncode(st *writeState, h *wire.WriteHeader, c *capability.C
 			err = e
 		}
 	}
-	return x.publish(st, err, partial)
+	return x.publish(&st.stored, err, partial)
 }

@@ -4,10 +4,13 @@
 // the children as it arrives, direct placement of each packet into the
 // chunk store at its offset with its block checksum computed on the way,
 // and reads served by one-sided WRITEs straight into the client's
-// registered buffer. The seed's baselines are real modes of the same
-// context: store-and-forward in host memory (host.go), pulling the data
-// with one-sided READs (pull.go), and client-driven flat replication
-// (reserve.go).
+// registered buffer. Each kind of request is its own execution context
+// with its own state, matched by the engine on the header's fields (op,
+// mode, flags; writer lists the write contexts): besides streaming, the
+// seed's baselines — store-and-forward in host memory (host.go), pulling
+// the data with one-sided READs (pull.go), client-driven flat replication
+// (reserve.go) — and erasure coding's encode and parity aggregation
+// (encode.go, ec.go); reads (read.go) and repairs (repair.go).
 //
 // Ordering: the rank-0 replica of a chunk admits one write at a time (the
 // store's per-chunk write lock; a second concurrent writer gets a
@@ -179,7 +182,9 @@ func (p *Policies) Stats() Stats {
 
 // Contexts returns the execution contexts to install in the node's engine.
 func (p *Policies) Contexts() []*engine.Context {
-	return []*engine.Context{p.w.context(), p.r.context(), p.rep.context()}
+	cs := p.w.writeContexts()
+	cs = append(cs, p.r.contexts()...)
+	return append(cs, p.rep.contexts()...)
 }
 
 // Close settles every write still in progress before the store closes:

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -47,12 +48,12 @@ func newEnv(t *testing.T, eopts engine.Options) *env {
 // mint makes a capability for chunk over all three nodes (rank order n1,
 // n2, n3), as meta would.
 func (e *env) mint(chunk ids.ChunkID, rights capability.Rights, expiry time.Time, nodes ...*node.Node) []byte {
-	return e.mintFanout(capability.FanoutNodes, chunk, rights, expiry, nodes...)
+	return e.mintFanout(plan.FanoutNodes, chunk, rights, expiry, nodes...)
 }
 
 // mintFanout mints for a file whose client writes every replica (flat)
 // or only the first.
-func (e *env) mintFanout(f capability.Fanout, chunk ids.ChunkID, rights capability.Rights, expiry time.Time, nodes ...*node.Node) []byte {
+func (e *env) mintFanout(f plan.Fanout, chunk ids.ChunkID, rights capability.Rights, expiry time.Time, nodes ...*node.Node) []byte {
 	c := capability.Capability{Rights: rights, Fanout: f, Client: 1, Ino: 99, Chunk: chunk, Off: 0, Len: 64 << 20, Expiry: expiry.UnixNano()}
 	var list []ids.NodeID
 	for _, n := range nodes {
@@ -137,7 +138,7 @@ func TestRefusals(t *testing.T) {
 	data := bytes.Repeat([]byte("x"), 100000)
 
 	// A committed baseline that refused writes must leave alone.
-	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 1, Len: uint64(len(data)), Cap: good}, ring, data); r.Status != wire.StatusOK || r.Version != 1 {
+	if r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 1, Len: uint64(len(data)), Cap: good}, ring, data); r.Status != wire.StatusOK || r.Version != 1 {
 		t.Fatalf("baseline write: %v %s", r.Status, r.Msg)
 	}
 	forged := append([]byte(nil), good...)
@@ -167,7 +168,7 @@ func TestRefusals(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.h.Strategy == 0 {
-				tc.h.Strategy = wire.StrategyRing
+				tc.h.Strategy = plan.Ring
 			}
 			r := e.write(t, tc.h, tc.nodes, make([]byte, tc.h.Len))
 			if r.Status != tc.status || !strings.Contains(string(r.Msg), tc.msg) {
@@ -202,7 +203,7 @@ func TestStaleReplicaRefusesAndHeadAborts(t *testing.T) {
 	if _, err := w.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 7, Len: 200000, Cap: cp}, ring, make([]byte, 200000))
+	r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 7, Len: 200000, Cap: cp}, ring, make([]byte, 200000))
 	if r.Status != wire.StatusReplica || !strings.Contains(string(r.Msg), "stale") {
 		t.Fatalf("got %v %q, want a replica error naming the stale tail", r.Status, r.Msg)
 	}
@@ -221,7 +222,7 @@ func TestClientVanishesMidWrite(t *testing.T) {
 	n := e.c.Nodes
 	ring := []*node.Node{n[0], n[1], n[2]}
 	cp := e.mint(3, capability.Write|capability.Read, time.Now().Add(time.Minute), ring...)
-	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 3, Len: 4 << 20, Cap: cp}, addrs(ring...))
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: 3, Len: 4 << 20, Cap: cp}, addrs(ring...))
 	pc, err := e.pool.Get(context.Background(), n[0].Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -252,7 +253,7 @@ func TestClientVanishesMidWrite(t *testing.T) {
 	// refused busy, which clients retry.)
 	data := bytes.Repeat([]byte("y"), 300000)
 	for {
-		r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 3, Len: uint64(len(data)), Cap: cp}, ring, data)
+		r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 3, Len: uint64(len(data)), Cap: cp}, ring, data)
 		if r.Status == wire.StatusOK {
 			break
 		}
@@ -276,7 +277,7 @@ func TestReplicaDownFailsWholeWrite(t *testing.T) {
 	ring := []*node.Node{n[0], n[1], n[2]}
 	cp := e.mint(4, capability.Write|capability.Read, time.Now().Add(time.Minute), ring...)
 	n[2].Close()
-	r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 4, Len: 500000, Cap: cp}, ring, make([]byte, 500000))
+	r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 4, Len: 500000, Cap: cp}, ring, make([]byte, 500000))
 	if r.Status != wire.StatusReplica || !strings.Contains(string(r.Msg), "rank 2") {
 		t.Fatalf("got %v %q", r.Status, r.Msg)
 	}
@@ -297,7 +298,7 @@ func TestReadReplyIsVerifiable(t *testing.T) {
 	for i := range data {
 		data[i] = byte(i * 7)
 	}
-	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 5, Len: uint64(len(data)), Cap: cp}, n[:1], data); r.Status != wire.StatusOK {
+	if r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: 5, Len: uint64(len(data)), Cap: cp}, n[:1], data); r.Status != wire.StatusOK {
 		t.Fatalf("write: %v %s", r.Status, r.Msg)
 	}
 	pc, err := e.pool.Get(context.Background(), n[0].Addr())
@@ -358,7 +359,7 @@ func TestForwardUsesClusterMapNotClientAddress(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	cp := e.mint(8, capability.Write|capability.Read, time.Now().Add(time.Minute), ring...)
 	data := bytes.Repeat([]byte("z"), 100000)
-	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: 8, Len: uint64(len(data)), Cap: cp},
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Ring, Chunk: 8, Len: uint64(len(data)), Cap: cp},
 		[]string{n[0].Addr(), decoy.Addr().String()})
 	for {
 		pc, err := e.pool.Get(context.Background(), n[0].Addr())
@@ -393,8 +394,8 @@ func TestHostModeValidatesAfterBuffering(t *testing.T) {
 	forged := append([]byte(nil), good...)
 	forged[len(forged)-1] ^= 1
 	data := bytes.Repeat([]byte("h"), 300000)
-	for _, s := range []wire.Strategy{wire.StrategyRing, wire.StrategyTree} {
-		r := e.write(t, wire.WriteHeader{Strategy: s, Mode: wire.ModeHost, Chunk: 31, Len: uint64(len(data)), Cap: forged}, ring, data)
+	for _, s := range []plan.Strategy{plan.Ring, plan.Tree} {
+		r := e.write(t, wire.WriteHeader{Strategy: s, Mode: plan.Host, Chunk: 31, Len: uint64(len(data)), Cap: forged}, ring, data)
 		if r.Status != wire.StatusAuth {
 			t.Fatalf("%v host write with a forged capability: %v %s", s, r.Status, r.Msg)
 		}
@@ -404,8 +405,8 @@ func TestHostModeValidatesAfterBuffering(t *testing.T) {
 			t.Fatalf("a refused host-mode write reached node %v", nd.ID())
 		}
 	}
-	for i, s := range []wire.Strategy{wire.StrategyRing, wire.StrategyTree} {
-		r := e.write(t, wire.WriteHeader{Strategy: s, Mode: wire.ModeHost, Chunk: 31, Len: uint64(len(data)), Cap: good}, ring, data)
+	for i, s := range []plan.Strategy{plan.Ring, plan.Tree} {
+		r := e.write(t, wire.WriteHeader{Strategy: s, Mode: plan.Host, Chunk: 31, Len: uint64(len(data)), Cap: good}, ring, data)
 		if r.Status != wire.StatusOK || r.Version != uint64(i+1) {
 			t.Fatalf("%v host write: %v %s v%d", s, r.Status, r.Msg, r.Version)
 		}
@@ -422,7 +423,7 @@ func TestHostModeMemoryIsBounded(t *testing.T) {
 	n := e.c.Nodes
 	cp := e.mint(32, capability.Write, time.Now().Add(time.Minute), n[0])
 	// Larger than the whole host budget (256 MiB): refused outright.
-	r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Mode: wire.ModeHost, Chunk: 32, Len: 300 << 20, Cap: cp}, n[:1], nil)
+	r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Mode: plan.Host, Chunk: 32, Len: 300 << 20, Cap: cp}, n[:1], nil)
 	if r.Status != wire.StatusBadRequest {
 		t.Fatalf("oversized host write: %v %s", r.Status, r.Msg)
 	}
@@ -432,14 +433,14 @@ func TestFlatReservations(t *testing.T) {
 	e := newEnv(t, engine.Options{})
 	n := e.c.Nodes
 	set := []*node.Node{n[0], n[1]}
-	cp := e.mintFanout(capability.FanoutClient, 33, capability.Write|capability.Read, time.Now().Add(time.Minute), set...)
+	cp := e.mintFanout(plan.FanoutClient, 33, capability.Write|capability.Read, time.Now().Add(time.Minute), set...)
 	data := bytes.Repeat([]byte("f"), 1000)
 	// Data for rank 0 without a reservation: refused.
-	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyFlat, Chunk: 33, Len: 1000, Version: 1, Cap: cp}, set, data); r.Status != wire.StatusStale {
+	if r := e.write(t, wire.WriteHeader{Strategy: plan.Flat, Chunk: 33, Len: 1000, Version: 1, Cap: cp}, set, data); r.Status != wire.StatusStale {
 		t.Fatalf("unreserved flat write: %v %s", r.Status, r.Msg)
 	}
 	// Reserve, then a second reservation is busy until the first is used.
-	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: 33, Len: 1000, Cap: cp}
+	res := wire.WriteHeader{Strategy: plan.Flat, Flags: wire.FlagReserve, Chunk: 33, Len: 1000, Cap: cp}
 	r := e.write(t, res, set, nil)
 	if r.Status != wire.StatusOK || r.Version != 1 {
 		t.Fatalf("reserve: %v %s v%d", r.Status, r.Msg, r.Version)
@@ -448,7 +449,7 @@ func TestFlatReservations(t *testing.T) {
 		t.Fatalf("second reservation: %v %s", r.Status, r.Msg)
 	}
 	// Rank 1 first, then rank 0 with the reserved version.
-	rank1 := wire.WriteHeader{Strategy: wire.StrategyFlat, Rank: 1, Chunk: 33, Len: 1000, Version: 1, Cap: cp}
+	rank1 := wire.WriteHeader{Strategy: plan.Flat, Rank: 1, Chunk: 33, Len: 1000, Version: 1, Cap: cp}
 	if r := e.write(t, rank1, []*node.Node{n[1], n[1]}, data); r.Status != wire.StatusOK {
 		t.Fatalf("rank 1: %v %s", r.Status, r.Msg)
 	}
@@ -458,7 +459,7 @@ func TestFlatReservations(t *testing.T) {
 	if r := e.write(t, ahead, []*node.Node{n[1], n[1]}, data); r.Status != wire.StatusBusy {
 		t.Fatalf("rank 1 two versions ahead: %v %s", r.Status, r.Msg)
 	}
-	if r := e.write(t, wire.WriteHeader{Strategy: wire.StrategyFlat, Chunk: 33, Len: 1000, Version: 1, Cap: cp}, set, data); r.Status != wire.StatusOK {
+	if r := e.write(t, wire.WriteHeader{Strategy: plan.Flat, Chunk: 33, Len: 1000, Version: 1, Cap: cp}, set, data); r.Status != wire.StatusOK {
 		t.Fatalf("rank 0 data: %v %s", r.Status, r.Msg)
 	}
 	for _, nd := range set {
@@ -475,7 +476,7 @@ func TestTreeMemberDiesMidWrite(t *testing.T) {
 	n := e.c.Nodes
 	tree := []*node.Node{n[0], n[1], n[2]}
 	cp := e.mint(34, capability.Write|capability.Read, time.Now().Add(time.Minute), tree...)
-	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: 34, Len: 8 << 20, Cap: cp}, addrs(tree...))
+	hdr, _ := wire.AppendWrite(nil, &wire.WriteHeader{Strategy: plan.Tree, Chunk: 34, Len: 8 << 20, Cap: cp}, addrs(tree...))
 	pc, err := e.pool.Get(context.Background(), n[0].Addr())
 	if err != nil {
 		t.Fatal(err)

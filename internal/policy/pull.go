@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -14,35 +15,60 @@ import (
 // where it can — and acknowledges. One more round trip than streaming,
 // no copy through the message stream.
 
+// pullWrites is the pulled write context (ModePull).
+type pullWrites struct{ *writer }
+
+// pullState is a pulled write: its store write and the client's region.
 type pullState struct {
+	stored
 	key, off uint64
 }
 
-func (x *writer) pullHeader(st *writeState, h *wire.WriteHeader, epoch uint64) error {
-	if reply, ok := x.alreadyApplied(h); ok {
+func (x pullWrites) header(r *engine.Request, hdr []byte) error {
+	h, c, err := x.admitWrite(hdr)
+	if err != nil {
+		return err
+	}
+	if reply, ok := x.alreadyApplied(&h); ok {
 		return &engine.Answered{Reply: reply}
 	}
 	w, err := x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID)
 	if err != nil {
 		return storeError(err)
 	}
-	if err := planned(w, epoch); err != nil {
+	if err := planned(w, c.Epoch); err != nil {
 		return err
 	}
+	st := &pullState{stored: storedOf(&h), key: h.RegionKey, off: h.RegionOff}
 	st.w, st.head = w, true
-	st.pull = &pullState{key: h.RegionKey, off: h.RegionOff}
+	r.State = st
 	return nil
 }
+
+func (pullWrites) payload(r *engine.Request, p *fabric.Packet) error {
+	if err := inBounds(p, r.State.(*pullState).length); err != nil {
+		return err
+	}
+	return wire.Errorf(wire.StatusBadRequest, "a pulled write carries no data packets")
+}
+
+func (x pullWrites) completion(r *engine.Request) {
+	st := r.State.(*pullState)
+	x.background(func() { x.pullFinish(r, st) })
+}
+
+// cleanup: a single replica, so nothing can have committed elsewhere.
+func (pullWrites) cleanup(r *engine.Request, reason error) { r.State.(*pullState).w.Abort() }
 
 // pullPiece is the most one READ asks for.
 const pullPiece = 1 << 20
 
-func (x *writer) pullFinish(r *engine.Request, st *writeState) {
+func (x pullWrites) pullFinish(r *engine.Request, st *pullState) {
 	// A single replica: nothing can have committed elsewhere.
-	r.Finish(x.publish(st, x.pullData(r, st), false))
+	r.Finish(x.publish(&st.stored, x.pullData(r, st), false))
 }
 
-func (x *writer) pullData(r *engine.Request, st *writeState) error {
+func (x pullWrites) pullData(r *engine.Request, st *pullState) error {
 	ctx, cancel := context.WithTimeout(context.Background(), x.d.ReplyTimeout)
 	defer cancel()
 	var buf []byte
@@ -57,7 +83,7 @@ func (x *writer) pullData(r *engine.Request, st *writeState) error {
 			}
 			dst = buf[:n]
 		}
-		err := r.Conn.Read(ctx, st.pull.key, st.pull.off+uint64(pos), dst)
+		err := r.Conn.Read(ctx, st.key, st.off+uint64(pos), dst)
 		if direct {
 			st.w.DirectEnd()
 		}

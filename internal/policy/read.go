@@ -39,11 +39,19 @@ func newReader(d *Deps) *reader {
 		bufs: sync.Pool{New: func() any { b := make([]byte, readPiece); return &b }}}
 }
 
-func (x *reader) context() *engine.Context {
-	return &engine.Context{Name: "read", Class: wire.OpRead, Handlers: engine.Handlers{
-		Header:     x.header,
-		Completion: x.completion,
-	}}
+// readScaledAt is where a read header says it is scaled
+// (wire.AppendRead's layout): the byte the read contexts match on.
+const readScaledAt = 1
+
+// contexts are the read execution contexts: a survivor's partial decoding
+// for a rebuild (a scaled read) and, taking the rest, a plain read. Both
+// authenticate alike; they differ in how they serve.
+func (x *reader) contexts() []*engine.Context {
+	return []*engine.Context{
+		{Name: "read-scaled", Class: wire.OpRead, Match: []engine.Field{{At: readScaledAt, Mask: 0xff, Value: 1}},
+			Handlers: engine.Handlers{Header: x.header, Completion: x.scaledCompletion}},
+		{Name: "read", Class: wire.OpRead, Handlers: engine.Handlers{Header: x.header, Completion: x.completion}},
+	}
 }
 
 func (x *reader) header(r *engine.Request, hdr []byte) error {
@@ -74,13 +82,25 @@ func (x *reader) header(r *engine.Request, hdr []byte) error {
 }
 
 func (x *reader) completion(r *engine.Request) {
-	go x.serve(r, r.State.(*readState))
+	go x.serve(r, false)
 }
 
-func (x *reader) serve(r *engine.Request, st *readState) {
+func (x *reader) scaledCompletion(r *engine.Request) {
+	go x.serve(r, true)
+}
+
+// serve serves a read (scaled or not) in a read slot and replies.
+func (x *reader) serve(r *engine.Request, scaled bool) {
 	x.slots <- struct{}{}
 	defer func() { <-x.slots }()
-	reply, err := x.read(r, &st.h)
+	h := &r.State.(*readState).h
+	var reply []byte
+	var err error
+	if scaled {
+		reply, err = x.readScaled(r, h)
+	} else {
+		reply, err = x.read(r, h)
+	}
 	if err != nil {
 		reply = wire.AppendError(nil, err)
 	}
@@ -94,9 +114,6 @@ func (x *reader) serve(r *engine.Request, st *readState) {
 // with a retryable busy answer rather than mixing versions. A client that
 // stops reading therefore delays nobody but itself.
 func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
-	if h.Scaled {
-		return x.readScaled(r, h)
-	}
 	rd, err := x.d.Store.OpenRead(h.Chunk)
 	if err != nil {
 		return nil, storeError(err)

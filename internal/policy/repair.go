@@ -13,6 +13,7 @@ import (
 	"github.com/sluicefs/sluice/internal/extent"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -57,35 +58,69 @@ type survivor struct {
 	failed bool
 }
 
-func (x *repairer) context() *engine.Context {
-	return &engine.Context{Name: "repair", Class: wire.OpRepair, Handlers: engine.Handlers{
-		Header:     x.header,
-		Completion: x.completion,
-	}}
+// Where a repair header's mode is (wire.AppendRepair's layout): the byte
+// the repair contexts match on.
+const repairModeAt = 1
+
+// contexts are the repair execution contexts: fencing a member and
+// dropping its copy are cheap, survivorless requests with contexts of
+// their own; every other repair mode rebuilds (or copies) a unit.
+func (x *repairer) contexts() []*engine.Context {
+	mode := func(m wire.RepairMode) []engine.Field {
+		return []engine.Field{{At: repairModeAt, Mask: 0xff, Value: byte(m)}}
+	}
+	return []*engine.Context{
+		{Name: "repair-fence", Class: wire.OpRepair, Match: mode(wire.RepairFence), Handlers: engine.Handlers{
+			Header: x.memberHeader, Completion: x.fence}},
+		{Name: "repair-drop", Class: wire.OpRepair, Match: mode(wire.RepairDrop), Handlers: engine.Handlers{
+			Header: x.memberHeader, Completion: x.dropCompletion}},
+		{Name: "rebuild", Class: wire.OpRepair, Handlers: engine.Handlers{
+			Header: x.rebuildHeader, Completion: x.rebuildCompletion}},
+	}
 }
 
-func (x *repairer) header(r *engine.Request, hdr []byte) error {
+// admitRepair parses and authenticates a repair header: every repair
+// context's first step.
+func (x *repairer) admitRepair(hdr []byte) (*repairState, error) {
 	st := &repairState{}
 	h := &st.h
 	if err := wire.ParseRepair(hdr, h); err != nil {
-		return wire.Errorf(wire.StatusBadRequest, "%v", err)
+		return nil, wire.Errorf(wire.StatusBadRequest, "%v", err)
 	}
 	c := &st.cap
 	if _, err := x.d.Keys.Open(h.Cap, x.d.Now(), c); err != nil {
-		return wire.Errorf(wire.StatusAuth, "%v", err)
+		return nil, wire.Errorf(wire.StatusAuth, "%v", err)
 	}
 	if err := c.Allows(capability.Repair, h.Chunk, 0, h.Len); err != nil {
-		return wire.Errorf(wire.StatusAuth, "%v", err)
+		return nil, wire.Errorf(wire.StatusAuth, "%v", err)
 	}
-	ec := c.Fanout == capability.FanoutEC
 	switch {
 	case c.RankOf(x.d.Self()) != int(h.Unit):
-		return wire.Errorf(wire.StatusAuth, "node %v is not unit %d of chunk %v", x.d.Self(), h.Unit, h.Chunk)
+		return nil, wire.Errorf(wire.StatusAuth, "node %v is not unit %d of chunk %v", x.d.Self(), h.Unit, h.Chunk)
 	case h.Addrs.Len() != int(c.NReplicas):
-		return wire.Errorf(wire.StatusBadRequest, "%d addresses for %d units", h.Addrs.Len(), c.NReplicas)
-	case h.Mode.Survivorless():
-		r.State = st
-		return nil // cheap: no repair slot
+		return nil, wire.Errorf(wire.StatusBadRequest, "%d addresses for %d units", h.Addrs.Len(), c.NReplicas)
+	}
+	return st, nil
+}
+
+// memberHeader admits a fence or a drop: cheap, no repair slot.
+func (x *repairer) memberHeader(r *engine.Request, hdr []byte) error {
+	st, err := x.admitRepair(hdr)
+	if err != nil {
+		return err
+	}
+	r.State = st
+	return nil
+}
+
+func (x *repairer) rebuildHeader(r *engine.Request, hdr []byte) error {
+	st, err := x.admitRepair(hdr)
+	if err != nil {
+		return err
+	}
+	h, c := &st.h, &st.cap
+	ec := c.Fanout == plan.FanoutEC
+	switch {
 	case h.Mode == wire.RepairCopy && ec:
 		return wire.Errorf(wire.StatusBadRequest, "chunk %v is erasure-coded: its units are rebuilt, not copied", h.Chunk)
 	case h.Mode != wire.RepairCopy && !ec:
@@ -112,39 +147,42 @@ func (x *repairer) header(r *engine.Request, hdr []byte) error {
 	return nil
 }
 
-func (x *repairer) completion(r *engine.Request) {
+// fence raises the member's fence and reports its state.
+func (x *repairer) fence(r *engine.Request) {
 	st := r.State.(*repairState)
-	if st.h.Mode == wire.RepairFence {
-		go func() {
-			fs, err := x.d.Store.Fence(st.h.Chunk, st.cap.Epoch)
-			if err == nil && fs.Doubt && st.h.Version != 0 && fs.Info.Version == st.h.Version {
-				// Every member holds this version now: the doubt is over.
-				if err = x.d.Store.ResolveDoubt(st.h.Chunk, st.h.Version); err == nil {
-					fs.Doubt = false
-				}
+	go func() {
+		fs, err := x.d.Store.Fence(st.h.Chunk, st.cap.Epoch)
+		if err == nil && fs.Doubt && st.h.Version != 0 && fs.Info.Version == st.h.Version {
+			// Every member holds this version now: the doubt is over.
+			if err = x.d.Store.ResolveDoubt(st.h.Chunk, st.h.Version); err == nil {
+				fs.Doubt = false
 			}
-			if err != nil {
-				r.Finish(wire.AppendError(nil, storeError(err)))
-				return
-			}
-			// A copy known to hold bad blocks says so: the reconciliation
-			// heals it even if meta has not heard yet.
-			corrupt := len(x.d.Store.Suspect(st.h.Chunk, fs.Info.Version)) > 0
-			r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: fs.Info.Version,
-				ChunkLen: uint64(fs.Info.Length), Partial: fs.Doubt, Corrupt: corrupt}, nil, ""))
-		}()
-		return
-	}
-	if st.h.Mode == wire.RepairDrop {
-		go func() {
-			if err := x.drop(st); err != nil {
-				r.Finish(wire.AppendError(nil, err))
-				return
-			}
-			r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK}, nil, ""))
-		}()
-		return
-	}
+		}
+		if err != nil {
+			r.Finish(wire.AppendError(nil, storeError(err)))
+			return
+		}
+		// A copy known to hold bad blocks says so: the reconciliation
+		// heals it even if meta has not heard yet.
+		corrupt := len(x.d.Store.Suspect(st.h.Chunk, fs.Info.Version)) > 0
+		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: fs.Info.Version,
+			ChunkLen: uint64(fs.Info.Length), Partial: fs.Doubt, Corrupt: corrupt}, nil, ""))
+	}()
+}
+
+func (x *repairer) dropCompletion(r *engine.Request) {
+	st := r.State.(*repairState)
+	go func() {
+		if err := x.drop(st); err != nil {
+			r.Finish(wire.AppendError(nil, err))
+			return
+		}
+		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK}, nil, ""))
+	}()
+}
+
+func (x *repairer) rebuildCompletion(r *engine.Request) {
+	st := r.State.(*repairState)
 	go func() {
 		defer func() { <-x.slots }()
 		info, err := x.rebuild(st)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -18,7 +19,7 @@ func TestRepairNeedsRepairRight(t *testing.T) {
 	e := newDoubtEnv(t, 3, nil)
 	const chunk = ids.ChunkID(77)
 	// A committed chunk to fence or copy.
-	if st, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Len: 4096, Cap: e.capFor(chunk), WriteID: 1}, make([]byte, 4096)); st != wire.StatusOK {
+	if st, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Len: 4096, Cap: e.capFor(chunk), WriteID: 1}, make([]byte, 4096)); st != wire.StatusOK {
 		t.Fatalf("write: %v %s", st, msg)
 	}
 	mint := func(r capability.Rights) []byte {
@@ -50,7 +51,7 @@ func TestRepairNeedsRepairRight(t *testing.T) {
 		t.Fatalf("fence with the repair right: %v %s", st, msg)
 	}
 	// Now fenced at epoch 5: a write planned before is refused.
-	if st, _, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Len: 4096, Cap: e.capFor(chunk), WriteID: 2}, make([]byte, 4096)); st == wire.StatusOK {
+	if st, _, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Len: 4096, Cap: e.capFor(chunk), WriteID: 2}, make([]byte, 4096)); st == wire.StatusOK {
 		t.Fatal("a write planned before the fence was accepted")
 	}
 }
@@ -62,7 +63,7 @@ func TestRepairNeedsRepairRight(t *testing.T) {
 func TestRepairDrop(t *testing.T) {
 	e := newDoubtEnv(t, 3, nil)
 	const chunk = ids.ChunkID(78)
-	if st, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Len: 4096, Cap: e.capFor(chunk), WriteID: 1}, make([]byte, 4096)); st != wire.StatusOK {
+	if st, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Len: 4096, Cap: e.capFor(chunk), WriteID: 1}, make([]byte, 4096)); st != wire.StatusOK {
 		t.Fatalf("write: %v %s", st, msg)
 	}
 	mint := func(epoch uint64) []byte {

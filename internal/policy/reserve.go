@@ -6,7 +6,8 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/admit"
-	"github.com/sluicefs/sluice/internal/capability"
+	"github.com/sluicefs/sluice/internal/engine"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
@@ -48,8 +49,29 @@ func newReservations(timeout time.Duration, log *slog.Logger) *reservations {
 	return &reservations{t: admit.NewReservations[*reservation](maxReservations, maxReservationsPerClient), timeout: timeout, log: log}
 }
 
-// reserveHeader opens the write a flat reservation holds.
-func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader, c *capability.Capability) error {
+// reserveWrites is the context of a flat write's version reservation at
+// rank 0 (FlagReserve): a header-only request whose header handler opens
+// the store write the reservation holds, answered at completion with the
+// version; or, if it names a version, the release of that reservation.
+type reserveWrites struct{ *writer }
+
+// reserveState is a reservation being made: the write it holds.
+type reserveState struct {
+	chunk  ids.ChunkID
+	length int64
+	w      *store.Write
+}
+
+// header opens the write a flat reservation holds, or releases one.
+func (x reserveWrites) header(r *engine.Request, hdr []byte) error {
+	h, c, err := x.admitWrite(hdr)
+	if err != nil {
+		return err
+	}
+	if h.Version != 0 {
+		x.reserved.release(h.Chunk, h.Version, h.WriteID, c.Client)
+		return &engine.Answered{Reply: wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: h.Version}, nil, "released")}
+	}
 	w, err := x.d.Store.BeginHead(h.Chunk, int64(h.Off), int64(h.Len), h.WriteID)
 	if err != nil {
 		return storeError(err)
@@ -62,8 +84,28 @@ func (x *writer) reserveHeader(st *writeState, h *wire.WriteHeader, c *capabilit
 		w.Abort()
 		return err
 	}
-	st.w, st.reserve = w, true
+	r.State = &reserveState{chunk: h.Chunk, length: int64(h.Len), w: w}
 	return nil
+}
+
+func (x reserveWrites) payload(r *engine.Request, p *fabric.Packet) error {
+	if err := inBounds(p, r.State.(*reserveState).length); err != nil {
+		return err
+	}
+	return wire.Errorf(wire.StatusBadRequest, "a version reservation carries no data packets")
+}
+
+func (reserveWrites) completion(r *engine.Request) {
+	w := r.State.(*reserveState).w
+	r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: w.Version(),
+		Skipped: w.Version() - 1 - w.Base()}, nil, ""))
+}
+
+// cleanup: the reservation request itself failed; its client never
+// learned the version, so nothing can have been written with it.
+func (x reserveWrites) cleanup(r *engine.Request, reason error) {
+	st := r.State.(*reserveState)
+	x.reserved.cancel(st.chunk, st.w)
 }
 
 func (rs *reservations) put(chunk ids.ChunkID, res admit.Reservation, w *store.Write) error {

@@ -9,6 +9,7 @@ import (
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/node"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -25,7 +26,7 @@ func TestRevocationReachesNodes(t *testing.T) {
 		return e.keys.Mint(&c)
 	}
 	write := func(nd *node.Node, capb []byte) wire.Reply {
-		return e.write(t, wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: ids.ChunkID(900 + nd.ID()), Len: 10, Cap: capb},
+		return e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: ids.ChunkID(900 + nd.ID()), Len: 10, Cap: capb},
 			[]*node.Node{nd}, make([]byte, 10))
 	}
 	issued := time.Now()

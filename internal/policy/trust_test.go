@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -17,7 +18,7 @@ func TestReplicasBelowRankZeroTakeOnlyForwards(t *testing.T) {
 	const chunk = 90
 	cp := e.capFor(chunk)
 	x := bytes.Repeat([]byte("X"), 1000)
-	for _, s := range []wire.Strategy{wire.StrategyTree, wire.StrategyRing} {
+	for _, s := range []plan.Strategy{plan.Tree, plan.Ring} {
 		for rank := 1; rank < 3; rank++ {
 			h := wire.WriteHeader{Strategy: s, Rank: uint8(rank), Chunk: chunk, Len: 1000, Version: 1, Cap: cp, WriteID: 1}
 			if st, msg, _ := e.send(t, rank, h, x); st != wire.StatusAuth {
@@ -44,7 +45,7 @@ func TestReplicasBelowRankZeroTakeOnlyForwards(t *testing.T) {
 		}
 	}
 	// Forwarded by rank 0, the same write reaches every replica.
-	if st, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: wire.StrategyTree, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 2}, x); st != wire.StatusOK {
+	if st, msg, _ := e.send(t, 0, wire.WriteHeader{Strategy: plan.Tree, Chunk: chunk, Len: 1000, Cap: cp, WriteID: 2}, x); st != wire.StatusOK {
 		t.Fatalf("tree write: %v %s", st, msg)
 	}
 	assertIdentical(t, e, chunk, 1, x)
@@ -56,12 +57,12 @@ func TestReplicasBelowRankZeroTakeOnlyForwards(t *testing.T) {
 func TestStrategyBoundByCapability(t *testing.T) {
 	e := newDoubtEnv(t, 2, nil)
 	const chunk ids.ChunkID = 91
-	res := wire.WriteHeader{Strategy: wire.StrategyFlat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, WriteID: 0xA}
+	res := wire.WriteHeader{Strategy: plan.Flat, Flags: wire.FlagReserve, Chunk: chunk, Len: 1000, WriteID: 0xA}
 	res.Cap = e.capFor(chunk)
 	if st, msg, _ := e.send(t, 0, res, nil); st != wire.StatusAuth {
 		t.Fatalf("flat reservation on a ring file: %v %s", st, msg)
 	}
-	ring := wire.WriteHeader{Strategy: wire.StrategyRing, Chunk: chunk, Len: 1000, Cap: e.flatCap(chunk), WriteID: 0xB}
+	ring := wire.WriteHeader{Strategy: plan.Ring, Chunk: chunk, Len: 1000, Cap: e.flatCap(chunk), WriteID: 0xB}
 	if st, msg, _ := e.send(t, 0, ring, make([]byte, 1000)); st != wire.StatusAuth {
 		t.Fatalf("ring write on a flat file: %v %s", st, msg)
 	}

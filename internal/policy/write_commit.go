@@ -7,28 +7,10 @@ import (
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
-// completion runs on the worker; the durable part goes to the host side.
-func (x *writer) completion(r *engine.Request) {
-	st := r.State.(*writeState)
-	switch {
-	case st.agg != nil:
-		st.agg.complete(st.src, r)
-	case st.reserve:
-		r.Finish(wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: st.w.Version(),
-			Skipped: st.w.Version() - 1 - st.w.Base()}, nil, ""))
-	case st.mode == wire.ModeHost:
-		x.background(func() { x.hostFinish(r, st) })
-	case st.mode == wire.ModePull:
-		x.background(func() { x.pullFinish(r, st) })
-	default:
-		x.background(func() { x.finish(r, st) })
-	}
-}
-
 // finish makes a streamed write durable and visible: sync while the
 // children work, then publish only after every child has (so a child's
 // refusal aborts this replica too), then acknowledge.
-func (x *writer) finish(r *engine.Request, st *writeState) {
+func (x *writer) finish(r *engine.Request, st *streamState) {
 	if st.got != st.length {
 		// The message ended short of what its header declared (its last
 		// packet came early): nothing may be published, and the replicas
@@ -40,7 +22,7 @@ func (x *writer) finish(r *engine.Request, st *writeState) {
 		for _, f := range st.fwds {
 			f.wait()
 		}
-		r.Finish(x.publish(st, err, st.flat))
+		r.Finish(x.publish(&st.stored, err, st.flat))
 		return
 	}
 	err := st.w.Sync()
@@ -55,7 +37,7 @@ func (x *writer) finish(r *engine.Request, st *writeState) {
 			err = ferr
 		}
 	}
-	r.Finish(x.publish(st, err, partial))
+	r.Finish(x.publish(&st.stored, err, partial))
 }
 
 // publish commits st's write if err is nil and returns the reply;
@@ -63,7 +45,7 @@ func (x *writer) finish(r *engine.Request, st *writeState) {
 // a replica below (or, for a flat write, beside) may have committed it:
 // the reply says so, and the head records a doubt so the version is not
 // given to another write (store.Doubt).
-func (x *writer) publish(st *writeState, err error, partial bool) []byte {
+func (x *writer) publish(st *stored, err error, partial bool) []byte {
 	w := st.w
 	if err == nil {
 		info, cerr := w.Commit()
@@ -82,7 +64,7 @@ func (x *writer) publish(st *writeState, err error, partial bool) []byte {
 }
 
 // abort drops st's write, recording a doubt at the head if partial.
-func (x *writer) abort(st *writeState, partial bool) {
+func (x *writer) abort(st *stored, partial bool) {
 	if !partial || !st.head {
 		st.w.Abort()
 		return
@@ -93,38 +75,15 @@ func (x *writer) abort(st *writeState, partial bool) {
 	}
 }
 
-// cleanup must not block the worker: a forward still dialing or sending
-// to a slow replica takes time to stop, so the store write is aborted
-// once it has (it may still be sending from the pages the abort releases).
-func (x *writer) cleanup(r *engine.Request, reason error) {
+// cleanupStream ends a streamed write cut off mid-message. It must not
+// block the worker: a forward still dialing or sending to a slow replica
+// takes time to stop, so the store write is aborted once it has (it may
+// still be sending from the pages the abort releases).
+func (x *writer) cleanupStream(st *streamState, reason error) {
 	// A ring or tree write cleaned up never sent its last packet on, so
 	// no replica below can have committed it; a flat write's other
 	// replicas may have (and recording that takes a synced index write).
-	st := r.State.(*writeState)
-	switch {
-	case st.mode == wire.ModeHost:
-		x.releaseHost(st)
-		return
-	case st.reserve:
-		// The reservation request itself failed: its client never learned
-		// the version, so nothing can have been written with it.
-		x.reserved.cancel(st.chunk, st.w)
-		return
-	case st.agg != nil:
-		st.agg.fail(reason)
-		return
-	case st.flat:
-		for _, f := range st.fwds {
-			f.abort(reason)
-		}
-		x.background(func() {
-			for _, f := range st.fwds {
-				f.wait()
-			}
-			x.abort(st, true)
-		})
-		return
-	case len(st.fwds) == 0:
+	if len(st.fwds) == 0 && !st.flat {
 		st.w.Abort()
 		return
 	}
@@ -135,7 +94,7 @@ func (x *writer) cleanup(r *engine.Request, reason error) {
 		for _, f := range st.fwds {
 			f.wait()
 		}
-		st.w.Abort()
+		x.abort(&st.stored, st.flat)
 	})
 }
 

@@ -165,7 +165,7 @@ type WriteHeader struct {
 	Src   uint8
 	Cap   []byte // encoded capability
 	Addrs Addrs  // replica coordinates in chain order, one per replica
-	// RegionKey and RegionOff (ModePull only) name the client's registered
+	// RegionKey and RegionOff (plan.Pull only) name the client's registered
 	// buffer holding the data.
 	RegionKey uint64
 	RegionOff uint64
@@ -205,14 +205,14 @@ func AppendWrite(b []byte, h *WriteHeader, addrs []string) ([]byte, error) {
 }
 
 // appendTail appends the optional fields that follow the addresses.
-func appendTail(b []byte, h *WriteHeader, mode Mode, flags uint8, base uint64, src uint8) []byte {
+func appendTail(b []byte, h *WriteHeader, mode plan.Mode, flags uint8, base uint64, src uint8) []byte {
 	if flags&FlagBase != 0 {
 		b = binary.LittleEndian.AppendUint64(b, base)
 	}
 	if flags&FlagPartial != 0 {
 		b = append(b, src)
 	}
-	if mode != ModePull {
+	if mode != plan.Pull {
 		return b
 	}
 	b = binary.LittleEndian.AppendUint64(b, h.RegionKey)
@@ -231,10 +231,10 @@ func AppendForward(b []byte, h *WriteHeader, rank uint8, version, base uint64) [
 // same range and version.
 func AppendPartial(b []byte, h *WriteHeader, rank, src uint8, version, base uint64) []byte {
 	flags := h.Flags&^(FlagBase|FlagSealed|FlagEncode|FlagReserve) | FlagPartial
-	return appendHop(b, h, ModeStream, flags, rank, version, base, src)
+	return appendHop(b, h, plan.Stream, flags, rank, version, base, src)
 }
 
-func appendHop(b []byte, h *WriteHeader, mode Mode, flags, rank uint8, version, base uint64, src uint8) []byte {
+func appendHop(b []byte, h *WriteHeader, mode plan.Mode, flags, rank uint8, version, base uint64, src uint8) []byte {
 	if version > 0 && base+1 != version {
 		flags |= FlagBase
 	}
@@ -259,11 +259,11 @@ func ParseWrite(b []byte, h *WriteHeader) error {
 	if Op(b[0]) != OpWrite {
 		return malformed("op %d is not write", b[0])
 	}
-	h.Mode, h.Flags = Mode(b[6]), b[7]
-	if h.Mode > ModePull || h.Flags&^flagsAll != 0 {
+	h.Mode, h.Flags = plan.Mode(b[6]), b[7]
+	if h.Mode > plan.Pull || h.Flags&^flagsAll != 0 {
 		return malformed("mode %d, flags %#x", b[6], b[7])
 	}
-	h.Strategy = Strategy(b[1])
+	h.Strategy = plan.Strategy(b[1])
 	h.Rank = b[2]
 	n := int(b[3])
 	capLen := int(binary.LittleEndian.Uint16(b[4:]))
@@ -323,7 +323,7 @@ func ParseWrite(b []byte, h *WriteHeader) error {
 		tail = tail[:len(tail)-SealSize]
 	}
 	h.RegionKey, h.RegionOff = 0, 0
-	if h.Mode == ModePull {
+	if h.Mode == plan.Pull {
 		if len(tail) < 16 {
 			return malformed("pull header without its region")
 		}

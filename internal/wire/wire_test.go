@@ -8,10 +8,11 @@ import (
 	"testing"
 
 	"github.com/sluicefs/sluice/internal/extent"
+	"github.com/sluicefs/sluice/internal/plan"
 )
 
 func TestWriteRoundTrip(t *testing.T) {
-	h := WriteHeader{Strategy: StrategyRing, Rank: 1, Chunk: 99, Off: 4096, Len: 1 << 20, Version: 7, WriteID: 0xabcdef, Cap: []byte("capability-bytes")}
+	h := WriteHeader{Strategy: plan.Ring, Rank: 1, Chunk: 99, Off: 4096, Len: 1 << 20, Version: 7, WriteID: 0xabcdef, Cap: []byte("capability-bytes")}
 	addrs := []string{"127.0.0.1:1", "127.0.0.1:22", "[::1]:333"}
 	b, err := AppendWrite(nil, &h, addrs)
 	if err != nil {
@@ -72,7 +73,7 @@ func TestWriteRoundTrip(t *testing.T) {
 		t.Fatal("forwarded header kept the previous seal")
 	}
 	for _, base := range []uint64{7, 8, 9, ^uint64(0)} {
-		bad, err := AppendWrite(nil, &WriteHeader{Strategy: StrategyRing, Flags: FlagBase, Version: 8, Base: base, Cap: []byte("c")}, addrs)
+		bad, err := AppendWrite(nil, &WriteHeader{Strategy: plan.Ring, Flags: FlagBase, Version: 8, Base: base, Cap: []byte("c")}, addrs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +93,7 @@ func TestWriteRoundTrip(t *testing.T) {
 }
 
 func TestWriteModesRoundTrip(t *testing.T) {
-	h := WriteHeader{Strategy: StrategyTree, Mode: ModePull, Flags: FlagRaw | FlagReserve, Rank: 2, Chunk: 1, Len: 10,
+	h := WriteHeader{Strategy: plan.Tree, Mode: plan.Pull, Flags: FlagRaw | FlagReserve, Rank: 2, Chunk: 1, Len: 10,
 		Cap: []byte("c"), RegionKey: 0xabc, RegionOff: 77}
 	b, err := AppendWrite(nil, &h, []string{"a:1", "b:2", "c:3"})
 	if err != nil {
@@ -102,7 +103,7 @@ func TestWriteModesRoundTrip(t *testing.T) {
 	if err := ParseWrite(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Strategy != StrategyTree || got.Mode != ModePull || got.Flags != FlagRaw|FlagReserve || got.RegionKey != 0xabc || got.RegionOff != 77 {
+	if got.Strategy != plan.Tree || got.Mode != plan.Pull || got.Flags != FlagRaw|FlagReserve || got.RegionKey != 0xabc || got.RegionOff != 77 {
 		t.Fatalf("got %+v", got)
 	}
 	if fwd := AppendForward(nil, &got, 2, 0, 0); !bytes.Equal(fwd, b) {
@@ -122,13 +123,13 @@ func TestWriteModesRoundTrip(t *testing.T) {
 		t.Fatal("truncated region accepted")
 	}
 	for _, tc := range []struct {
-		s    Strategy
+		s    plan.Strategy
 		r, n int
 		want []int
 	}{
-		{StrategyRing, 0, 4, []int{1}}, {StrategyRing, 3, 4, nil},
-		{StrategyTree, 0, 4, []int{1, 2}}, {StrategyTree, 1, 4, []int{3}}, {StrategyTree, 1, 5, []int{3, 4}}, {StrategyTree, 2, 4, nil},
-		{StrategyFlat, 0, 4, nil},
+		{plan.Ring, 0, 4, []int{1}}, {plan.Ring, 3, 4, nil},
+		{plan.Tree, 0, 4, []int{1, 2}}, {plan.Tree, 1, 4, []int{3}}, {plan.Tree, 1, 5, []int{3, 4}}, {plan.Tree, 2, 4, nil},
+		{plan.Flat, 0, 4, nil},
 	} {
 		if got := tc.s.Children(tc.r, tc.n); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 			t.Errorf("%v children of %d/%d = %v, want %v", tc.s, tc.r, tc.n, got, tc.want)
@@ -254,7 +255,7 @@ func mustParse(f *testing.F, b []byte) *WriteHeader {
 }
 
 func FuzzParse(f *testing.F) {
-	w, _ := AppendWrite(nil, &WriteHeader{Strategy: StrategyRing, Cap: []byte("c")}, []string{"a:1", "b:2"})
+	w, _ := AppendWrite(nil, &WriteHeader{Strategy: plan.Ring, Cap: []byte("c")}, []string{"a:1", "b:2"})
 	r, _ := AppendRead(nil, &ReadHeader{Cap: []byte("c")})
 	f.Add(w)
 	f.Add(r)
@@ -262,7 +263,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(AppendForward(w[:0:0], mustParse(f, w), 1, 9, 5))
 	f.Add(SealForward(AppendForward(nil, mustParse(f, w), 1, 9, 8), func([]byte) [SealSize]byte { return [SealSize]byte{1, 2} }))
 	f.Add(AppendReply(nil, &Reply{Status: StatusReplica, Partial: true, Version: 9, Skipped: 3}, []uint32{1}, "x"))
-	ec, _ := AppendWrite(nil, &WriteHeader{Strategy: StrategyEC, Flags: FlagEncode, Rank: 1, Version: 4, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
+	ec, _ := AppendWrite(nil, &WriteHeader{Strategy: plan.EC, Flags: FlagEncode, Rank: 1, Version: 4, Cap: []byte("c")}, []string{"a:1", "b:2", "c:3"})
 	f.Add(ec)
 	f.Add(SealForward(AppendPartial(nil, mustParse(f, ec), 2, 1, 4, 3), func([]byte) [SealSize]byte { return [SealSize]byte{7} }))
 	sr, _ := AppendRead(nil, &ReadHeader{Scaled: true, Coef: 0x8e, Len: 4096, RegionKey: 3, Cap: []byte("c")})
