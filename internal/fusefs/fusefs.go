@@ -131,7 +131,11 @@ func Mount(ctx context.Context, cl *sdk.Client, dir string, opts Options) (*Serv
 	}
 	f := &FS{cl: cl, opts: opts, files: map[ids.Ino]*openFile{}, stop: make(chan struct{}),
 		dirs: dirAttrs{ttl: opts.AttrTimeout, now: time.Now}, locks: newLocks()}
-	f.bufOpts = sdk.BufferOptions{WriteBuffer: opts.WriteBuffer, OpTimeout: opts.OpTimeout,
+	// No read-ahead of the layer's: the kernel reads ahead itself, and
+	// reads straight into its buffers are faster than copies out of
+	// blocks read ahead (1.0-1.1 GB/s against 0.6-0.75 for cat of
+	// 512 MiB on this VM).
+	f.bufOpts = sdk.BufferOptions{WriteBuffer: opts.WriteBuffer, ReadAhead: -1, OpTimeout: opts.OpTimeout,
 		Budget: sdk.NewBudget(bufferFiles * int64(opts.WriteBuffer)),
 		OnLost: func(err error) {
 			opts.Logger.Warn("fuse: a buffered write failed (reported at the next write, fsync or close)", "err", err)
