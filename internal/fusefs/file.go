@@ -28,7 +28,7 @@ type openFile struct {
 
 	mu sync.Mutex
 	f  *sdk.File
-	// b is f's write-behind and read-ahead (set with f): one full
+	// b is f's write-behind (set with f): one full
 	// buffer may be on its way while the next fills, so the program's
 	// copying overlaps the network.
 	b *sdk.Buffered

@@ -43,7 +43,7 @@ type Options struct {
 	AttrTimeout, EntryTimeout, NegativeTimeout time.Duration
 	// WriteBuffer is how many bytes of one open file's sequential writes
 	// are gathered into one streaming write (default 16 MiB). The
-	// write-behind and read-ahead of all open files together hold at
+	// write-behind of all open files together holds at
 	// most bufferFiles times as much; past it, writes go through.
 	WriteBuffer int
 	// OpTimeout bounds one operation, retries included, before it fails
@@ -91,7 +91,7 @@ type FS struct {
 	locks  *locks
 
 	// bufOpts configure each open file's sdk.Buffered; their Budget
-	// bounds the memory of every file's write-behind and read-ahead.
+	// bounds the memory of every file's write-behind.
 	bufOpts sdk.BufferOptions
 
 	// killWrites holds the cancel channels of WRITEs that drop the
