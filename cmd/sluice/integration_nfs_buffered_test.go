@@ -11,7 +11,7 @@ import (
 )
 
 // TestNFSWriteBehindReadAhead drives the gateway's write-behind and
-// read-ahead (client.Buffered) with libnfs's nfs-cp, which sends one
+// read-ahead (sdk.Buffered) with libnfs's nfs-cp, which sends one
 // request at a time, UNSTABLE WRITEs and a COMMIT at close: several
 // files copied in and out at once through a gateway whose buffer memory
 // is smaller than they are together (some writes go through, some reads
