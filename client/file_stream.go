@@ -233,6 +233,14 @@ func (c *Client) Get(ctx context.Context, p string, w io.Writer) (int64, error) 
 	if _, _, err := c.chunkLayouts(ctx, a.Ino, a.ChunkSize, 0, a.Size, false); err != nil {
 		return 0, pathErr("get", p, err)
 	}
+	if dst, ok := w.(*os.File); ok {
+		if n, mapped, err := f.getMapped(ctx, a, dst); mapped {
+			if err != nil {
+				return n, pathErr("get", p, err)
+			}
+			return n, nil
+		}
+	}
 	type result struct {
 		data    []byte
 		release func()
@@ -333,3 +341,100 @@ func (f *File) readPieceKeep(ctx context.Context, s span, i int, data *[]byte, r
 	}
 	return nil
 }
+
+// getMapped is Get into a regular file at its end: the file is extended,
+// mapped, and the pieces are received straight into its pages, in
+// parallel and in any order — the mirror of Put's mapped source, with no
+// copy through a buffer and no write call. mapped is false (and nothing
+// changed) when dst is not such a file or cannot be mapped; then Get
+// streams. On an error the file is cut back to where it ended.
+//
+// Each piece's pages are allocated (MADV_POPULATE_WRITE) before data is
+// received into them, so a full file system is an error, not a SIGBUS;
+// where that fails the piece is written with pwrite, which reports it.
+func (f *File) getMapped(ctx context.Context, a metaapi.Attr, dst *os.File) (n int64, mapped bool, err error) {
+	if a.Size < getMapMin {
+		return 0, false, nil
+	}
+	fi, err := dst.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return 0, false, nil
+	}
+	pos, err := dst.Seek(0, io.SeekCurrent)
+	if err != nil || pos != fi.Size() {
+		return 0, false, nil // not at the end: leave overwrites to write(2)
+	}
+	if err := dst.Truncate(pos + a.Size); err != nil {
+		return 0, false, nil
+	}
+	base := pos &^ int64(os.Getpagesize()-1)
+	mem, err := unix.Mmap(int(dst.Fd()), base, int(pos+a.Size-base), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil { // e.g. opened write-only
+		dst.Truncate(pos)
+		return 0, false, nil
+	}
+	out := mem[pos-base:]
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	sem := make(chan struct{}, f.c.opts.Parallel)
+	for i, s := range f.c.split(a.ChunkSize, 0, a.Size) {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			piece := out[s.off : s.off+s.n]
+			var err error
+			switch {
+			case unix.Madvise(piece, unix.MADV_POPULATE_WRITE) != nil:
+				// No page for it (or an old kernel): pwrite says which.
+				var werr error
+				err = f.readPiece(ctx, s, i, func(b []byte) { _, werr = dst.WriteAt(b, pos+s.off) })
+				if err == nil && werr != nil {
+					err = fmt.Errorf("writing output: %w", werr)
+				}
+			case directRead(s.off%a.ChunkSize, s.n): // whole blocks: the reply lands in the file
+				err = f.readPieceInto(ctx, s, i, piece)
+			default: // a piece ending mid-block (the file's tail)
+				err = f.readPiece(ctx, s, i, func(b []byte) { copy(piece, b) })
+			}
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	unix.Munmap(mem)
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	if firstErr == nil {
+		if _, err := dst.Seek(pos+a.Size, io.SeekStart); err != nil {
+			firstErr = fmt.Errorf("writing output: %w", err)
+		}
+	}
+	if firstErr != nil {
+		dst.Truncate(pos)
+		return 0, true, firstErr
+	}
+	return a.Size, true, nil
+}
+
+// getMapMin is the smallest file Get maps its output for: below it the
+// mapping's set-up costs more than the copy it saves.
+const getMapMin = 1 << 20
