@@ -32,7 +32,7 @@ const DefaultUsersSize = 256 << 20
 // usersRow is one result: an operation done one way with a policy, the
 // median over runs.
 type usersRow struct {
-	op       string // tcp, put, get, seq-write, seq-read
+	op       string // tcp, put, put-pipe, get, seq-write, seq-read
 	replicas int    // 0 for raw TCP
 	via      string // loopback, cli, sdk, fuse
 	bytes    int64
@@ -85,10 +85,15 @@ func usersBench(ctx context.Context, r *runner) error {
 		}
 		return rows[key]
 	}
-	cli := func(args ...string) (time.Duration, float64, error) {
+	// cli runs one command, stdin from in if given (through a pipe, as
+	// from another program), and returns its wall and CPU time.
+	cli := func(in []byte, args ...string) (time.Duration, float64, error) {
 		cmd := exec.CommandContext(ctx, r.cfg.Exe, append([]string{"--conf", conf}, args...)...)
 		var errb strings.Builder
 		cmd.Stdout, cmd.Stderr = &errb, &errb
+		if in != nil {
+			cmd.Stdin = bytes.NewReader(in)
+		}
 		start := time.Now()
 		if err := cmd.Run(); err != nil {
 			return 0, 0, fmt.Errorf("sluice %s: %v: %s", strings.Join(args, " "), err, errb.String())
@@ -111,16 +116,29 @@ func usersBench(ctx context.Context, r *runner) error {
 			x.mbps = append(x.mbps, tcp/1e6)
 		}
 		for _, k := range policies {
-			remote := fmt.Sprintf("/r%d/put-%d", k, i)
-			el, cpu, err := cli("put", src, remote)
+			// From a pipe (another program's output) rather than a
+			// file: streamed through buffers, as it cannot be mapped.
+			piped := fmt.Sprintf("/r%d/pipe-%d", k, i)
+			el, cpu, err := cli(data, "put", "-", piped)
 			if err != nil {
+				return err
+			}
+			if measure {
+				x := row("put-pipe", k, "cli", size)
+				x.mbps, x.cpu = append(x.mbps, float64(size)/el.Seconds()/1e6), append(x.cpu, cpu/gib)
+			}
+			if err := cl.Remove(ctx, piped); err != nil {
+				return err
+			}
+			remote := fmt.Sprintf("/r%d/put-%d", k, i)
+			if el, cpu, err = cli(nil, "put", src, remote); err != nil {
 				return err
 			}
 			if measure {
 				x := row("put", k, "cli", size)
 				x.mbps, x.cpu = append(x.mbps, float64(size)/el.Seconds()/1e6), append(x.cpu, cpu/gib)
 			}
-			if el, cpu, err = cli("get", remote, got); err != nil {
+			if el, cpu, err = cli(nil, "get", remote, got); err != nil {
 				return err
 			}
 			if measure {
