@@ -103,9 +103,55 @@ func usersBench(ctx context.Context, r *runner) error {
 		return el, (ps.UserTime() + ps.SystemTime()).Seconds(), nil
 	}
 	gib := float64(size) / (1 << 30)
-	// One round trip of every operation: warm-up (each run puts a new
-	// file, so the nodes hold warm chunk stores from here on) unless
-	// measured, with the data checked once.
+	// op is one way of doing a put or a get: it returns the wall time
+	// and, for a process, its CPU seconds.
+	type op struct {
+		name, via string
+		run       func(remote string) (time.Duration, float64, error)
+	}
+	puts := []op{
+		{"put", "cli", func(remote string) (time.Duration, float64, error) { return cli(nil, "put", src, remote) }},
+		// From a pipe (another program's output) rather than a file:
+		// streamed through buffers, as it cannot be mapped.
+		{"put-pipe", "cli", func(remote string) (time.Duration, float64, error) { return cli(data, "put", "-", remote) }},
+		// The SDK as the client benchmarks drive it: Put from the same
+		// file, Get into a discarding writer.
+		{"put", "sdk", func(remote string) (time.Duration, float64, error) {
+			f, err := os.Open(src)
+			if err != nil {
+				return 0, 0, err
+			}
+			defer f.Close()
+			start := time.Now()
+			_, err = cl.Put(ctx, remote, f, 0o644)
+			return time.Since(start), 0, err
+		}},
+	}
+	gets := []op{
+		{"get", "cli", func(remote string) (time.Duration, float64, error) {
+			defer os.Remove(got)
+			return cli(nil, "get", remote, got)
+		}},
+		{"get", "sdk", func(remote string) (time.Duration, float64, error) {
+			start := time.Now()
+			n, err := cl.Get(ctx, remote, io.Discard)
+			if err == nil && n != size {
+				err = fmt.Errorf("get %s: %d of %d bytes", remote, n, size)
+			}
+			return time.Since(start), 0, err
+		}},
+	}
+	// One round: raw TCP, then per policy every put and every get, who
+	// goes first rotating from round to round, so that each way meets
+	// the cluster in each state alike (a removed file's chunks are
+	// deleted, and their files kept for reuse, a moment later). The
+	// warm-up round (i == 0) is not recorded; it checks the data.
+	row("tcp", 0, "loopback", size) // the rows in this order
+	for _, k := range policies {
+		for _, o := range append(puts[:len(puts):len(puts)], gets...) {
+			row(o.name, k, o.via, size)
+		}
+	}
 	round := func(i int, measure bool) error {
 		tcp, err := tcpOnce(ctx, size)
 		if err != nil {
@@ -115,70 +161,47 @@ func usersBench(ctx context.Context, r *runner) error {
 			x := row("tcp", 0, "loopback", size)
 			x.mbps = append(x.mbps, tcp/1e6)
 		}
-		for _, k := range policies {
-			// From a pipe (another program's output) rather than a
-			// file: streamed through buffers, as it cannot be mapped.
-			piped := fmt.Sprintf("/r%d/pipe-%d", k, i)
-			el, cpu, err := cli(data, "put", "-", piped)
-			if err != nil {
-				return err
-			}
+		record := func(o op, k int, el time.Duration, cpu float64) {
 			if measure {
-				x := row("put-pipe", k, "cli", size)
-				x.mbps, x.cpu = append(x.mbps, float64(size)/el.Seconds()/1e6), append(x.cpu, cpu/gib)
-			}
-			if err := cl.Remove(ctx, piped); err != nil {
-				return err
-			}
-			remote := fmt.Sprintf("/r%d/put-%d", k, i)
-			if el, cpu, err = cli(nil, "put", src, remote); err != nil {
-				return err
-			}
-			if measure {
-				x := row("put", k, "cli", size)
-				x.mbps, x.cpu = append(x.mbps, float64(size)/el.Seconds()/1e6), append(x.cpu, cpu/gib)
-			}
-			if el, cpu, err = cli(nil, "get", remote, got); err != nil {
-				return err
-			}
-			if measure {
-				x := row("get", k, "cli", size)
-				x.mbps, x.cpu = append(x.mbps, float64(size)/el.Seconds()/1e6), append(x.cpu, cpu/gib)
-			} else if err := sameFile(got, data); err != nil {
-				return fmt.Errorf("get %s: %w", remote, err)
-			}
-			os.Remove(got)
-			if err := cl.Remove(ctx, remote); err != nil {
-				return err
-			}
-			// The SDK as the client benchmarks drive it: Put from the
-			// same file, Get into a discarding writer.
-			f, err := os.Open(src)
-			if err != nil {
-				return err
-			}
-			sdk := fmt.Sprintf("/r%d/sdk-%d", k, i)
-			start := time.Now()
-			_, err = cl.Put(ctx, sdk, f, 0o644)
-			el = time.Since(start)
-			f.Close()
-			if err != nil {
-				return err
-			}
-			start = time.Now()
-			n, err := cl.Get(ctx, sdk, io.Discard)
-			gel := time.Since(start)
-			if err != nil || n != size {
-				return fmt.Errorf("get %s: %d bytes, %v", sdk, n, err)
-			}
-			if measure {
-				x := row("put", k, "sdk", size)
+				x := row(o.name, k, o.via, size)
 				x.mbps = append(x.mbps, float64(size)/el.Seconds()/1e6)
-				x = row("get", k, "sdk", size)
-				x.mbps = append(x.mbps, float64(size)/gel.Seconds()/1e6)
+				if o.via == "cli" {
+					x.cpu = append(x.cpu, cpu/gib)
+				}
 			}
-			if err := cl.Remove(ctx, sdk); err != nil {
-				return err
+		}
+		for _, k := range policies {
+			var stored []string
+			for j := range puts {
+				o := puts[(i+j)%len(puts)]
+				remote := fmt.Sprintf("/r%d/%s-%s-%d", k, o.name, o.via, i)
+				el, cpu, err := o.run(remote)
+				if err != nil {
+					return fmt.Errorf("%s (%s): %w", o.name, o.via, err)
+				}
+				record(o, k, el, cpu)
+				stored = append(stored, remote)
+			}
+			if !measure {
+				if _, _, err := cli(nil, "get", stored[0], got); err != nil {
+					return err
+				}
+				if err := sameFile(got, data); err != nil {
+					return fmt.Errorf("get %s: %w", stored[0], err)
+				}
+			}
+			for j := range gets {
+				o := gets[(i+j)%len(gets)]
+				el, cpu, err := o.run(stored[0])
+				if err != nil {
+					return fmt.Errorf("%s (%s): %w", o.name, o.via, err)
+				}
+				record(o, k, el, cpu)
+			}
+			for _, p := range stored {
+				if err := cl.Remove(ctx, p); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
