@@ -46,8 +46,9 @@ Run by name only (not by "all"):
                  sluice nfs) by read size (4 KiB-1 MiB) and read-ahead (0-16): MB/s and CPU seconds
                  per GiB of the client and the gateway processes (seed 001 §7); TCP only so far;
                  writes OUT/nfs.csv
-  users          what users run against raw loopback TCP measured in the same run: sluice put and
-                 sluice get processes (a --size-mib file on tmpfs, replicas 1 and 3) against a
+  users          what users run against raw loopback TCP measured in the same run: sluice put (of a
+                 file and from a pipe) and sluice get processes (a --size-mib file on tmpfs,
+                 replicas 1 and 3) against a
                  cluster of separate processes, the SDK's Put and Get beside them, and fio's 1 MiB
                  sequential write (with end fsync) and read of twice that through a sluice mount
                  process (skipped without fio or /dev/fuse); medians of --reps runs (default 5,
