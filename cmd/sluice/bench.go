@@ -48,11 +48,11 @@ Run by name only (not by "all"):
                  writes OUT/nfs.csv
   users          what users run against raw loopback TCP measured in the same run: sluice put (of a
                  file and from a pipe) and sluice get processes (a --size-mib file on tmpfs,
-                 replicas 1 and 3) against a
-                 cluster of separate processes, the SDK's Put and Get beside them, and fio's 1 MiB
-                 sequential write (with end fsync) and read of twice that through a sluice mount
-                 process (skipped without fio or /dev/fuse); medians of --reps runs (default 5,
-                 3 with --quick) after one warm-up; writes OUT/users.csv with ratios to TCP
+                 replicas 1 and 3) against a cluster of separate processes, the SDK's Put and Get
+                 beside them, and fio's 1 MiB sequential write (with end fsync) and read of twice
+                 that through a sluice mount process (skipped without fio or /dev/fuse); medians
+                 of --reps runs (default 5, 3 with --quick) after one warm-up; writes
+                 OUT/users.csv with ratios to TCP
 
 Also: sluice bench chaos (fault injection; see its --help).
 

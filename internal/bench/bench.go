@@ -125,7 +125,8 @@ type Point struct {
 var Experiments = []string{"write-latency", "replication", "goodput", "table-fill", "ec-latency", "ec-bandwidth", "ec-recovery"}
 
 // Extra lists experiments run only by name: fuse needs FUSE and fio;
-// repair kills nodes and takes several GiB of tmpfs.
+// repair kills nodes and takes several GiB of tmpfs; users runs command
+// processes and, with fio and FUSE, a mount.
 var Extra = []string{"fuse", "repair", "nfs", "users"}
 
 // Run runs the named experiments ("all" for every one).
