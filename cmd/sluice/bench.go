@@ -15,8 +15,9 @@ import (
 
 func (a *app) benchCmd() *cobra.Command {
 	var (
-		cfg   bench.Config
-		links []string
+		cfg     bench.Config
+		links   []string
+		sizeMiB int64
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [EXPERIMENT...|all]",
@@ -45,6 +46,13 @@ Run by name only (not by "all"):
                  sluice nfs) by read size (4 KiB-1 MiB) and read-ahead (0-16): MB/s and CPU seconds
                  per GiB of the client and the gateway processes (seed 001 §7); TCP only so far;
                  writes OUT/nfs.csv
+  users          what users run against raw loopback TCP measured in the same run: sluice put (of a
+                 file and from a pipe) and sluice get processes (a --size-mib file on tmpfs,
+                 replicas 1 and 3) against a cluster of separate processes, the SDK's Put and Get
+                 beside them, and fio's 1 MiB sequential write (with end fsync) and read of twice
+                 that through a sluice mount process (skipped without fio or /dev/fuse); medians
+                 of --reps runs (default 5, 3 with --quick) after one warm-up; writes
+                 OUT/users.csv with ratios to TCP
 
 Also: sluice bench chaos (fault injection; see its --help).
 
@@ -66,9 +74,14 @@ Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 			if cfg.Reps < 0 || cfg.Warmup < 0 {
 				return fmt.Errorf("--reps and --warmup must not be negative")
 			}
+			if sizeMiB < 1 || sizeMiB > 1<<20 {
+				return fmt.Errorf("--size-mib %d: must be 1 to 1048576", sizeMiB)
+			}
+			cfg.Size = sizeMiB << 20
 			return bench.Run(cmd.Context(), cfg, args)
 		},
 	}
+	cmd.Flags().Int64Var(&sizeMiB, "size-mib", bench.DefaultUsersSize>>20, "users: the file size in MiB (fio's file is twice that)")
 	cmd.Flags().StringVar(&cfg.Out, "out", "bench-results", "directory for the CSV files and plots")
 	cmd.Flags().BoolVar(&cfg.Quick, "quick", false, "only the points the headline comparisons need (under two minutes)")
 	cmd.Flags().IntVar(&cfg.Reps, "reps", 0, "measured operations per point (default 30, 12 with --quick)")

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/csv"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -98,6 +99,76 @@ func TestBenchFuseQuick(t *testing.T) {
 		if row[3] == "fuse" && row[1] == "seq-read" && row[8] == "" {
 			t.Errorf("mount read without its ratio to the SDK's file API: %v", row)
 		}
+	}
+}
+
+// TestBenchUsersTiny runs `sluice bench users` at a tiny size with one
+// repetition: sluice put (from a file and from a pipe) and sluice get
+// processes, the SDK, and fio through a mount when there are fio and
+// FUSE, each with a positive figure and its ratio to raw TCP measured in
+// the same run.
+func TestBenchUsersTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster and, with fio, a mount")
+	}
+	out := filepath.Join(t.TempDir(), "results")
+	r := run(t, "", nil, "bench", "--size-mib", "2", "--reps", "1", "--out", out, "users")
+	if r.code != 0 {
+		t.Fatalf("bench users failed: %s", r)
+	}
+	rows := readCSV(t, filepath.Join(out, "users.csv"))
+	if got := strings.Join(rows[0], ","); got != "experiment,op,replicas,via,bytes,runs,mb_per_s,vs_tcp,cli_cpu_s_per_gib" {
+		t.Fatalf("header %q", got)
+	}
+	want := map[string]bool{"tcp/0/loopback": true}
+	for _, k := range []string{"1", "3"} {
+		for _, x := range []string{"put-pipe/cli", "put/cli", "get/cli", "put/sdk", "get/sdk"} {
+			op, via, _ := strings.Cut(x, "/")
+			want[op+"/"+k+"/"+via] = true
+		}
+	}
+	_, noFio := exec.LookPath("fio")
+	_, noFuse := os.Stat("/dev/fuse")
+	if noFio == nil && noFuse == nil {
+		want["tcp/0/loopback-fio"] = true
+		for _, k := range []string{"1", "3"} {
+			want["seq-write/"+k+"/fuse"], want["seq-read/"+k+"/fuse"] = true, true
+		}
+	} else if !strings.Contains(string(r.stdout), "skipping the mount part") {
+		t.Errorf("no fio or FUSE, and no word of skipping the mount: %s", r.stdout)
+	}
+	got := map[string]bool{}
+	for _, row := range rows[1:] {
+		key := row[1] + "/" + row[2] + "/" + row[3]
+		got[key] = true
+		if !want[key] {
+			t.Errorf("unexpected row %v", row)
+		}
+		if v, err := strconv.ParseFloat(row[6], 64); err != nil || v <= 0 {
+			t.Errorf("row %v: MB/s %q", row, row[6])
+		}
+		if runs, _ := strconv.Atoi(row[5]); runs != 1 {
+			t.Errorf("row %v: %d runs, want 1", row, runs)
+		}
+		if v, err := strconv.ParseFloat(row[7], 64); row[1] != "tcp" && (err != nil || v <= 0) {
+			t.Errorf("row %v: ratio to TCP %q", row, row[7])
+		}
+		if v, err := strconv.ParseFloat(row[8], 64); row[3] == "cli" && (err != nil || v <= 0) {
+			t.Errorf("row %v: CLI CPU %q", row, row[8])
+		}
+	}
+	for key := range want {
+		if !got[key] {
+			t.Errorf("no row %s", key)
+		}
+	}
+	for _, ext := range []string{".svg", ".png"} {
+		if fi, err := os.Stat(filepath.Join(out, "users"+ext)); err != nil || fi.Size() == 0 {
+			t.Errorf("users%s: %v", ext, err)
+		}
+	}
+	if r := run(t, "", nil, "bench", "--out", out, "--size-mib", "0", "users"); r.code == 0 || !strings.Contains(r.stderr, "--size-mib") {
+		t.Errorf("--size-mib 0: %s", r)
 	}
 }
 

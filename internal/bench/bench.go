@@ -91,6 +91,9 @@ type Config struct {
 	// default loopback.
 	NodeListen string
 	Log        io.Writer
+	// Size is the users experiment's file size (default
+	// DefaultUsersSize; fio's file is twice that).
+	Size int64
 }
 
 // Point is one measured point: one CSV row.
@@ -114,11 +117,13 @@ type Point struct {
 var Experiments = []string{"write-latency", "replication", "goodput", "table-fill", "ec-latency", "ec-bandwidth", "ec-recovery"}
 
 // Extra lists experiments run only by name: fuse needs FUSE and fio;
-// repair kills nodes and takes several GiB of tmpfs.
-var Extra = []string{"fuse", "repair", "nfs"}
+// repair kills nodes and takes several GiB of tmpfs; users runs command
+// processes and, with fio and FUSE, a mount.
+var Extra = []string{"fuse", "repair", "nfs", "users"}
 
 // Run runs the named experiments ("all" for every one).
 func Run(ctx context.Context, cfg Config, names []string) error {
+	repsGiven := cfg.Reps
 	if cfg.Warmup == 0 {
 		cfg.Warmup = 5
 	}
@@ -153,11 +158,12 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 			"fuse":          fuseBench,
 			"repair":        repairBench,
 			"nfs":           nfsBench,
+			"users":         usersBench,
 		}[name]
 		if !ok {
 			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(slices.Concat(Experiments, Extra), ", "))
 		}
-		r := &runner{cfg: cfg, name: name, shared: shared}
+		r := &runner{cfg: cfg, name: name, shared: shared, repsGiven: repsGiven}
 		start := time.Now()
 		fmt.Fprintf(cfg.Log, "== %s\n", name)
 		if err := run(ctx, r); err != nil {
@@ -183,6 +189,9 @@ type runner struct {
 	points []Point
 	shared *sharedResults
 	wrote  bool // the experiment wrote its own results (fuse)
+	// repsGiven is --reps as given (0: not), for experiments whose
+	// default differs from the latency experiments' (users).
+	repsGiven int
 }
 
 // sharedResults are measurements several experiments of one run report.

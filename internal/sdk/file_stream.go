@@ -77,8 +77,34 @@ func (f *File) writeSource(ctx context.Context, r io.Reader) (int64, error) {
 			}
 			return int64(len(data)), f.commit(ctx, int64(len(data)), versions)
 		}
+		growPipe(src)
 	}
 	return f.writeFrom(ctx, r)
+}
+
+// pipeSize is what a pipe read from is grown to: the most an unprivileged
+// process may ask by default (/proc/sys/fs/pipe-max-size).
+const pipeSize = 1 << 20
+
+// growPipe enlarges src's buffer if it is a pipe. With the default 64 KiB
+// the writer and this reader take turns every 64 KiB: a context switch
+// and a wake-up each, which cost a put from a pipe more CPU than copying
+// the data (profiled: a fifth of its time switching). Failure (a pipe
+// that is not, or the user's pipe allowance spent) changes nothing.
+func growPipe(src *os.File) {
+	fi, err := src.Stat()
+	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		return
+	}
+	sc, err := src.SyscallConn()
+	if err != nil {
+		return
+	}
+	sc.Control(func(fd uintptr) {
+		if n, err := unix.FcntlInt(fd, unix.F_GETPIPE_SZ, 0); err == nil && n < pipeSize {
+			unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize)
+		}
+	})
 }
 
 // mapFile maps the rest of a regular file read-only, from its current
@@ -105,6 +131,19 @@ func mapFile(src *os.File) (data []byte, release func(), ok bool) {
 	return mem[pos-base:], func() { unix.Munmap(mem) }, true
 }
 
+// A stream is written in messages of at most streamMsg bytes, streamDepth
+// (or Options.Parallel) buffers of them being filled and written at once.
+// Writes to one chunk go one after another, each acknowledged before the
+// next is sent, so a stream has little parallelism: small messages start
+// sending sooner and keep the source, the client and the node busy at
+// once. Against 16 MiB messages two at a time (the file path's sizes),
+// and with growPipe, `sluice put -` from a pipe went from 0.29 to 0.34
+// of raw TCP (sluice bench users, issue 18), on half the memory.
+const (
+	streamMsg   = 4 << 20
+	streamDepth = 4
+)
+
 // writeFrom writes r's content from offset 0, with buffers being filled
 // while others are written. Writes to one chunk run one at a time and in
 // file order (the node would refuse a concurrent one busy, and an
@@ -113,14 +152,14 @@ func mapFile(src *os.File) (data []byte, release func(), ok bool) {
 func (f *File) writeFrom(ctx context.Context, r io.Reader) (int64, error) {
 	c := f.c
 	cs := f.Attr().ChunkSize
-	depth := max(2, c.opts.Parallel/2)
+	depth := max(streamDepth, c.opts.Parallel)
 	type job struct {
 		off   int64
 		buf   []byte
 		after <-chan struct{} // the previous write to the same chunk
 		done  chan struct{}
 	}
-	msg := c.opts.WriteMsg
+	msg := min(c.opts.WriteMsg, streamMsg)
 	if a := f.Attr(); a.Policy != nil && a.Policy.EC != nil {
 		// Whole stripes per message, so only the last one is partial.
 		if g, ok := ecGeomOf(&a); ok {
