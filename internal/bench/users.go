@@ -14,8 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicefs/sluice/client"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // The users experiment (issue 18): what users run, against raw loopback
@@ -57,14 +58,14 @@ func usersBench(ctx context.Context, r *runner) error {
 		return err
 	}
 	defer c.Close()
-	cl, err := client.New(client.Options{Conf: c.conf})
+	cl, err := sdk.New(sdk.Options{Conf: c.conf})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	policies := []int{1, 3}
 	for _, k := range policies {
-		if err := prepare(ctx, cl, fmt.Sprintf("/r%d", k), metaapi.Policy{Replicas: k, Strategy: metaapi.StrategyRing}); err != nil {
+		if err := prepare(ctx, cl, fmt.Sprintf("/r%d", k), metaapi.Policy{Replicas: k, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 			return err
 		}
 	}

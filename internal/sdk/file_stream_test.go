@@ -1,4 +1,4 @@
-package client_test
+package sdk_test
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sluicefs/sluice/client"
+	"github.com/sluicefs/sluice/internal/sdk"
 )
 
 // TestPutFromPipe: a put from a pipe stores what the pipe carried, and
@@ -17,7 +17,7 @@ import (
 // take turns, a context switch every 64 KiB).
 func TestPutFromPipe(t *testing.T) {
 	c := startCluster(t, 3)
-	cl := newClient(t, c, client.Options{})
+	cl := newClient(t, c, sdk.Options{})
 	ctx := context.Background()
 	data := randBytes(rand.New(rand.NewPCG(18, 1)), 5*testChunk+777)
 	r, w, err := os.Pipe()
