@@ -156,20 +156,31 @@ type Plan struct {
 
 // The plans a replicated policy may name (seed 000 §V): ring, tree and
 // flat stream (flat from the client); host-ring and host-tree are the
-// CPU-centric store-and-forward baselines.
+// CPU-centric store-and-forward baselines. Their names are spelt out
+// once here, so naming and parsing a plan (in every layout meta sends)
+// allocate nothing.
 var named = []Plan{{Ring, Stream}, {Tree, Stream}, {Flat, Stream}, {Ring, Host}, {Tree, Host}}
+
+var (
+	names     = []string{"ring", "tree", "flat", "host-ring", "host-tree"}
+	nameBytes = [][]byte{[]byte("ring"), []byte("tree"), []byte("flat"), []byte("host-ring"), []byte("host-tree")}
+)
+
+// index is p's place in named, or -1.
+func (p Plan) index() int {
+	for i, q := range named {
+		if p == q {
+			return i
+		}
+	}
+	return -1
+}
 
 // Replicated lists the plans a replicated policy may name.
 func Replicated() []Plan { return append([]Plan(nil), named...) }
 
 // Names lists the names a policy may give, for help texts and errors.
-func Names() []string {
-	out := make([]string, len(named))
-	for i, p := range named {
-		out[i] = p.String()
-	}
-	return out
-}
+func Names() []string { return append([]string(nil), names...) }
 
 // Default is the plan of a replicated policy that names none.
 var Default = Plan{Strategy: Ring}
@@ -183,6 +194,9 @@ func (p Plan) IsZero() bool { return p == Plan{} }
 // String is the plan's name as a policy gives it: "ring", "host-tree",
 // ... ("" for the zero Plan).
 func (p Plan) String() string {
+	if i := p.index(); i >= 0 {
+		return names[i]
+	}
 	switch {
 	case p.IsZero():
 		return ""
@@ -197,35 +211,38 @@ func Parse(name string) (Plan, error) {
 	if name == "" {
 		return Plan{}, nil
 	}
-	for _, p := range named {
-		if p.String() == name {
-			return p, nil
+	for i, n := range names {
+		if n == name {
+			return named[i], nil
 		}
 	}
 	return Plan{}, fmt.Errorf("unknown replication strategy %q (known: %s)", name, strings.Join(Names(), ", "))
 }
 
 // Named reports whether a replicated policy may name p.
-func (p Plan) Named() bool {
-	for _, q := range named {
-		if p == q {
-			return true
-		}
-	}
-	return false
-}
+func (p Plan) Named() bool { return p.index() >= 0 }
 
 // MarshalText writes the plan's name: policies keep their JSON form
 // ("strategy": "host-ring").
+// The slice returned is shared: encoders copy it, none may change it.
 func (p Plan) MarshalText() ([]byte, error) {
-	if !p.IsZero() && !p.Named() {
+	if i := p.index(); i >= 0 {
+		return nameBytes[i], nil
+	}
+	if !p.IsZero() {
 		return nil, fmt.Errorf("plan %v/%v has no name", p.Strategy, p.Mode)
 	}
-	return []byte(p.String()), nil
+	return nil, nil
 }
 
 // UnmarshalText reads a plan's name.
 func (p *Plan) UnmarshalText(b []byte) error {
+	for i, n := range names {
+		if string(b) == n { // compared without a copy
+			*p = named[i]
+			return nil
+		}
+	}
 	q, err := Parse(string(b))
 	if err != nil {
 		return err

@@ -87,3 +87,24 @@ func TestJSON(t *testing.T) {
 		t.Error("a plan no policy names encoded")
 	}
 }
+
+// Naming and parsing a plan, which every layout meta sends does, cost no
+// allocation.
+func TestNamesAllocateNothing(t *testing.T) {
+	p := Plan{Strategy: Tree, Mode: Host}
+	b := []byte("host-tree")
+	if n := testing.AllocsPerRun(100, func() {
+		if p.String() != "host-tree" {
+			t.Fatal("name")
+		}
+		if out, _ := p.MarshalText(); len(out) != len(b) {
+			t.Fatal("text")
+		}
+		var q Plan
+		if q.UnmarshalText(b) != nil || q != p {
+			t.Fatal("parse")
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}
