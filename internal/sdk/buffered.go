@@ -126,14 +126,24 @@ type send struct {
 // every replica before it returns. An error may be an earlier background
 // send's.
 func (b *Buffered) WriteAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	n, _, err := b.WriteAtBuffered(ctx, p, off)
+	return n, err
+}
+
+// WriteAtBuffered is WriteAtContext, and reports whether p was buffered
+// (durable only after a Flush) rather than written through: what this
+// write alone made of it, which Pending, asked afterwards, cannot tell
+// (another caller's writes, or another caller taking a failure).
+func (b *Buffered) WriteAtBuffered(ctx context.Context, p []byte, off int64) (int, bool, error) {
 	if off < 0 || off+int64(len(p)) > metaapi.MaxFileSize {
-		return b.f.WriteAtContext(ctx, p, off) // refused there, with the reason
+		n, err := b.f.WriteAtContext(ctx, p, off) // refused there, with the reason
+		return n, false, err
 	}
 	b.ra.drop(b.opts.Budget)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.takeErrLocked(); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if off == b.seqEnd {
 		b.streak++
@@ -149,7 +159,7 @@ func (b *Buffered) WriteAtContext(ctx context.Context, p []byte, off int64) (int
 	case continues && len(b.buf)+len(p) <= max:
 		if b.appendLocked(p) {
 			b.armIdleLocked()
-			return len(p), nil
+			return len(p), true, nil
 		}
 	case continues:
 		b.sendLocked() // full: on its way while the next buffer fills
@@ -158,23 +168,24 @@ func (b *Buffered) WriteAtContext(ctx context.Context, p []byte, off int64) (int
 			b.buf, b.charged, b.bufOff = b.opts.Budget.buffer(max), int64(max), off
 			b.buf = append(b.buf, p...)
 			b.armIdleLocked()
-			return len(p), nil
+			return len(p), true, nil
 		}
 	default:
 		// Elsewhere in the file: what is buffered goes first.
 		if err := b.flushLocked(ctx); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		if len(p) < max && b.startLocked(p, off) {
-			return len(p), nil
+			return len(p), true, nil
 		}
 	}
 	// Through, after what is buffered (a write elsewhere goes after
 	// those before it).
 	if err := b.flushLocked(ctx); err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return b.f.WriteAtContext(ctx, p, off)
+	n, err := b.f.WriteAtContext(ctx, p, off)
+	return n, false, err
 }
 
 // startLocked starts a new buffer with p at off, if the budget allows.

@@ -1,0 +1,76 @@
+package nfs3_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/nfs3"
+	"github.com/sluicefs/sluice/internal/sdk"
+	"github.com/sluicefs/sluice/internal/xdr"
+)
+
+// TestCommitWaitsForForgottenHandle: a REMOVE of another name of a file
+// makes the gateway drop its handle of the file, whose buffered writes
+// are then sent in the background. A COMMIT of the file right after must
+// still answer only once those writes are durable and recorded (else a
+// crash of the gateway loses writes a client was told were committed).
+func TestCommitWaitsForForgottenHandle(t *testing.T) {
+	e := newEnvOpts(t, nfs3.Options{AttrTTL: time.Hour})
+	root := e.rootFH(t)
+	other, err := sdk.New(sdk.Options{Conf: e.conf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	const mib = 1 << 20
+	for round := 0; round < 3; round++ {
+		name := "f" + string(rune('a'+round))
+		_, fh := e.create(t, root, name, 0)
+		// A second name, removed below.
+		st, _ := e.call(t, nfs3.ProcLink, func(w *xdr.Writer) {
+			w.Opaque(fh)
+			w.Opaque(root)
+			w.String(name + "2")
+		})
+		if st != nfs3.OK {
+			t.Fatalf("LINK: %d", st)
+		}
+		data := fileData(byte(round+11), 12*mib)
+		var verf []byte
+		for off := 0; off < len(data); off += mib {
+			st, _, v := e.writeStable(t, fh, uint64(off), data[off:off+mib], nfs3.Unstable)
+			if st != nfs3.OK {
+				t.Fatalf("WRITE at %d: %d", off, st)
+			}
+			verf = v
+		}
+		st, _ = e.call(t, nfs3.ProcRemove, func(w *xdr.Writer) {
+			w.Opaque(root)
+			w.String(name + "2")
+		})
+		if st != nfs3.OK {
+			t.Fatalf("REMOVE: %d", st)
+		}
+		st, cv := e.commit(t, fh)
+		if st != nfs3.OK || !bytes.Equal(cv, verf) {
+			// A new verifier makes the client send again: not a loss.
+			continue
+		}
+		f, err := other.Open(context.Background(), "/"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(data)+1)
+		n, err := f.ReadAt(got, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		if n != len(data) || !bytes.Equal(got[:n], data) {
+			t.Fatalf("round %d: COMMIT answered OK with the WRITEs' verifier, but another client then reads %d of %d bytes (same: %v)", round, n, len(data), bytes.Equal(got[:n], data[:min(n, len(data))]))
+		}
+	}
+}
