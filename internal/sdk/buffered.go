@@ -46,6 +46,13 @@ type Buffered struct {
 	streak  int   // writes in a row that continued the previous one
 	idle    *time.Timer
 
+	// Every loss of writes that were buffered (a send that failed), for
+	// the callers that must each hear of it (a mount's file descriptors:
+	// b.err is reported once, to whichever call comes first).
+	lostMu  sync.Mutex
+	lostN   uint64
+	lostErr error
+
 	ra readAhead
 }
 
@@ -75,9 +82,10 @@ type BufferOptions struct {
 	// Budget bounds the memory of every Buffered sharing it (nil: one of
 	// 4 write buffers plus one read-ahead for this file alone).
 	Budget *Budget
-	// OnLost, if set, is called (on the sender's goroutine) when a
-	// background send fails: writes that were acknowledged may be lost
-	// (the NFS gateway changes its write verifier).
+	// OnLost, if set, is called when a send of buffered writes fails
+	// (in the background, on the sender's goroutine, or by a Flush, a
+	// read or a write that sends them): writes that were acknowledged
+	// may be lost (the NFS gateway changes its write verifier).
 	OnLost func(error)
 }
 
@@ -270,8 +278,8 @@ func (b *Buffered) sendLocked() {
 		ctx, cancel := context.WithTimeout(context.Background(), b.opts.OpTimeout)
 		defer cancel()
 		_, s.err = b.f.WriteAtContext(ctx, s.buf, s.off)
-		if s.err != nil && b.opts.OnLost != nil {
-			b.opts.OnLost(s.err)
+		if s.err != nil {
+			b.noteLost(s.err)
 		}
 		// The memory goes back now, not when the send is reaped: a file
 		// no one writes to again holds none.
@@ -296,6 +304,26 @@ func (b *Buffered) waitLocked() {
 	}
 }
 
+// noteLost records a loss of buffered writes and calls OnLost.
+func (b *Buffered) noteLost(err error) {
+	b.lostMu.Lock()
+	b.lostN++
+	b.lostErr = err
+	b.lostMu.Unlock()
+	if b.opts.OnLost != nil {
+		b.opts.OnLost(err)
+	}
+}
+
+// Lost reports how many times buffered writes were lost so far, and the
+// last failure: a caller that remembers the count sees each loss since,
+// even one another caller was told of.
+func (b *Buffered) Lost() (n uint64, last error) {
+	b.lostMu.Lock()
+	defer b.lostMu.Unlock()
+	return b.lostN, b.lostErr
+}
+
 // takeErrLocked returns and forgets a background send's failure.
 func (b *Buffered) takeErrLocked() error {
 	err := b.err
@@ -312,6 +340,11 @@ func (b *Buffered) flushLocked(ctx context.Context) error {
 	if len(b.buf) > 0 {
 		_, err = b.f.WriteAtContext(ctx, b.buf, b.bufOff)
 		b.buf = b.buf[:0]
+		if err != nil {
+			// Writes answered as buffered are gone, whoever flushed
+			// them (a reader, another writer): as a failed send.
+			b.noteLost(err)
+		}
 	}
 	b.releaseLocked()
 	if e := b.takeErrLocked(); e != nil {
