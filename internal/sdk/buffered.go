@@ -143,9 +143,12 @@ func (b *Buffered) WriteAtContext(ctx context.Context, p []byte, off int64) (int
 // write alone made of it, which Pending, asked afterwards, cannot tell
 // (another caller's writes, or another caller taking a failure).
 func (b *Buffered) WriteAtBuffered(ctx context.Context, p []byte, off int64) (int, bool, error) {
-	if off < 0 || off+int64(len(p)) > metaapi.MaxFileSize {
+	if off < 0 {
 		n, err := b.f.WriteAtContext(ctx, p, off) // refused there, with the reason
 		return n, false, err
+	}
+	if off > metaapi.MaxFileSize-int64(len(p)) { // (off+len(p) may wrap)
+		return 0, false, pathErr("write", b.f.path, metaapi.Errorf(metaapi.EFBIG, "write ends beyond the largest file size"))
 	}
 	b.ra.drop(b.opts.Budget)
 	b.mu.Lock()

@@ -3,10 +3,12 @@ package sdk_test
 import (
 	"bytes"
 	"context"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/sdk"
 )
 
@@ -51,5 +53,27 @@ func TestBufferedLossSeenByAll(t *testing.T) {
 	// ...but the loss is on record for it.
 	if n, last := b.Lost(); n == before || last == nil {
 		t.Fatalf("Lost after the failed send: %d (before %d), %v", n, before, last)
+	}
+}
+
+// TestBufferedWriteNearMaxOffset: a write whose end would wrap past
+// int64 is refused at once (EFBIG), not buffered and acknowledged.
+func TestBufferedWriteNearMaxOffset(t *testing.T) {
+	c := startCluster(t, 3)
+	cl := newClient(t, c, sdk.Options{OpTimeout: 5 * time.Second})
+	ctx := context.Background()
+	f, err := cl.Create(ctx, "/far", 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := sdk.NewBuffered(f, sdk.BufferOptions{WriteBuffer: 1 << 20})
+	p := make([]byte, 100)
+	for _, off := range []int64{math.MaxInt64 - 10, math.MaxInt64 - 99, metaapi.MaxFileSize - 99} {
+		if n, buffered, err := b.WriteAtBuffered(ctx, p, off); err == nil || buffered || n != 0 {
+			t.Errorf("write of 100 bytes at %d: %d, buffered %v, %v", off, n, buffered, err)
+		}
+	}
+	if b.Pending() {
+		t.Error("a refused write left something pending")
 	}
 }
