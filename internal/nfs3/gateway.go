@@ -215,11 +215,9 @@ func (g *Gateway) settle(ctx context.Context, ino ids.Ino) error {
 	if of == nil || !of.b.Pending() {
 		return nil
 	}
-	err := of.b.Flush(ctx)
-	if err != nil {
-		g.lost(err)
-	}
-	return err
+	// A failure lost buffered writes: the verifier changed already
+	// (sdk.Buffered calls OnLost, g.lost, at every loss, and only then).
+	return of.b.Flush(ctx)
 }
 
 // file returns an SDK handle for regular file ino with attributes at
@@ -297,15 +295,12 @@ func (g *Gateway) kept(ino ids.Ino, of *openFile) bool {
 }
 
 // closeFile flushes a handle the gateway no longer keeps and gives back
-// its buffers; a failure changes the write verifier (before a COMMIT
-// waiting for it, or coming after, can answer).
+// its buffers; a failure has changed the write verifier (OnLost) before a
+// COMMIT waiting for it, or coming after, can answer.
 func (g *Gateway) closeFile(ino ids.Ino, of *openFile) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := of.b.Close(ctx); err != nil {
-		g.lost(err)
-		of.closeErr = err
-	}
+	of.closeErr = of.b.Close(ctx)
 	close(of.closed)
 	g.filesMu.Lock()
 	defer g.filesMu.Unlock()

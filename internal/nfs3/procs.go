@@ -471,7 +471,10 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 			committed = Unstable // from this write alone: not Pending's guess
 		}
 		if err != nil {
-			g.lost(err) // may be an earlier, buffered write's failure
+			// A loss of buffered writes (an earlier one's, or those sent
+			// first) has changed the verifier (OnLost); this write's own
+			// failure, written through, loses nothing acknowledged and
+			// leaves it, or any client could make all resend at will.
 			g.forget(ino)
 			// The file removed meanwhile (by another client; its chunks
 			// deleted under the write) is a stale handle, not NOENT.

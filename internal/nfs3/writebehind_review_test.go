@@ -74,3 +74,41 @@ func TestCommitWaitsForForgottenHandle(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedWriteThroughKeepsVerifier: a WRITE that fails by itself
+// (written through, nothing buffered lost: here its file was removed by
+// another client) must not change the write verifier, or any client can
+// make every other client send all its UNSTABLE writes again, as often
+// as it likes.
+func TestFailedWriteThroughKeepsVerifier(t *testing.T) {
+	e := newEnvOpts(t, nfs3.Options{AttrTTL: time.Hour})
+	root := e.rootFH(t)
+	_, gfh := e.create(t, root, "g", 0)
+	_, ffh := e.create(t, root, "f", 0)
+	const mib = 1 << 20
+	data := fileData(9, 3*mib)
+	var verf []byte
+	for off := 0; off < len(data); off += mib {
+		_, _, verf = e.writeStable(t, gfh, uint64(off), data[off:off+mib], nfs3.Unstable)
+	}
+	// The gateway keeps a handle of f (attributes trusted an hour).
+	if st, _, _ := e.writeStable(t, ffh, 0, []byte("x"), nfs3.FileSync); st != nfs3.OK {
+		t.Fatalf("WRITE to f: %d", st)
+	}
+	other, err := sdk.New(sdk.Options{Conf: e.conf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Remove(context.Background(), "/f"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if st, _, _ := e.writeStable(t, ffh, 0, []byte("x"), nfs3.FileSync); st == nfs3.OK {
+			t.Fatal("a WRITE to a removed file succeeded")
+		}
+	}
+	if st, cv := e.commit(t, gfh); st != nfs3.OK || !bytes.Equal(cv, verf) {
+		t.Fatalf("COMMIT of g: %d, verifier %x; g's WRITEs had %x and lost nothing", st, cv, verf)
+	}
+}
