@@ -198,8 +198,24 @@ func (g *Gateway) lost(err error) {
 // settle makes what the gateway buffered for ino durable and recorded
 // with meta (before its attributes are reported or changed).
 func (g *Gateway) settle(ctx context.Context, ino ids.Ino) error {
+	if err := g.waitClosing(ctx, ino); err != nil {
+		return err
+	}
 	g.filesMu.Lock()
 	of := g.files[ino]
+	g.filesMu.Unlock()
+	if of == nil || !of.b.Pending() {
+		return nil
+	}
+	// A failure lost buffered writes: the verifier changed already
+	// (sdk.Buffered calls OnLost, g.lost, at every loss, and only then).
+	return of.b.Flush(ctx)
+}
+
+// waitClosing waits until the handles of ino the gateway dropped have sent
+// what they buffered, and returns their failure.
+func (g *Gateway) waitClosing(ctx context.Context, ino ids.Ino) error {
+	g.filesMu.Lock()
 	closing := slices.Clone(g.closing[ino])
 	g.filesMu.Unlock()
 	for _, c := range closing {
@@ -212,12 +228,7 @@ func (g *Gateway) settle(ctx context.Context, ino ids.Ino) error {
 			return ctx.Err()
 		}
 	}
-	if of == nil || !of.b.Pending() {
-		return nil
-	}
-	// A failure lost buffered writes: the verifier changed already
-	// (sdk.Buffered calls OnLost, g.lost, at every loss, and only then).
-	return of.b.Flush(ctx)
+	return nil
 }
 
 // file returns an SDK handle for regular file ino with attributes at
@@ -233,6 +244,15 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 	if of != nil && (time.Since(at) < g.ttl || of.b.Pending()) {
 		// (With writes buffered, meta's attributes lag this handle's.)
 		return of, nil
+	}
+	if of == nil {
+		// A dropped handle's writes go first: older, they must not land
+		// on top of writes through a new one, whose attributes include
+		// them. (Its failure is not this call's: the verifier changed,
+		// and COMMIT reports it.)
+		if err := g.waitClosing(ctx, ino); ctx.Err() != nil {
+			return nil, err
+		}
 	}
 	a, err := g.cl.GetAttr(ctx, ino)
 	if err != nil {

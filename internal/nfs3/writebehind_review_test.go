@@ -112,3 +112,61 @@ func TestFailedWriteThroughKeepsVerifier(t *testing.T) {
 		t.Fatalf("COMMIT of g: %d, verifier %x; g's WRITEs had %x and lost nothing", st, cv, verf)
 	}
 }
+
+// TestWriteAfterForgetNotOverwritten: the gateway drops its handle of a
+// file with writes buffered (a REMOVE of another name of it) and sends
+// them in the background; a WRITE to the file right after, answered
+// FILE_SYNC, must not then be overwritten by those older writes landing
+// after it.
+func TestWriteAfterForgetNotOverwritten(t *testing.T) {
+	e := newEnvOpts(t, nfs3.Options{AttrTTL: time.Hour})
+	root := e.rootFH(t)
+	other, err := sdk.New(sdk.Options{Conf: e.conf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	const mib = 1 << 20
+	for round := 0; round < 3; round++ {
+		name := "w" + string(rune('a'+round))
+		_, fh := e.create(t, root, name, 0)
+		if st, _ := e.call(t, nfs3.ProcLink, func(w *xdr.Writer) {
+			w.Opaque(fh)
+			w.Opaque(root)
+			w.String(name + "2")
+		}); st != nfs3.OK {
+			t.Fatalf("LINK: %d", st)
+		}
+		data := fileData(byte(round+21), 12*mib)
+		for off := 0; off < len(data); off += mib {
+			if st, _, _ := e.writeStable(t, fh, uint64(off), data[off:off+mib], nfs3.Unstable); st != nfs3.OK {
+				t.Fatalf("WRITE at %d: %d", off, st)
+			}
+		}
+		if st, _ := e.call(t, nfs3.ProcRemove, func(w *xdr.Writer) {
+			w.Opaque(root)
+			w.String(name + "2")
+		}); st != nfs3.OK {
+			t.Fatalf("REMOVE: %d", st)
+		}
+		patch := bytes.Repeat([]byte{0xAB}, 64<<10)
+		const at = 11 * mib
+		if st, committed, _ := e.writeStable(t, fh, at, patch, nfs3.FileSync); st != nfs3.OK || committed != nfs3.FileSync {
+			t.Fatalf("FILE_SYNC WRITE: %d, committed %d", st, committed)
+		}
+		if st, _ := e.commit(t, fh); st != nfs3.OK {
+			t.Fatalf("COMMIT: %d", st)
+		}
+		f, err := other.Open(context.Background(), "/"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(patch))
+		if _, err := f.ReadAt(got, at); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, patch) {
+			t.Fatalf("round %d: a FILE_SYNC WRITE was overwritten by older buffered writes sent after it", round)
+		}
+	}
+}
