@@ -255,6 +255,9 @@ func (h *handle) sync(ctx context.Context, op string) syscall.Errno {
 	of.mu.Lock()
 	defer of.mu.Unlock()
 	err := of.flushLocked(ctx)
+	if of.b == nil {
+		return of.fsys.errno(op, err)
+	}
 	if n, last := of.b.Lost(); n > h.lostSeen {
 		h.lostSeen = n
 		if err == nil {
