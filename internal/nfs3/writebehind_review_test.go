@@ -170,3 +170,32 @@ func TestWriteAfterForgetNotOverwritten(t *testing.T) {
 		}
 	}
 }
+
+// TestNoBufferWritesThrough: with no buffer memory (sluice nfs
+// --buffer-mib 0) every WRITE, sequential UNSTABLE ones included, is
+// durable and recorded when answered, and says so (FILE_SYNC).
+func TestNoBufferWritesThrough(t *testing.T) {
+	e := newEnvOpts(t, nfs3.Options{AttrTTL: time.Hour, BufferBytes: -1})
+	root := e.rootFH(t)
+	_, fh := e.create(t, root, "f", 0)
+	other, err := sdk.New(sdk.Options{Conf: e.conf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	const piece = 256 << 10
+	data := fileData(3, 8*piece)
+	for off := 0; off < len(data); off += piece {
+		st, committed, _ := e.writeStable(t, fh, uint64(off), data[off:off+piece], nfs3.Unstable)
+		if st != nfs3.OK || committed != nfs3.FileSync {
+			t.Fatalf("WRITE at %d: %d, committed %d (want FILE_SYNC)", off, st, committed)
+		}
+		f, err := other.Open(context.Background(), "/f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Size() != int64(off+piece) {
+			t.Fatalf("after the WRITE at %d another client sees size %d", off, f.Size())
+		}
+	}
+}
