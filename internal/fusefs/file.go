@@ -37,6 +37,11 @@ type openFile struct {
 // handle is one open(2) of a regular file.
 type handle struct {
 	of *openFile
+	// lostSeen is the file's count of lost buffered writes (sdk.Buffered.Lost)
+	// this descriptor was told of (or found at open), under of.mu: each
+	// one's fsync and close report a loss since, whichever descriptor,
+	// read or stat took the error first.
+	lostSeen uint64
 
 	lockMu sync.Mutex
 	owners map[uint64]uint8 // lock owners that used it: ownerPOSIX etc.
@@ -129,6 +134,9 @@ func (f *FS) open(ctx context.Context, ino ids.Ino, name string, flags uint32, k
 
 	of.mu.Lock()
 	errno := f.openLocked(ctx, of, name, flags, known)
+	if errno == 0 {
+		h.lostSeen, _ = of.b.Lost()
+	}
 	of.mu.Unlock()
 	if errno != 0 {
 		h.release() // takes of.mu itself if the file was removed meanwhile
@@ -246,7 +254,17 @@ func (h *handle) sync(ctx context.Context, op string) syscall.Errno {
 	defer cancel()
 	of.mu.Lock()
 	defer of.mu.Unlock()
-	return of.fsys.errno(op, of.flushLocked(ctx))
+	err := of.flushLocked(ctx)
+	if of.b == nil {
+		return of.fsys.errno(op, err)
+	}
+	if n, last := of.b.Lost(); n > h.lostSeen {
+		h.lostSeen = n
+		if err == nil {
+			err = last
+		}
+	}
+	return of.fsys.errno(op, err)
 }
 
 // Flush is close(2) (once per file descriptor, dup'd ones included):

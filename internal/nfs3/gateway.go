@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,6 +61,9 @@ type Gateway struct {
 
 	filesMu sync.Mutex
 	files   map[ids.Ino]*openFile
+	// closing holds the handles dropped from files whose buffered writes
+	// are still being sent: COMMIT waits for them too.
+	closing map[ids.Ino][]*openFile
 
 	lists listings
 
@@ -84,6 +88,9 @@ type openFile struct {
 	f  *sdk.File
 	b  *sdk.Buffered
 	at time.Time // when its attributes were fetched
+
+	closed   chan struct{} // closed once dropped and flushed (see closeFile)
+	closeErr error         // set before closed is closed
 }
 
 // defaultBufferBytes bounds write-behind and read-ahead when
@@ -102,7 +109,7 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Client == nil {
 		return nil, fmt.Errorf("nfs3: no client")
 	}
-	g := &Gateway{cl: opts.Client, log: opts.Logger, ttl: opts.AttrTTL, files: map[ids.Ino]*openFile{}}
+	g := &Gateway{cl: opts.Client, log: opts.Logger, ttl: opts.AttrTTL, files: map[ids.Ino]*openFile{}, closing: map[ids.Ino][]*openFile{}}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
@@ -191,17 +198,37 @@ func (g *Gateway) lost(err error) {
 // settle makes what the gateway buffered for ino durable and recorded
 // with meta (before its attributes are reported or changed).
 func (g *Gateway) settle(ctx context.Context, ino ids.Ino) error {
+	if err := g.waitClosing(ctx, ino); err != nil {
+		return err
+	}
 	g.filesMu.Lock()
 	of := g.files[ino]
 	g.filesMu.Unlock()
 	if of == nil || !of.b.Pending() {
 		return nil
 	}
-	err := of.b.Flush(ctx)
-	if err != nil {
-		g.lost(err)
+	// A failure lost buffered writes: the verifier changed already
+	// (sdk.Buffered calls OnLost, g.lost, at every loss, and only then).
+	return of.b.Flush(ctx)
+}
+
+// waitClosing waits until the handles of ino the gateway dropped have sent
+// what they buffered, and returns their failure.
+func (g *Gateway) waitClosing(ctx context.Context, ino ids.Ino) error {
+	g.filesMu.Lock()
+	closing := slices.Clone(g.closing[ino])
+	g.filesMu.Unlock()
+	for _, c := range closing {
+		select {
+		case <-c.closed:
+			if c.closeErr != nil {
+				return c.closeErr // the verifier changed already
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	return err
+	return nil
 }
 
 // file returns an SDK handle for regular file ino with attributes at
@@ -217,6 +244,15 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 	if of != nil && (time.Since(at) < g.ttl || of.b.Pending()) {
 		// (With writes buffered, meta's attributes lag this handle's.)
 		return of, nil
+	}
+	if of == nil {
+		// A dropped handle's writes go first: older, they must not land
+		// on top of writes through a new one, whose attributes include
+		// them. (Its failure is not this call's: the verifier changed,
+		// and COMMIT reports it.)
+		if err := g.waitClosing(ctx, ino); ctx.Err() != nil {
+			return nil, err
+		}
 	}
 	a, err := g.cl.GetAttr(ctx, ino)
 	if err != nil {
@@ -252,7 +288,7 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 		for k, old := range g.files {
 			if !old.b.Pending() {
 				delete(g.files, k)
-				go g.closeFile(old)
+				g.closingLocked(k, old)
 				break
 			}
 		}
@@ -262,13 +298,40 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 	return of, nil
 }
 
+// closingLocked starts closing of, just dropped from files, and keeps it
+// in closing until it is done. Caller holds filesMu.
+func (g *Gateway) closingLocked(ino ids.Ino, of *openFile) {
+	of.closed = make(chan struct{})
+	g.closing[ino] = append(g.closing[ino], of)
+	go g.closeFile(ino, of)
+}
+
+// kept reports whether of is still the handle the gateway keeps for ino
+// (a write into one dropped meanwhile must not stay buffered in it).
+func (g *Gateway) kept(ino ids.Ino, of *openFile) bool {
+	g.filesMu.Lock()
+	defer g.filesMu.Unlock()
+	return g.files[ino] == of
+}
+
 // closeFile flushes a handle the gateway no longer keeps and gives back
-// its buffers; a failure changes the write verifier.
-func (g *Gateway) closeFile(of *openFile) {
+// its buffers; a failure has changed the write verifier (OnLost) before a
+// COMMIT waiting for it, or coming after, can answer.
+func (g *Gateway) closeFile(ino ids.Ino, of *openFile) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := of.b.Close(ctx); err != nil {
-		g.lost(err)
+	of.closeErr = of.b.Close(ctx)
+	close(of.closed)
+	g.filesMu.Lock()
+	defer g.filesMu.Unlock()
+	cs := g.closing[ino]
+	if i := slices.Index(cs, of); i >= 0 {
+		cs = slices.Delete(cs, i, i+1)
+	}
+	if len(cs) == 0 {
+		delete(g.closing, ino)
+	} else {
+		g.closing[ino] = cs
 	}
 }
 
@@ -277,12 +340,11 @@ func (g *Gateway) closeFile(of *openFile) {
 // its cached data included.
 func (g *Gateway) forget(ino ids.Ino) {
 	g.filesMu.Lock()
-	of := g.files[ino]
-	delete(g.files, ino)
-	g.filesMu.Unlock()
-	if of != nil {
-		go g.closeFile(of)
+	if of := g.files[ino]; of != nil {
+		delete(g.files, ino)
+		g.closingLocked(ino, of)
 	}
+	g.filesMu.Unlock()
 	g.invalidate(ino)
 }
 

@@ -454,16 +454,27 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 	if a := f.Attr(); !mayData(ctx, &a, metaapi.MayWrite) {
 		return fail(ErrAcces, &a)
 	}
+	// The verifier before the write: a loss of this write's buffer, even
+	// one that comes before the reply, changes it after.
+	verf := g.verifier()
+	committed := uint32(FileSync)
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
 		if st := g.killPrivs(ctx, f); st != OK {
 			return fail(st, g.attrOf(ctx, ino))
 		}
-		_, err := of.b.WriteAtContext(ctx, data, int64(off))
-		if err == nil && stable != Unstable {
+		_, buffered, err := of.b.WriteAtBuffered(ctx, data, int64(off))
+		if err == nil && buffered && (stable != Unstable || !g.kept(ino, of)) {
+			// Asked for more, or buffered in a handle the gateway dropped
+			// meanwhile, which no COMMIT would wait for.
 			err = of.b.Flush(ctx)
+		} else if err == nil && buffered {
+			committed = Unstable // from this write alone: not Pending's guess
 		}
 		if err != nil {
-			g.lost(err) // may be an earlier, buffered write's failure
+			// A loss of buffered writes (an earlier one's, or those sent
+			// first) has changed the verifier (OnLost); this write's own
+			// failure, written through, loses nothing acknowledged and
+			// leaves it, or any client could make all resend at will.
 			g.forget(ino)
 			// The file removed meanwhile (by another client; its chunks
 			// deleted under the write) is a stale handle, not NOENT.
@@ -473,15 +484,10 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 		// data, and is dropped too.
 		g.invalidate(ino)
 	}
-	committed := uint32(FileSync)
-	if of.b.Pending() {
-		committed = Unstable
-	}
 	a := f.Attr()
 	if end, _ := of.b.Buffered(); end > a.Size {
 		a.Size = end // as the client expects after its write
 	}
-	verf := g.verifier()
 	w.Uint32(uint32(OK))
 	putWcc(w, &a)
 	w.Uint32(count)

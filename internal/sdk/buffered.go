@@ -46,6 +46,13 @@ type Buffered struct {
 	streak  int   // writes in a row that continued the previous one
 	idle    *time.Timer
 
+	// Every loss of writes that were buffered (a send that failed), for
+	// the callers that must each hear of it (a mount's file descriptors:
+	// b.err is reported once, to whichever call comes first).
+	lostMu  sync.Mutex
+	lostN   uint64
+	lostErr error
+
 	ra readAhead
 }
 
@@ -75,9 +82,10 @@ type BufferOptions struct {
 	// Budget bounds the memory of every Buffered sharing it (nil: one of
 	// 4 write buffers plus one read-ahead for this file alone).
 	Budget *Budget
-	// OnLost, if set, is called (on the sender's goroutine) when a
-	// background send fails: writes that were acknowledged may be lost
-	// (the NFS gateway changes its write verifier).
+	// OnLost, if set, is called when a send of buffered writes fails
+	// (in the background, on the sender's goroutine, or by a Flush, a
+	// read or a write that sends them): writes that were acknowledged
+	// may be lost (the NFS gateway changes its write verifier).
 	OnLost func(error)
 }
 
@@ -126,14 +134,27 @@ type send struct {
 // every replica before it returns. An error may be an earlier background
 // send's.
 func (b *Buffered) WriteAtContext(ctx context.Context, p []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(p)) > metaapi.MaxFileSize {
-		return b.f.WriteAtContext(ctx, p, off) // refused there, with the reason
+	n, _, err := b.WriteAtBuffered(ctx, p, off)
+	return n, err
+}
+
+// WriteAtBuffered is WriteAtContext, and reports whether p was buffered
+// (durable only after a Flush) rather than written through: what this
+// write alone made of it, which Pending, asked afterwards, cannot tell
+// (another caller's writes, or another caller taking a failure).
+func (b *Buffered) WriteAtBuffered(ctx context.Context, p []byte, off int64) (int, bool, error) {
+	if off < 0 {
+		n, err := b.f.WriteAtContext(ctx, p, off) // refused there, with the reason
+		return n, false, err
+	}
+	if off > metaapi.MaxFileSize-int64(len(p)) { // (off+len(p) may wrap)
+		return 0, false, pathErr("write", b.f.path, metaapi.Errorf(metaapi.EFBIG, "write ends beyond the largest file size"))
 	}
 	b.ra.drop(b.opts.Budget)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.takeErrLocked(); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if off == b.seqEnd {
 		b.streak++
@@ -149,7 +170,7 @@ func (b *Buffered) WriteAtContext(ctx context.Context, p []byte, off int64) (int
 	case continues && len(b.buf)+len(p) <= max:
 		if b.appendLocked(p) {
 			b.armIdleLocked()
-			return len(p), nil
+			return len(p), true, nil
 		}
 	case continues:
 		b.sendLocked() // full: on its way while the next buffer fills
@@ -158,23 +179,24 @@ func (b *Buffered) WriteAtContext(ctx context.Context, p []byte, off int64) (int
 			b.buf, b.charged, b.bufOff = b.opts.Budget.buffer(max), int64(max), off
 			b.buf = append(b.buf, p...)
 			b.armIdleLocked()
-			return len(p), nil
+			return len(p), true, nil
 		}
 	default:
 		// Elsewhere in the file: what is buffered goes first.
 		if err := b.flushLocked(ctx); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		if len(p) < max && b.startLocked(p, off) {
-			return len(p), nil
+			return len(p), true, nil
 		}
 	}
 	// Through, after what is buffered (a write elsewhere goes after
 	// those before it).
 	if err := b.flushLocked(ctx); err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return b.f.WriteAtContext(ctx, p, off)
+	n, err := b.f.WriteAtContext(ctx, p, off)
+	return n, false, err
 }
 
 // startLocked starts a new buffer with p at off, if the budget allows.
@@ -259,8 +281,8 @@ func (b *Buffered) sendLocked() {
 		ctx, cancel := context.WithTimeout(context.Background(), b.opts.OpTimeout)
 		defer cancel()
 		_, s.err = b.f.WriteAtContext(ctx, s.buf, s.off)
-		if s.err != nil && b.opts.OnLost != nil {
-			b.opts.OnLost(s.err)
+		if s.err != nil {
+			b.noteLost(s.err)
 		}
 		// The memory goes back now, not when the send is reaped: a file
 		// no one writes to again holds none.
@@ -285,6 +307,26 @@ func (b *Buffered) waitLocked() {
 	}
 }
 
+// noteLost records a loss of buffered writes and calls OnLost.
+func (b *Buffered) noteLost(err error) {
+	b.lostMu.Lock()
+	b.lostN++
+	b.lostErr = err
+	b.lostMu.Unlock()
+	if b.opts.OnLost != nil {
+		b.opts.OnLost(err)
+	}
+}
+
+// Lost reports how many times buffered writes were lost so far, and the
+// last failure: a caller that remembers the count sees each loss since,
+// even one another caller was told of.
+func (b *Buffered) Lost() (n uint64, last error) {
+	b.lostMu.Lock()
+	defer b.lostMu.Unlock()
+	return b.lostN, b.lostErr
+}
+
 // takeErrLocked returns and forgets a background send's failure.
 func (b *Buffered) takeErrLocked() error {
 	err := b.err
@@ -301,6 +343,11 @@ func (b *Buffered) flushLocked(ctx context.Context) error {
 	if len(b.buf) > 0 {
 		_, err = b.f.WriteAtContext(ctx, b.buf, b.bufOff)
 		b.buf = b.buf[:0]
+		if err != nil {
+			// Writes answered as buffered are gone, whoever flushed
+			// them (a reader, another writer): as a failed send.
+			b.noteLost(err)
+		}
 	}
 	b.releaseLocked()
 	if e := b.takeErrLocked(); e != nil {
