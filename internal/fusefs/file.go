@@ -170,7 +170,12 @@ func (f *FS) openLocked(ctx context.Context, of *openFile, name string, flags ui
 		of.f.SetAttr(a)
 	}
 	if end, _ := of.b.Buffered(); flags&syscall.O_TRUNC != 0 && (of.f.Size() > 0 || end >= 0) {
-		of.b.Drop() // after the send in flight: it must not land after the truncation
+		// Other descriptors' buffered writes go out first (nothing may
+		// land after the truncation), not dropped: should the truncation
+		// fail, they must still be there, or be reported lost to those
+		// descriptors (Flush records a failure as a loss; the opener is
+		// not the one to be told).
+		_ = of.b.Flush(ctx)
 		zero := int64(0)
 		na, err := f.cl.SetAttr(ctx, metaapi.SetAttrReq{Ino: of.ino, Size: &zero})
 		if err != nil {

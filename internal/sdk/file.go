@@ -94,7 +94,7 @@ func (f *File) WriteAtContext(ctx context.Context, p []byte, off int64) (int, er
 	if off < 0 {
 		return 0, pathErr("write", f.path, metaapi.Errorf(metaapi.EINVAL, "negative offset"))
 	}
-	if off+int64(len(p)) > metaapi.MaxFileSize {
+	if int64(len(p)) > metaapi.MaxFileSize-off { // off+len(p) could wrap
 		return 0, pathErr("write", f.path, metaapi.Errorf(metaapi.EFBIG, "write ends beyond the largest file size"))
 	}
 	versions, err := f.writeRange(ctx, p, off)
@@ -113,7 +113,7 @@ func (f *File) WriteAtContext(ctx context.Context, p []byte, off int64) (int, er
 // their commits (write-back caches) and benchmarks of the data path use
 // it; until the commit, other clients do not see the new size.
 func (f *File) WriteData(ctx context.Context, p []byte, off int64) ([]metaapi.ChunkVersion, error) {
-	if off < 0 || off+int64(len(p)) > metaapi.MaxFileSize {
+	if off < 0 || int64(len(p)) > metaapi.MaxFileSize-off { // off+len(p) could wrap
 		return nil, pathErr("write", f.path, metaapi.Errorf(metaapi.EINVAL, "write [%d,+%d) out of range", off, len(p)))
 	}
 	versions, err := f.writeRange(ctx, p, off)
