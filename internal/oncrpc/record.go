@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+
+	"github.com/sluicefs/sluice/internal/xdr"
 )
 
 // Record marking (RFC 5531 §11): a record is a sequence of fragments, each
@@ -116,4 +118,42 @@ func WriteRecord(w io.Writer, rec []byte) error {
 	}
 	_, err := bufs.WriteTo(w)
 	return err
+}
+
+// writeChunked writes rec as one last fragment with each chunk's data
+// (and padding) spliced in at its position, in one vectored write: the
+// data is not copied. It returns the record's length.
+func writeChunked(w io.Writer, rec []byte, chunks []xdr.Chunk) (int, error) {
+	if len(chunks) == 0 {
+		return len(rec), WriteRecord(w, rec)
+	}
+	n := len(rec)
+	for _, c := range chunks {
+		n += len(c.Data) + xdr.Pad(len(c.Data))
+	}
+	if n > maxFragment {
+		return n, fmt.Errorf("%w: %d bytes", ErrRecordTooLarge, n)
+	}
+	var pad [4]byte
+	bufs := make(net.Buffers, 0, 2+3*len(chunks))
+	bufs = append(bufs, binary.BigEndian.AppendUint32(make([]byte, 0, 4), lastFragment|uint32(n)))
+	at := 0
+	for _, c := range chunks {
+		if c.Pos < at || c.Pos > len(rec) {
+			return n, fmt.Errorf("%w at %d", xdr.ErrChunk, c.Pos)
+		}
+		if c.Pos > at {
+			bufs = append(bufs, rec[at:c.Pos])
+		}
+		bufs = append(bufs, c.Data)
+		if p := xdr.Pad(len(c.Data)); p > 0 {
+			bufs = append(bufs, pad[:p])
+		}
+		at = c.Pos
+	}
+	if at < len(rec) {
+		bufs = append(bufs, rec[at:])
+	}
+	_, err := bufs.WriteTo(w)
+	return n, err
 }

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"testing"
 	"testing/iotest"
+
+	"github.com/sluicefs/sluice/internal/xdr"
 )
 
 // fragment appends one record-marking fragment to b.
@@ -145,3 +147,31 @@ func TestWriteRecordVectored(t *testing.T) {
 type errWriter struct{}
 
 func (errWriter) Write([]byte) (int, error) { return 0, io.ErrClosedPipe }
+
+// A reply written with its opaque data as chunks is byte for byte the
+// record of the same reply encoded inline.
+func TestWriteChunkedMatchesInline(t *testing.T) {
+	for _, sizes := range [][]int{{0}, {8 << 10}, {(8 << 10) + 1}, {1 << 20, 3}, {9000, 8195, 10}} {
+		var inline, chunked xdr.Writer
+		chunked.ChunkMin = 8 << 10
+		for _, w := range []*xdr.Writer{&inline, &chunked} {
+			w.Uint32(7)
+			for i, n := range sizes {
+				p := bytes.Repeat([]byte{byte(i + 1)}, n)
+				w.Opaque(p)
+				w.Uint32(uint32(n))
+			}
+		}
+		var want, got bytes.Buffer
+		if err := WriteRecord(&want, inline.B); err != nil {
+			t.Fatal(err)
+		}
+		n, err := writeChunked(&got, chunked.B, chunked.Chunks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), want.Bytes()) || n != len(inline.B) {
+			t.Fatalf("sizes %v: chunked record (%d bytes, n %d) differs from inline (%d)", sizes, got.Len(), n, want.Len())
+		}
+	}
+}

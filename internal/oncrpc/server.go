@@ -58,6 +58,11 @@ const (
 	// Replies larger than this are not pooled (a READ of 1 MiB is well
 	// under it).
 	maxPooledReply = 4 << 20
+	// tcpChunkMin is the size from which a reply's opaque data (a READ's)
+	// is not copied into the reply buffer but written from where it lies
+	// (a read-cache block) by the same vectored write as the record mark
+	// and header.
+	tcpChunkMin = 8 << 10
 )
 
 // Server serves Programs over TCP. Set its fields before Serve and leave
@@ -314,11 +319,11 @@ func putRecord(p *[]byte) {
 func (c *conn) serve(bufp *[]byte) {
 	defer c.wg.Done()
 	replyp := replies.Get().(*[]byte)
-	w := xdr.Writer{B: (*replyp)[:0]}
+	w := xdr.Writer{B: (*replyp)[:0], ChunkMin: tcpChunkMin}
 	if reply := c.respond(*bufp, &w); reply != nil {
 		c.s.stats.copied.Add(w.Copied)
 		c.s.stats.calls.Add(1)
-		c.send(reply)
+		c.send(reply, w.Chunks)
 	}
 	w.Release() // the reply holds nothing once written
 	putRecord(bufp)
@@ -485,14 +490,14 @@ func (s *Server) handle(p *Program, call *Call, args *xdr.Reader, w *xdr.Writer)
 	return p.Handle(s.ctx, call, args, w)
 }
 
-// send writes one reply record; replies of concurrent calls do not
-// interleave.
-func (c *conn) send(reply []byte) {
+// send writes one reply record, the chunks' data in their places;
+// replies of concurrent calls do not interleave.
+func (c *conn) send(reply []byte, chunks []xdr.Chunk) {
 	c.wmu.Lock()
 	c.nc.SetWriteDeadline(time.Now().Add(cmp.Or(c.s.WriteTimeout, defaultWriteTimeout)))
-	err := WriteRecord(c.nc, reply)
+	n, err := writeChunked(c.nc, reply, chunks)
 	c.wmu.Unlock()
-	c.s.stats.out.Add(int64(len(reply) + 4))
+	c.s.stats.out.Add(int64(n + 4))
 	if err != nil {
 		// A partly written record breaks the stream: end the connection
 		// (the client retransmits on a new one).
