@@ -4,6 +4,7 @@
 # `sluice nfs` over `sluice up` (replicas 1) and NFS-Ganesha's VFS FSAL
 # exporting a tmpfs directory. Needs root, libnfs-utils, nfs-ganesha,
 # nfs-ganesha-vfs and a running rpcbind (Ganesha registers with it).
+# NFS_FLAGS adds global flags to `sluice nfs` (e.g. --cpuprofile FILE).
 # usage: nfs-ganesha.sh SLUICE_BIN RUNS  -> MB/s per run: sluice write/read | ganesha write/read
 set -u
 BIN=$1; RUNS=${2:-3}
@@ -15,7 +16,7 @@ UP=$!
 for i in $(seq 100); do [ -f $D/ready ] && break; sleep 0.2; done
 CONF=$D/data/client.conf
 $BIN --conf $CONF mkdir /b; $BIN --conf $CONF policy set /b --replicas 1 >/dev/null
-$BIN --conf $CONF nfs --listen 127.0.0.1:17791 --export '/ 127.0.0.1(rw,no_root_squash)' --ready-file $D/nready --log-level warn > $D/nfs.log 2>&1 &
+$BIN --conf $CONF ${NFS_FLAGS:-} nfs --listen 127.0.0.1:17791 --export '/ 127.0.0.1(rw,no_root_squash)' --ready-file $D/nready --log-level warn > $D/nfs.log 2>&1 &
 NFS=$!
 for i in $(seq 100); do [ -f $D/nready ] && break; sleep 0.2; done
 cat > $D/ganesha.conf <<G
