@@ -504,3 +504,41 @@ func BenchmarkCacheHit(b *testing.B) {
 		blk.release()
 	}
 }
+
+// handingOver is a filler that reads each block into a buffer of its own
+// from the cache's spare ones and hands it over, as read-ahead does.
+type handingOver struct {
+	*fakeFile
+	c *blockCache
+}
+
+func (h handingOver) ReadBlock(ctx context.Context, off int64, into []byte) ([]byte, error) {
+	buf := h.c.spare(blockSize)
+	n, err := h.ReadAtContext(ctx, buf[:len(into)], off)
+	return buf[:n], err
+}
+
+// TestCacheReusesHandedOverBuffers: a cold sequential read of a file much
+// larger than the cache, its blocks read ahead and handed over, goes
+// round a bounded set of buffers instead of allocating one per block
+// (each a megabyte the allocator zeroes). Before: one per block.
+func TestCacheReusesHandedOverBuffers(t *testing.T) {
+	const bound = 8 * blockSize
+	c := newBlockCache(bound)
+	data := pattern(3, 64*blockSize)
+	src := handingOver{&fakeFile{data: data}, c}
+	ver := verFor(data, 1)
+	seen := map[*byte]bool{}
+	for idx := int64(0); idx < 64; idx++ {
+		b := mustGet(t, c, src, 1, idx, ver)
+		if !bytes.Equal(b.data, data[idx*blockSize:(idx+1)*blockSize]) {
+			t.Fatalf("block %d: wrong data", idx)
+		}
+		seen[&b.buf[0]] = true
+		b.release()
+		c.check(t)
+	}
+	if max := bound/blockSize + maxSwapped + 2; len(seen) > max {
+		t.Fatalf("64 blocks read through %d distinct buffers, want at most %d", len(seen), max)
+	}
+}
