@@ -105,8 +105,8 @@ func TestBenchFuseQuick(t *testing.T) {
 // TestBenchUsersTiny runs `sluice bench users` at a tiny size with one
 // repetition: sluice put (from a file and from a pipe) and sluice get
 // processes, the SDK, and fio through a mount when there are fio and
-// FUSE, each with a positive figure and its ratio to raw TCP measured in
-// the same run.
+// FUSE, each with a positive figure and its ratio to raw TCP (and, but
+// for the mount's, to the store floor) measured in the same run.
 func TestBenchUsersTiny(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster and, with fio, a mount")
@@ -117,10 +117,10 @@ func TestBenchUsersTiny(t *testing.T) {
 		t.Fatalf("bench users failed: %s", r)
 	}
 	rows := readCSV(t, filepath.Join(out, "users.csv"))
-	if got := strings.Join(rows[0], ","); got != "experiment,op,replicas,via,bytes,runs,mb_per_s,vs_tcp,cli_cpu_s_per_gib" {
+	if got := strings.Join(rows[0], ","); got != "experiment,op,replicas,via,bytes,runs,mb_per_s,vs_tcp,cli_cpu_s_per_gib,vs_floor" {
 		t.Fatalf("header %q", got)
 	}
-	want := map[string]bool{"tcp/0/loopback": true}
+	want := map[string]bool{"tcp/0/loopback": true, "floor/0/loopback": true, "floor/0/reused-file": true}
 	for _, k := range []string{"1", "3"} {
 		for _, x := range []string{"put-pipe/cli", "put/cli", "get/cli", "put/sdk", "get/sdk"} {
 			op, via, _ := strings.Cut(x, "/")
@@ -155,6 +155,9 @@ func TestBenchUsersTiny(t *testing.T) {
 		}
 		if v, err := strconv.ParseFloat(row[8], 64); row[3] == "cli" && (err != nil || v <= 0) {
 			t.Errorf("row %v: CLI CPU %q", row, row[8])
+		}
+		if v, err := strconv.ParseFloat(row[9], 64); (row[3] == "cli" || row[3] == "sdk") && (err != nil || v <= 0) {
+			t.Errorf("row %v: ratio to the store floor %q", row, row[9])
 		}
 	}
 	for key := range want {

@@ -12,11 +12,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/plan"
 	"github.com/sluicefs/sluice/internal/sdk"
+	"golang.org/x/sys/unix"
 )
 
 // The users experiment (issue 18): what users run, against raw loopback
@@ -33,7 +36,7 @@ const DefaultUsersSize = 256 << 20
 // usersRow is one result: an operation done one way with a policy, the
 // median over runs.
 type usersRow struct {
-	op       string // tcp, put, put-pipe, get, seq-write, seq-read
+	op       string // tcp, floor (floorOnce), put, put-pipe, get, seq-write, seq-read
 	replicas int    // 0 for raw TCP
 	via      string // loopback, cli, sdk, fuse
 	bytes    int64
@@ -148,6 +151,8 @@ func usersBench(ctx context.Context, r *runner) error {
 	// deleted, and their files kept for reuse, a moment later). The
 	// warm-up round (i == 0) is not recorded; it checks the data.
 	row("tcp", 0, "loopback", size) // the rows in this order
+	row("floor", 0, "loopback", size)
+	row("floor", 0, "reused-file", size)
 	for _, k := range policies {
 		for _, o := range append(puts[:len(puts):len(puts)], gets...) {
 			row(o.name, k, o.via, size)
@@ -158,9 +163,21 @@ func usersBench(ctx context.Context, r *runner) error {
 		if err != nil {
 			return err
 		}
+		floor, err := floorOnce(ctx, c.dir, size, false)
+		if err != nil {
+			return err
+		}
+		reused, err := floorOnce(ctx, c.dir, size, true)
+		if err != nil {
+			return err
+		}
 		if measure {
 			x := row("tcp", 0, "loopback", size)
 			x.mbps = append(x.mbps, tcp/1e6)
+			x = row("floor", 0, "loopback", size)
+			x.mbps = append(x.mbps, floor/1e6)
+			x = row("floor", 0, "reused-file", size)
+			x.mbps = append(x.mbps, reused/1e6)
 		}
 		record := func(o op, k int, el time.Duration, cpu float64) {
 			if measure {
@@ -270,10 +287,78 @@ func (r *runner) usersMount(ctx context.Context, c *procCluster, conf string, n 
 }
 
 // tcpOnce measures one-stream loopback TCP (bytes per second): n bytes in
-// 1 MiB writes to a reader that discards them, connection set-up
-// included — the reference the issue's targets are ratios of (as
-// client/bench_test.go measures it).
+// 1 MiB writes to a reader that discards them.
 func tcpOnce(ctx context.Context, n int64) (float64, error) {
+	return loopbackOnce(ctx, n, func(c net.Conn) (int64, error) {
+		return io.CopyBuffer(io.Discard, c, make([]byte, 1<<20))
+	})
+}
+
+// floorOnce measures the least any store does with what it receives, as
+// loopback TCP (bytes per second) into a receiver that keeps the n bytes
+// in a file in dir, received straight into its mapped pages (which a
+// goroutine populates ahead, as the nodes' direct placement does), with
+// a CRC-32C over them: no framing, no metadata, no policy. The file is
+// a new one, or with reuse the one the last call with reuse left (as a
+// node reuses a deleted chunk's file). Where dir is tmpfs, every page of
+// a new file is a fresh one the kernel zeroes first; raw TCP (tcpOnce)
+// neither keeps nor zeroes anything.
+func floorOnce(ctx context.Context, dir string, n int64, reuse bool) (float64, error) {
+	return loopbackOnce(ctx, n, func(c net.Conn) (int64, error) {
+		var f *os.File
+		var err error
+		if reuse {
+			f, err = os.OpenFile(filepath.Join(dir, "floor-reused"), os.O_RDWR|os.O_CREATE, 0o600)
+		} else {
+			f, err = os.CreateTemp(dir, "floor-*")
+			if err == nil {
+				defer os.Remove(f.Name())
+			}
+		}
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		if err := f.Truncate(n); err != nil {
+			return 0, err
+		}
+		mem, err := unix.Mmap(int(f.Fd()), 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			return 0, err
+		}
+		defer unix.Munmap(mem)
+		var stop atomic.Bool
+		populated := make(chan struct{})
+		go func() {
+			defer close(populated)
+			for p := int64(0); p < n && !stop.Load(); p += 2 << 20 {
+				if unix.Madvise(mem[p:min(n, p+2<<20)], unix.MADV_POPULATE_WRITE) != nil {
+					return
+				}
+			}
+		}()
+		defer func() { stop.Store(true); <-populated }()
+		var got int64
+		var sum uint32
+		for got < n {
+			k, err := c.Read(mem[got:min(n, got+1<<20)])
+			sum = crc32c.Update(sum, mem[got:got+int64(k)])
+			got += int64(k)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return got, err
+			}
+		}
+		_ = sum
+		return got, nil
+	})
+}
+
+// loopbackOnce sends n bytes over one loopback TCP connection in 1 MiB
+// writes to recv and returns the throughput (bytes per second).
+func loopbackOnce(ctx context.Context, n int64, recv func(net.Conn) (int64, error)) (float64, error) {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
@@ -293,7 +378,7 @@ func tcpOnce(ctx context.Context, n int64) (float64, error) {
 			return
 		}
 		defer c.Close()
-		got, err := io.CopyBuffer(io.Discard, c, make([]byte, 1<<20))
+		got, err := recv(c)
 		done <- result{got, err}
 	}()
 	var d net.Dialer
@@ -306,7 +391,7 @@ func tcpOnce(ctx context.Context, n int64) (float64, error) {
 		m := min(int64(len(buf)), n-sent)
 		if _, err := c.Write(buf[:m]); err != nil {
 			c.Close()
-			return 0, fmt.Errorf("bench: raw TCP: %w", err)
+			return 0, fmt.Errorf("bench: loopback TCP: %w", err)
 		}
 		sent += m
 	}
@@ -317,7 +402,7 @@ func tcpOnce(ctx context.Context, n int64) (float64, error) {
 		res.err = fmt.Errorf("received %d of %d bytes", res.n, n)
 	}
 	if res.err != nil {
-		return 0, fmt.Errorf("bench: raw TCP: %w", res.err)
+		return 0, fmt.Errorf("bench: loopback TCP: %w", res.err)
 	}
 	return float64(n) / el.Seconds(), nil
 }
@@ -335,16 +420,17 @@ func sameFile(path string, want []byte) error {
 }
 
 // writeUsers writes users.csv and its plot: every row's median and its
-// ratio to the median of raw TCP measured alongside it.
+// ratio to the medians of raw TCP and of the store floor measured
+// alongside it (the floor's for the rows of the same size).
 func (r *runner) writeUsers(rows map[string]*usersRow, order []string) error {
 	ff := func(v float64, p int) string { return strconv.FormatFloat(v, 'f', p, 64) }
-	out := [][]string{{"experiment", "op", "replicas", "via", "bytes", "runs", "mb_per_s", "vs_tcp", "cli_cpu_s_per_gib"}}
+	out := [][]string{{"experiment", "op", "replicas", "via", "bytes", "runs", "mb_per_s", "vs_tcp", "cli_cpu_s_per_gib", "vs_floor"}}
 	thr := newPanel("what users run, against raw loopback TCP", "replicas", "MB/s (median)")
 	ratio := newPanel("ratio to raw TCP in the same run", "replicas", "x TCP")
 	for _, p := range []*panel{thr, ratio} {
 		p.logX, p.logY = false, false
 	}
-	fmt.Fprintf(r.cfg.Log, "   %-9s %8s %-12s %10s %7s %12s\n", "op", "replicas", "via", "MB/s", "x TCP", "CPU s/GiB")
+	fmt.Fprintf(r.cfg.Log, "   %-9s %8s %-12s %10s %7s %12s %8s\n", "op", "replicas", "via", "MB/s", "x TCP", "CPU s/GiB", "x floor")
 	for _, key := range order {
 		x := rows[key]
 		mbps := median(x.mbps)
@@ -352,8 +438,16 @@ func (r *runner) writeUsers(rows map[string]*usersRow, order []string) error {
 		if x.via == "fuse" {
 			tcpKey = "tcp/0/loopback-fio"
 		}
-		vs, cpu := "", ""
-		if t := rows[tcpKey]; t != nil && x.op != "tcp" {
+		vs, cpu, vsFloor := "", "", ""
+		if f := rows["floor/0/loopback"]; f != nil && x.op != "tcp" && x.op != "floor" && x.via != "fuse" {
+			vsFloor = ff(mbps/median(f.mbps), 2)
+		}
+		if x.op == "floor" {
+			for _, k := range []float64{1, 3} {
+				thr.add("store floor ("+x.via+")", k, mbps)
+			}
+		}
+		if t := rows[tcpKey]; t != nil && x.op != "tcp" && x.op != "floor" {
 			vs = ff(mbps/median(t.mbps), 2)
 			series := x.op + " (" + x.via + ")"
 			thr.add(series, float64(x.replicas), mbps)
@@ -367,9 +461,15 @@ func (r *runner) writeUsers(rows map[string]*usersRow, order []string) error {
 		if len(x.cpu) > 0 {
 			cpu = ff(median(x.cpu), 2)
 		}
-		fmt.Fprintf(r.cfg.Log, "   %-9s %8d %-12s %10.1f %7s %12s\n", x.op, x.replicas, x.via, mbps, vs, cpu)
+		if t := rows["tcp/0/loopback"]; x.op == "floor" && t != nil {
+			vs = ff(mbps/median(t.mbps), 2)
+			for _, k := range []float64{1, 3} {
+				ratio.add("store floor ("+x.via+")", k, mbps/median(t.mbps))
+			}
+		}
+		fmt.Fprintf(r.cfg.Log, "   %-9s %8d %-12s %10.1f %7s %12s %8s\n", x.op, x.replicas, x.via, mbps, vs, cpu, vsFloor)
 		out = append(out, []string{"users", x.op, strconv.Itoa(x.replicas), x.via, strconv.FormatInt(x.bytes, 10),
-			strconv.Itoa(len(x.mbps)), ff(mbps, 1), vs, cpu})
+			strconv.Itoa(len(x.mbps)), ff(mbps, 1), vs, cpu, vsFloor})
 	}
 	if err := writeCSV(filepath.Join(r.cfg.Out, "users.csv"), out); err != nil {
 		return err
