@@ -5,7 +5,14 @@
 # exporting a tmpfs directory. Needs root, libnfs-utils, nfs-ganesha,
 # nfs-ganesha-vfs and a running rpcbind (Ganesha registers with it).
 # NFS_FLAGS adds global flags to `sluice nfs` (e.g. --cpuprofile FILE).
-# usage: nfs-ganesha.sh SLUICE_BIN RUNS  -> MB/s per run: sluice write/read | ganesha write/read
+# Beside them, Ganesha again through a relay that copies every byte
+# through user space both ways (one more process and TCP connection per
+# byte, as the gateway-to-node hop is, with no checksum and no storage
+# work): the cost of a hop on this machine. Each figure is followed by
+# [wall s, CPU s of nfs-cp, of sluice up, of sluice nfs, of ganesha].
+# Needs go (to build the relay).
+# usage: nfs-ganesha.sh SLUICE_BIN RUNS
+#   -> MB/s per run: sluice write/read | ganesha write/read | relay write/read
 set -u
 BIN=$1; RUNS=${2:-3}
 D=/dev/shm/fl-bench; rm -rf $D; mkdir -p $D/data $D/gexp
@@ -28,17 +35,79 @@ G
 ganesha.nfsd -F -f $D/ganesha.conf -L $D/ganesha.log -p $D/ganesha.pid &
 GAN=$!
 sleep 5
+cat > $D/relay.go <<'R'
+package main
+
+import (
+	"net"
+	"os"
+)
+
+func pump(dst, src net.Conn) {
+	buf := make([]byte, 1<<20) // through user space: no splice
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	dst.(*net.TCPConn).CloseWrite()
+}
+
+func main() {
+	ln, err := net.Listen("tcp", os.Args[1])
+	if err != nil {
+		panic(err)
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			u, err := net.Dial("tcp", os.Args[2])
+			if err != nil {
+				c.Close()
+				return
+			}
+			go pump(u, c)
+			pump(c, u)
+		}()
+	}
+}
+R
+(cd $D && GO111MODULE=off go build -o relay relay.go) || exit 1
+$D/relay 127.0.0.1:17796 127.0.0.1:17792 &
+REL=$!
+RURL="nfs://127.0.0.1$D/gexp/%s?version=3&nfsport=17796&mountport=17793&uid=0&gid=0"
 SURL="nfs://127.0.0.1/b/%s?version=3&nfsport=17791&mountport=17791&uid=0&gid=0"
 GURL="nfs://127.0.0.1$D/gexp/%s?version=3&nfsport=17792&mountport=17793&uid=0&gid=0"
-t() { local s=$(date +%s.%N); "$@" >/dev/null 2>$D/err || { echo FAIL "$@"; cat $D/err; }; local e=$(date +%s.%N); echo "$SZ / ($e - $s)" | bc -l | xargs printf "%.0f"; }
+pc() { awk '{print $14+$15}' /proc/$1/stat; }
+t() {
+  local a=$(pc $UP) b=$(pc $NFS) g=$(pc $GAN) s=$(date +%s.%N)
+  /usr/bin/time -f "%U %S" -o $D/tm "$@" >/dev/null 2>$D/err || { echo FAIL "$@"; cat $D/err; }
+  local e=$(date +%s.%N); read cu cs < $D/tm
+  echo "$SZ / ($e - $s)" | bc -l | xargs printf "%.0f"
+  printf " [%.2f %.2f %.2f %.2f %.2f]" $(echo "$e - $s" | bc) $(echo "$cu + $cs" | bc) \
+    $(echo "($(pc $UP) - $a) / 100" | bc -l) $(echo "($(pc $NFS) - $b) / 100" | bc -l) $(echo "($(pc $GAN) - $g) / 100" | bc -l)
+}
 for r in $(seq $RUNS); do
   sw=$(t nfs-cp $D/src "$(printf "$SURL" f$r)")
   rm -f $D/out; sr=$(t nfs-cp "$(printf "$SURL" f$r)" $D/out); cmp -s $D/src $D/out || echo sluice-read-MISMATCH
   gw=$(t nfs-cp $D/src "$(printf "$GURL" f$r)")
   sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
   rm -f $D/out; gr=$(t nfs-cp "$(printf "$GURL" f$r)" $D/out); cmp -s $D/src $D/out || echo ganesha-read-MISMATCH
-  echo "run $r: sluice write $sw read $sr | ganesha write $gw read $gr"
+  rw=$(t nfs-cp $D/src "$(printf "$RURL" r$r)")
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+  rm -f $D/out; rr=$(t nfs-cp "$(printf "$RURL" r$r)" $D/out); cmp -s $D/src $D/out || echo relay-read-MISMATCH
+  rm -f $D/gexp/r$r
+  echo "run $r: sluice write $sw read $sr | ganesha write $gw read $gr | relay write $rw read $rr"
   rm -f $D/gexp/f$r
 done
-kill $GAN $NFS; wait $NFS; kill $UP; wait $UP 2>/dev/null; wait $GAN 2>/dev/null
+kill $REL $GAN $NFS; wait $NFS; kill $UP; wait $UP 2>/dev/null; wait $GAN 2>/dev/null
 rm -rf $D
