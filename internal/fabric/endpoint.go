@@ -65,6 +65,13 @@ type Options struct {
 	// binds a reserved source port with it); default a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 
+	// Fabric selects how connections are made (FabricTCP if empty):
+	// FabricAuto uses shared memory to peers on this host and TCP to
+	// others, FabricShm refuses peers elsewhere. With TLS (ServerTLS,
+	// DialTLS) or a Dial function, connections are TCP: the TLS peer
+	// check is the admission, and Dial is asked for TCP.
+	Fabric Fabric
+
 	// transport, if set, replaces TCP (transport.go); tests run the
 	// fabric over another backend with it. Dial, PeerTimeout and the TLS
 	// options are TCP's.
@@ -72,6 +79,17 @@ type Options struct {
 }
 
 func (o *Options) fill() error {
+	switch o.Fabric {
+	case "":
+		o.Fabric = FabricTCP
+	case FabricTCP, FabricAuto:
+	case FabricShm:
+		if o.ServerTLS != nil || o.DialTLS != nil {
+			return errors.New("fabric: shared-memory fabric with TLS: TLS connections are TCP")
+		}
+	default:
+		return fmt.Errorf("fabric: unknown fabric %q (auto, tcp or shm)", o.Fabric)
+	}
 	if o.MTU == 0 {
 		o.MTU = DefaultMTU
 	}
@@ -136,6 +154,7 @@ type Endpoint struct {
 	opts    Options
 	tr      transport
 	regions regions
+	mems    shmMems // shared memory from Alloc
 
 	// admit counts inbound connections, from their accept to their end.
 	admit *connlimit.Limiter
@@ -162,7 +181,10 @@ func NewEndpoint(opts Options) (*Endpoint, error) {
 		admit: connlimit.New(opts.MaxConns, opts.MaxConnsPerHost)}
 	e.tr = opts.transport
 	if e.tr == nil {
-		e.tr = tcpTransport{opts: &e.opts}
+		e.tr = newTransport(&e.opts)
+	}
+	if t, ok := e.tr.(interface{ withOptions(*Options) transport }); ok {
+		e.tr = t.withOptions(&e.opts)
 	}
 	e.clock.Store(time.Now().UnixNano())
 	e.wg.Add(1)
@@ -222,31 +244,61 @@ func (e *Endpoint) watch() {
 func (e *Endpoint) Options() Options { return e.opts }
 
 // Register makes buf accessible to peers with perm.
-func (e *Endpoint) Register(buf []byte, perm Perm) *Region { return e.regions.register(buf, perm, nil) }
+func (e *Endpoint) Register(buf []byte, perm Perm) *Region {
+	return e.regions.register(buf, perm, nil, e.mems.lookup(buf))
+}
 
 // RegisterFor registers buf for the peer of connection c alone: other
 // connections of the endpoint are refused it even with its key (as an
 // RDMA memory window bound to one queue pair).
 func (e *Endpoint) RegisterFor(c *Conn, buf []byte, perm Perm) *Region {
-	return e.regions.register(buf, perm, c)
+	return e.regions.register(buf, perm, c, e.mems.lookup(buf))
 }
 
 // Deregister revokes a region: later accesses fail with an access error.
 // It returns once no one-sided operation that began before is using the
 // memory (a READ response still being written from it, a WRITE still
 // being placed), so the caller may reuse it.
+//
+// A region in shared memory (Alloc) that shared-memory peers were granted
+// is theirs to copy without this endpoint's CPU: Deregister then also
+// waits until none of them is inside a copy (shm_direct.go), failing a
+// connection whose peer holds one longer than WriteTimeout.
 func (e *Endpoint) Deregister(r *Region) {
 	e.regions.unmap(r)
 	if idle := r.revokeWait(); idle != nil {
 		<-idle
 	}
+	e.releaseGrants(r)
 }
 
 // Release revokes r's key, like Deregister, and calls idle once no
 // one-sided operation that began before is still using its memory (at
 // once if none is): only then may the owner reuse or free it. idle may
 // run on another goroutine.
-func (e *Endpoint) Release(r *Region, idle func()) { e.regions.deregister(r, idle) }
+func (e *Endpoint) Release(r *Region, idle func()) {
+	if r.mem == nil {
+		e.regions.deregister(r, idle)
+		return
+	}
+	e.regions.deregister(r, func() {
+		if !r.granted() {
+			e.releaseGrants(r)
+			if idle != nil {
+				idle()
+			}
+			return
+		}
+		// Peers' copies are waited for by polling their shared counts:
+		// not on the goroutine that ended the last local use.
+		go func() {
+			e.releaseGrants(r)
+			if idle != nil {
+				idle()
+			}
+		}()
+	})
+}
 
 // Listen accepts connections on addr (host:port) and hands their messages
 // to h. It returns the bound address.
@@ -338,6 +390,14 @@ var helloMagic = [4]byte{'S', 'L', 'F', 1}
 // The hello is the magic, the MTU and receive quota, and the idle
 // timeout in milliseconds (0: none; earlier versions sent 0).
 func (e *Endpoint) handshake(l link, h Handler, release func()) (*Conn, error) {
+	c, err := e.hello(l, h, release)
+	if a, ok := l.direct.(interface{ abort() }); ok && err != nil {
+		a.abort() // the transport's own sockets beside l.Conn
+	}
+	return c, err
+}
+
+func (e *Endpoint) hello(l link, h Handler, release func()) (*Conn, error) {
 	nc := l.Conn
 	var hello [helloSize]byte
 	copy(hello[:], helloMagic[:])

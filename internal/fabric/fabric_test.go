@@ -180,7 +180,7 @@ func TestOneSidedWriteAndRead(t *testing.T) {
 	backends(t, func(t *testing.T, tr transport) {
 		col := newCollector()
 		srv, _, pc := pair(t, Options{transport: tr, MTU: 1024}, col)
-		mem := make([]byte, 10000)
+		mem := regBuf(t, tr, srv, 10000)
 		r := srv.Register(mem, RemoteRead|RemoteWrite)
 		data := bytes.Repeat([]byte("0123456789"), 500)
 		ctx := context.Background()
@@ -201,6 +201,7 @@ func TestOneSidedWriteAndRead(t *testing.T) {
 		if !bytes.Equal(got, mem[1500:1500+3333]) {
 			t.Fatal("read returned wrong bytes")
 		}
+		wantDirect(t, tr, pc, 1)
 	})
 }
 
@@ -219,7 +220,7 @@ func TestOneSidedAccessErrors(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
 				srv, _, pc := pair(t, Options{transport: tr}, newCollector())
-				mem := make([]byte, 100)
+				mem := regBuf(t, tr, srv, 100)
 				r := srv.Register(mem, RemoteRead|RemoteWrite)
 				err := tc.op(pc, r)
 				var ae *AccessError
@@ -244,7 +245,7 @@ func TestPermissionsAndDeregister(t *testing.T) {
 	backends(t, func(t *testing.T, tr transport) {
 		ctx := context.Background()
 		srv, cli, pc := pair(t, Options{transport: tr}, newCollector())
-		ro := srv.Register(make([]byte, 10), RemoteRead)
+		ro := srv.Register(regBuf(t, tr, srv, 10), RemoteRead)
 		var ae *AccessError
 		if err := pc.Write(ctx, ro.Key(), 0, []byte("x"), true); !errors.As(err, &ae) {
 			t.Fatalf("write to read-only region: %v", err)
@@ -254,7 +255,10 @@ func TestPermissionsAndDeregister(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rw := srv.Register(make([]byte, 10), RemoteRead|RemoteWrite)
+		rw := srv.Register(regBuf(t, tr, srv, 10), RemoteRead|RemoteWrite)
+		if err := pc2.Read(ctx, rw.Key(), 0, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
 		srv.Deregister(rw)
 		if err := pc2.Read(ctx, rw.Key(), 0, make([]byte, 1)); !errors.As(err, &ae) {
 			t.Fatalf("read of deregistered region: %v", err)
@@ -266,8 +270,8 @@ func TestUnsignaledWriteOrderedBeforeLaterSend(t *testing.T) {
 	backends(t, func(t *testing.T, tr transport) {
 		col := newCollector()
 		srv, _, pc := pair(t, Options{transport: tr, MTU: 512}, col)
-		mem := make([]byte, 4096)
-		r := srv.Register(mem, RemoteWrite)
+		mem := regBuf(t, tr, srv, 4096)
+		r := srv.Register(mem, RemoteRead|RemoteWrite)
 		data := bytes.Repeat([]byte{7}, 4096)
 		if err := pc.Write(context.Background(), r.Key(), 0, data, false); err != nil {
 			t.Fatal(err)

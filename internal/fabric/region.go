@@ -29,6 +29,9 @@ type Region struct {
 	buf  []byte
 	perm Perm
 	conn *Conn // if set, the only connection that may access it
+	// mem is the shared memory buf is, if an Alloc whole: a
+	// shared-memory peer is granted it to copy itself (shm_direct.go).
+	mem *shmMem
 
 	// One-sided operations using the memory now: deregistering revokes
 	// the key at once, but the memory is the owner's again only when the
@@ -38,6 +41,10 @@ type Region struct {
 	gone   bool
 	onIdle []func()
 	idle   chan struct{} // closed at idle, for Deregister; made only if it must wait
+	// grants are the shared-memory peers given mem, each with a shared
+	// revoked flag and in-use count (shm_direct.go); revoking sets the
+	// flags under mu, with gone.
+	grants []shmGrant
 }
 
 // use marks an operation on the region's memory; false once revoked.
@@ -75,6 +82,7 @@ func (r *Region) revokeWait() <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gone = true
+	revokeGrants(r.grants)
 	if r.inUse == 0 {
 		return nil
 	}
@@ -89,6 +97,7 @@ func (r *Region) revokeWait() <-chan struct{} {
 func (r *Region) revoke(idle func()) {
 	r.mu.Lock()
 	r.gone = true
+	revokeGrants(r.grants)
 	now := r.inUse == 0
 	if !now && idle != nil {
 		r.onIdle = append(r.onIdle, idle)
@@ -121,7 +130,7 @@ type regions struct {
 	m  map[uint64]*Region
 }
 
-func (t *regions) register(buf []byte, perm Perm, conn *Conn) *Region {
+func (t *regions) register(buf []byte, perm Perm, conn *Conn, mem *shmMem) *Region {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.m == nil {
@@ -134,7 +143,7 @@ func (t *regions) register(buf []byte, perm Perm, conn *Conn) *Region {
 		}
 		k := binary.LittleEndian.Uint64(b[:])
 		if _, dup := t.m[k]; k != 0 && !dup {
-			r := &Region{key: k, buf: buf, perm: perm, conn: conn}
+			r := &Region{key: k, buf: buf, perm: perm, conn: conn, mem: mem}
 			t.m[k] = r
 			return r
 		}
@@ -150,6 +159,17 @@ func (t *regions) unmap(r *Region) {
 	t.mu.Lock()
 	delete(t.m, r.key)
 	t.mu.Unlock()
+}
+
+// lookup returns the live region key as connection c may see it, or nil.
+func (t *regions) lookup(c *Conn, key uint64) *Region {
+	t.mu.RLock()
+	r := t.m[key]
+	t.mu.RUnlock()
+	if r == nil || r.conn != nil && r.conn != c {
+		return nil
+	}
+	return r
 }
 
 // access returns the slice [off, off+n) of the region key if perm allows

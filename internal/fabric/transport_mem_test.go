@@ -32,10 +32,12 @@ type memNet struct {
 
 func newMemNet() *memNet { return &memNet{lns: map[string]*memListener{}} }
 
-// backends runs f over each transport: TCP (nil) and memNet.
+// backends runs f over each transport: TCP (nil), memNet, and shared
+// memory (shm only: every test endpoint is on this host).
 func backends(t *testing.T, f func(t *testing.T, tr transport)) {
 	t.Run("tcp", func(t *testing.T) { f(t, nil) })
 	t.Run("mem", func(t *testing.T) { f(t, newMemNet()) })
+	t.Run("shm", func(t *testing.T) { f(t, shmTransport{mode: FabricShm}) })
 }
 
 type memAddr string
@@ -227,7 +229,8 @@ func TestRegisterForBindsConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 		sc := <-h
-		mem := []byte("bound to one connection")
+		mem := regBuf(t, tr, srv, 23)
+		copy(mem, "bound to one connection")
 		r := srv.RegisterFor(sc, mem, RemoteRead)
 		got := make([]byte, len(mem))
 		if err := pc.Read(ctx, r.Key(), 0, got); err != nil || string(got) != string(mem) {
@@ -244,6 +247,7 @@ func TestRegisterForBindsConnection(t *testing.T) {
 		if n, ok := tr.(*memNet); ok && n.direct.Load() == 0 {
 			t.Fatal("the memory transport sent the one-sided operations as packets")
 		}
+		wantDirect(t, tr, pc, 1)
 	})
 }
 

@@ -1,0 +1,431 @@
+package fabric
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// regBuf is memory for a test region: shared memory (Alloc) on the shm
+// backend, so its one-sided operations are copies by the initiator;
+// heap memory on the others, as before.
+func regBuf(t *testing.T, tr transport, ep *Endpoint, n int) []byte {
+	t.Helper()
+	if _, ok := tr.(shmTransport); !ok {
+		return make([]byte, n)
+	}
+	b, err := ep.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// shmEndOf is the shared-memory side of a connection, nil if it has none.
+func shmEndOf(c *Conn) *shmEnd {
+	s, _ := c.direct.(*shmEnd)
+	return s
+}
+
+// wantDirect checks, on the shm backend, that pc mapped at least n of
+// its peer's regions (its one-sided operations did not go as packets).
+func wantDirect(t *testing.T, tr transport, pc *PeerConn, n int) {
+	t.Helper()
+	if _, ok := tr.(shmTransport); !ok {
+		return
+	}
+	s := shmEndOf(pc.Conn)
+	if s == nil {
+		t.Fatalf("connection to %s is not over shared memory", pc.Addr())
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	got := 0
+	for _, m := range s.maps {
+		if m.mem != nil {
+			got++
+		}
+	}
+	if got < n {
+		t.Fatalf("%d regions mapped, want %d: one-sided operations went as packets", got, n)
+	}
+}
+
+// TestFabricSelection: auto goes over shared memory to a peer on this
+// host, tcp never does, shm refuses a peer elsewhere (before any
+// traffic), and TLS keeps TCP.
+func TestFabricSelection(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		mode Fabric
+		want string
+	}{{FabricAuto, "unix"}, {FabricShm, "unix"}, {FabricTCP, "tcp"}, {"", "tcp"}} {
+		_, _, pc := pair(t, Options{Fabric: tc.mode}, newCollector())
+		if got := pc.RemoteAddr().Network(); got != tc.want {
+			t.Errorf("fabric %q: connection over %s, want %s", tc.mode, got, tc.want)
+		}
+	}
+	// A tcp listener has no shared-memory socket: auto falls back.
+	srv, _ := NewEndpoint(Options{Fabric: FabricTCP})
+	defer srv.Close()
+	addr, err := srv.Listen("127.0.0.1:0", newCollector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	auto, _ := NewEndpoint(Options{Fabric: FabricAuto})
+	defer auto.Close()
+	c, err := auto.Dial(ctx, addr.String(), newCollector())
+	if err != nil || c.RemoteAddr().Network() != "tcp" {
+		t.Fatalf("auto to a tcp-only peer: %v", err)
+	}
+	shm, _ := NewEndpoint(Options{Fabric: FabricShm})
+	defer shm.Close()
+	if _, err := shm.Dial(ctx, addr.String(), newCollector()); err == nil || !strings.Contains(err.Error(), "shm only") {
+		t.Fatalf("shm to a tcp-only peer: %v", err)
+	}
+	// 192.0.2.1 (TEST-NET-1) is no address of this host: refused
+	// without dialing.
+	if _, err := shm.Dial(ctx, "192.0.2.1:9", newCollector()); err == nil || !strings.Contains(err.Error(), "not on this host") {
+		t.Fatalf("shm to a remote peer: %v", err)
+	}
+	if _, err := NewEndpoint(Options{Fabric: FabricShm, ServerTLS: &tls.Config{}}); err == nil {
+		t.Fatal("shm with TLS accepted")
+	}
+	if _, err := NewEndpoint(Options{Fabric: "rdma"}); err == nil {
+		t.Fatal("unknown fabric accepted")
+	}
+	tlsDial, _ := NewEndpoint(Options{Fabric: FabricAuto, DialTLS: func(string) (*tls.Config, error) { return &tls.Config{}, nil }})
+	defer tlsDial.Close()
+	if names, err := tlsDial.tr.(shmTransport).useShm(ctx, "127.0.0.1:1"); names != nil || err != nil {
+		t.Fatalf("auto with TLS chose shared memory: %v %v", names, err)
+	}
+}
+
+// TestShmHeapRegionGoesByPackets: heap memory registered with an
+// endpoint is served by packets to a shared-memory peer (it cannot be
+// handed over), with the same checks.
+func TestShmHeapRegionGoesByPackets(t *testing.T) {
+	ctx := context.Background()
+	srv, _, pc := pair(t, Options{Fabric: FabricShm}, newCollector())
+	heap := make([]byte, 64)
+	copy(heap, "heap bytes")
+	r := srv.Register(heap, RemoteRead)
+	shared, _ := srv.Alloc(64)
+	sub := srv.Register(shared[:32], RemoteRead) // part of an Alloc: not handed out
+	got := make([]byte, 10)
+	if err := pc.Read(ctx, r.Key(), 0, got); err != nil || string(got) != "heap bytes" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	if err := pc.Read(ctx, sub.Key(), 0, got); err != nil {
+		t.Fatal(err)
+	}
+	s := shmEndOf(pc.Conn)
+	s.mu.RLock()
+	m1, m2 := s.maps[r.Key()], s.maps[sub.Key()]
+	s.mu.RUnlock()
+	if m1 == nil || m1.mem != nil || m2 == nil || m2.mem != nil {
+		t.Fatalf("heap or partial region mapped: %+v %+v", m1, m2)
+	}
+	var ae *AccessError
+	if err := pc.Read(ctx, r.Key(), 60, got); !errors.As(err, &ae) {
+		t.Fatalf("out of bounds by packet: %v", err)
+	}
+}
+
+// TestShmReadOnlyMapping: a read-only region is handed over read-only:
+// the peer's mapping cannot be written even bypassing the checks.
+func TestShmReadOnlyMapping(t *testing.T) {
+	ctx := context.Background()
+	srv, _, pc := pair(t, Options{Fabric: FabricShm}, newCollector())
+	mem, _ := srv.Alloc(4096)
+	r := srv.Register(mem, RemoteRead)
+	if err := pc.Read(ctx, r.Key(), 0, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	s := shmEndOf(pc.Conn)
+	s.mu.RLock()
+	m := s.maps[r.Key()]
+	s.mu.RUnlock()
+	if m == nil || m.mem == nil {
+		t.Fatal("not mapped")
+	}
+	// Making the peer's mapping writable must fail: the file is O_RDONLY.
+	if err := unix.Mprotect(m.mem, unix.PROT_READ|unix.PROT_WRITE); err == nil {
+		t.Fatal("a read-only region's mapping could be made writable")
+	}
+}
+
+// TestShmDeregisterWaitsForPeerCopy: Deregister returns only once a
+// peer inside a copy (its in-use count, in the shared control page) has
+// left it; later operations are refused as on TCP.
+func TestShmDeregisterWaitsForPeerCopy(t *testing.T) {
+	ctx := context.Background()
+	srv, _, pc := pair(t, Options{Fabric: FabricShm}, newCollector())
+	for _, release := range []bool{false, true} {
+		mem, _ := srv.Alloc(128)
+		r := srv.Register(mem, RemoteRead|RemoteWrite)
+		if err := pc.Read(ctx, r.Key(), 0, make([]byte, 8)); err != nil {
+			t.Fatal(err)
+		}
+		s := shmEndOf(pc.Conn)
+		s.mu.RLock()
+		m := s.maps[r.Key()]
+		s.mu.RUnlock()
+		atomic.AddUint32(m.inUse, 1) // as the peer does before a copy
+		done := make(chan struct{})
+		if release {
+			srv.Release(r, func() { close(done) })
+		} else {
+			go func() { srv.Deregister(r); close(done) }()
+		}
+		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-done:
+			t.Fatal("deregistered while a peer was copying")
+		default:
+		}
+		if atomic.LoadUint32(m.revoked) != 1 {
+			t.Fatal("revoked flag not set")
+		}
+		if err := srv.Free(mem); !errors.Is(err, ErrRegistered) {
+			t.Fatalf("free while a peer copies: %v", err)
+		}
+		atomic.AddUint32(m.inUse, ^uint32(0))
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("not released once the peer's copy ended")
+		}
+		if err := srv.Free(mem); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The revoked mapping refuses: an access error, as on TCP.
+	var ae *AccessError
+	mem, _ := srv.Alloc(8)
+	r := srv.Register(mem, RemoteRead)
+	pc.Read(ctx, r.Key(), 0, make([]byte, 8))
+	srv.Deregister(r)
+	if err := pc.Read(ctx, r.Key(), 0, make([]byte, 8)); !errors.As(err, &ae) {
+		t.Fatalf("read of a revoked region: %v", err)
+	}
+}
+
+// TestShmDeregisterFailsHoldingPeer: a peer that stays inside a copy
+// (hostile, or stopped) gets WriteTimeout, then its connection is failed.
+func TestShmDeregisterFailsHoldingPeer(t *testing.T) {
+	ctx := context.Background()
+	h := make(connOf, 1)
+	srv, _, pc := pair(t, Options{Fabric: FabricShm, WriteTimeout: 200 * time.Millisecond}, h)
+	pc.Send(pc.NewID(), []byte("hi"))
+	sc := <-h
+	mem, _ := srv.Alloc(64)
+	r := srv.Register(mem, RemoteRead)
+	if err := pc.Read(ctx, r.Key(), 0, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	s := shmEndOf(pc.Conn)
+	s.mu.RLock()
+	atomic.AddUint32(s.maps[r.Key()].inUse, 1) // and never leaves
+	s.mu.RUnlock()
+	done := make(chan struct{})
+	go func() { srv.Deregister(r); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Deregister waits for ever on a peer holding the region")
+	}
+	if !errors.Is(sc.Err(), errHeld) {
+		t.Fatalf("holding peer's connection: %v", sc.Err())
+	}
+}
+
+// openFds counts this process's descriptors.
+func openFds(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestShmHostileGrants: answers to a grant request that are not what
+// the protocol allows (descriptor counts, files that are no sealed
+// memory files or too small, unknown statuses) fail the request with a
+// clear error and leak no descriptor.
+func TestShmHostileGrants(t *testing.T) {
+	ctx := context.Background()
+	memfd := func(n int) int {
+		fd, err := newMemfd("t", n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	unsealed := func() int {
+		fd, _ := unix.MemfdCreate("t", unix.MFD_CLOEXEC)
+		unix.Ftruncate(fd, 4096)
+		return fd
+	}
+	pipe := func() int {
+		var p [2]int
+		unix.Pipe2(p[:], unix.O_CLOEXEC)
+		unix.Close(p[1])
+		return p[0]
+	}
+	answer := func(status byte, slot uint32, n uint64) []byte {
+		a := make([]byte, grantRespSize)
+		a[0], a[1] = status, byte(RemoteRead)
+		binary.LittleEndian.PutUint32(a[4:], slot)
+		binary.LittleEndian.PutUint64(a[8:], n)
+		return a
+	}
+	for _, tc := range []struct {
+		name string
+		resp []byte
+		fds  func() []int
+		want string
+	}{
+		{"ok without descriptors", answer(grantOK, 0, 64), func() []int { return nil }, "0 descriptors"},
+		{"ok with one", answer(grantOK, 0, 64), func() []int { return []int{memfd(4096)} }, "1 descriptors"},
+		{"ok with three", answer(grantOK, 0, 64), func() []int { return []int{memfd(4096), memfd(4096), memfd(4096)} }, "too many"},
+		{"refusal with descriptors", answer(grantNone, 0, 0), func() []int { return []int{memfd(4096)} }, "refusal"},
+		{"a pipe", answer(grantOK, 0, 64), func() []int { return []int{pipe(), memfd(ctlSize)} }, "not sealed"},
+		{"unsealed", answer(grantOK, 0, 64), func() []int { return []int{unsealed(), memfd(ctlSize)} }, "not sealed"},
+		{"too small", answer(grantOK, 0, 1<<20), func() []int { return []int{memfd(4096), memfd(ctlSize)} }, "has 4096 bytes"},
+		{"small control page", answer(grantOK, 0, 64), func() []int { return []int{memfd(4096), memfd(4096)} }, "has 4096 bytes"},
+		{"slot out of range", answer(grantOK, ctlSlots, 64), func() []int { return []int{memfd(4096), memfd(ctlSize)} }, "bad shared region grant"},
+		{"unknown status", answer(9, 0, 64), func() []int { return nil }, "answer 9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := openFds(t)
+			x, y, err := socketPair() // s asks on x, the test answers on y
+			if err != nil {
+				t.Fatal(err)
+			}
+			z, w, _ := socketPair() // s's server side, unused
+			o := Options{}
+			o.fill()
+			s := newShmEnd(&o, x, z)
+			go func() {
+				q := make([]byte, grantReqSize)
+				y.Read(q)
+				fds := tc.fds()
+				y.WriteMsgUnix(tc.resp, unix.UnixRights(fds...), nil)
+				closeFds(fds)
+			}()
+			err = s.fetch(ctx, 42)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+			s.close()
+			y.Close()
+			w.Close()
+			if after := openFds(t); after > before {
+				t.Fatalf("%d descriptors leaked", after-before)
+			}
+		})
+	}
+}
+
+func socketPair() (*net.UnixConn, *net.UnixConn, error) {
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err := fdConn(p[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := fdConn(p[1])
+	return a, b, err
+}
+
+// TestShmHostileControl: a peer that sends garbage on its control socket
+// loses its connection with a protocol error; one that sends a broken
+// preamble is dropped; the endpoint goes on serving others.
+func TestShmHostileControl(t *testing.T) {
+	ctx := context.Background()
+	col := newCollector()
+	srv, cli, pc := pair(t, Options{Fabric: FabricShm}, col)
+	mem, _ := srv.Alloc(64)
+	r := srv.Register(mem, RemoteRead)
+	shmEndOf(pc.Conn).req.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	select {
+	case err := <-col.closed:
+		if !errors.Is(err, ErrProtocol) {
+			t.Fatalf("closed with %v, want a protocol error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("garbage on the control socket did not close the connection")
+	}
+	// Broken preambles: no descriptors, descriptors that are not
+	// sockets, garbage then silence.
+	name := shmName(net.IPv4(127, 0, 0, 1), srv.lns[0].addr().(*net.TCPAddr).Port)
+	for i, send := range []func(uc *net.UnixConn){
+		func(uc *net.UnixConn) { uc.Write(preambleMagic[:]) },
+		func(uc *net.UnixConn) {
+			fd, _ := newMemfd("t", 4096)
+			uc.WriteMsgUnix(preambleMagic[:], unix.UnixRights(fd, fd), nil)
+			unix.Close(fd)
+		},
+		func(uc *net.UnixConn) { uc.Write([]byte("garbage!garbage!")) },
+	} {
+		uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: name, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		send(uc)
+		uc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := uc.Read(make([]byte, 1)); err == nil {
+			t.Fatalf("preamble %d: the listener answered", i)
+		}
+		uc.Close()
+	}
+	pc2, err := NewPool(cli, 1).Get(ctx, pc.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 8)
+	if err := pc2.Read(ctx, r.Key(), 0, got); err != nil {
+		t.Fatalf("the endpoint stopped serving: %v", err)
+	}
+}
+
+// TestShmWriteVisible: a direct WRITE lands in the owner's memory and a
+// direct READ sees the owner's bytes (the mappings share pages).
+func TestShmWriteVisible(t *testing.T) {
+	ctx := context.Background()
+	col := newCollector()
+	srv, _, pc := pair(t, Options{Fabric: FabricShm}, col)
+	mem, _ := srv.Alloc(1 << 16)
+	r := srv.Register(mem, RemoteRead|RemoteWrite)
+	data := bytes.Repeat([]byte("shm!"), 4096)
+	if err := pc.Write(ctx, r.Key(), 100, data, false); err != nil {
+		t.Fatal(err)
+	}
+	pc.Send(pc.NewID(), []byte("written"))
+	<-col.done
+	if !bytes.Equal(mem[100:100+len(data)], data) {
+		t.Fatal("direct write not in the owner's memory")
+	}
+	copy(mem, "owner")
+	got := make([]byte, 5)
+	if err := pc.Read(ctx, r.Key(), 0, got); err != nil || string(got) != "owner" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	var ae *AccessError
+	if err := pc.Read(ctx, r.Key(), 1<<16-2, got); !errors.As(err, &ae) {
+		t.Fatalf("read past the end: %v", err)
+	}
+}
