@@ -6,8 +6,10 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -427,5 +429,167 @@ func TestShmWriteVisible(t *testing.T) {
 	var ae *AccessError
 	if err := pc.Read(ctx, r.Key(), 1<<16-2, got); !errors.As(err, &ae) {
 		t.Fatalf("read past the end: %v", err)
+	}
+}
+
+// cpuTime is this process's CPU time, user and system.
+func cpuTime(t *testing.T) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+const childEnv = "SLUICE_FABRIC_TEST_CHILD"
+
+// TestShmTargetCPUIdle: a second process reads a region of this one, 64
+// bytes at a time: a million times over shared memory, 100k times over
+// TCP. Over shared memory this process's CPU stays (nearly) where it
+// was: the reads are the child's copies. Over TCP each READ costs this
+// process's reader. Asserted: the target's CPU for the million reads
+// over shm is under a fifth of its CPU for the 100k over TCP.
+func TestShmTargetCPUIdle(t *testing.T) {
+	if env := os.Getenv(childEnv); env != "" {
+		readerChild(t, env)
+		return
+	}
+	var cpu [2]time.Duration
+	for i, mode := range []Fabric{FabricShm, FabricTCP} {
+		reads := 1_000_000
+		if mode == FabricTCP {
+			reads = 100_000
+		}
+		srv, err := NewEndpoint(Options{Fabric: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr, err := srv.Listen("127.0.0.1:0", discard{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, _ := srv.Alloc(1 << 16)
+		for j := range mem {
+			mem[j] = byte(j % 251)
+		}
+		r := srv.Register(mem, RemoteRead)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestShmTargetCPUIdle$", "-test.count=1")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%s,%d,%d", childEnv, mode, addr, r.Key(), reads))
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		before := cpuTime(t)
+		start := time.Now()
+		err = cmd.Run()
+		cpu[i] = cpuTime(t) - before
+		wall := time.Since(start)
+		srv.Close()
+		if err != nil {
+			t.Fatalf("%s child: %v\n%s", mode, err, out.String())
+		}
+		t.Logf("%s: %d reads of 64 B by another process in %v; target CPU %v (%.2f µs/read); child: %s",
+			mode, reads, wall.Round(time.Millisecond), cpu[i], float64(cpu[i].Nanoseconds())/1e3/float64(reads),
+			strings.TrimSpace(lastLine(out.String())))
+	}
+	if cpu[0]*5 >= cpu[1] {
+		t.Fatalf("target CPU for 1M reads over shm %v is not under a fifth of for 100k over TCP %v", cpu[0], cpu[1])
+	}
+}
+
+func lastLine(s string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, "child:") {
+			return strings.TrimPrefix(l, "child:")
+		}
+	}
+	return s
+}
+
+// readerChild is the second process of TestShmTargetCPUIdle.
+func readerChild(t *testing.T, env string) {
+	var mode, addr string
+	var key uint64
+	var reads int
+	f := strings.Split(env, ",")
+	if len(f) != 4 {
+		t.Fatalf("bad %s %q", childEnv, env)
+	}
+	mode, addr = f[0], f[1]
+	fmt.Sscan(f[2], &key)
+	fmt.Sscan(f[3], &reads)
+	ep, err := NewEndpoint(Options{Fabric: Fabric(mode)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	ctx := context.Background()
+	c, err := ep.Dial(ctx, addr, discard{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.RemoteAddr().Network(); (got == "unix") != (mode == string(FabricShm)) {
+		t.Fatalf("fabric %s connected over %s", mode, got)
+	}
+	dst := make([]byte, 64)
+	before := cpuTime(t)
+	start := time.Now()
+	for i := range reads {
+		off := uint64(i*64) % (1<<16 - 64)
+		if err := c.Read(ctx, key, off, dst); err != nil {
+			t.Fatal(err)
+		}
+		if dst[0] != byte(off%251) {
+			t.Fatalf("read %d: byte %d, want %d", i, dst[0], off%251)
+		}
+	}
+	fmt.Printf("child: %.2f µs/read, child CPU %v\n", float64(time.Since(start).Nanoseconds())/1e3/float64(reads), cpuTime(t)-before)
+}
+
+// TestShmRevocationRace: a peer reading as fast as it can while the
+// owner deregisters, then overwrites the memory, never sees the bytes
+// written after Deregister returned (the revoked flag and in-use count
+// order every copy before or after it).
+func TestShmRevocationRace(t *testing.T) {
+	ctx := context.Background()
+	srv, cli, pc := pair(t, Options{Fabric: FabricShm}, newCollector())
+	for i := range 50 {
+		c, err := cli.Dial(ctx, pc.Addr(), newCollector())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, _ := srv.Alloc(4096)
+		for j := range mem {
+			mem[j] = 'A'
+		}
+		r := srv.Register(mem, RemoteRead)
+		if err := c.Read(ctx, r.Key(), 0, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		saw := make(chan error, 1)
+		go func() {
+			dst := make([]byte, 4096)
+			for n := 0; ; n++ {
+				if err := c.Read(ctx, r.Key(), 0, dst); err != nil {
+					var ae *AccessError
+					if !errors.As(err, &ae) {
+						saw <- fmt.Errorf("read %d: %v, want an access error", n, err)
+						return
+					}
+					saw <- nil
+					return
+				}
+				if i := bytes.IndexByte(dst, 'B'); i >= 0 {
+					saw <- fmt.Errorf("read %d saw a byte written after Deregister at %d", n, i)
+					return
+				}
+			}
+		}()
+		time.Sleep(time.Duration(i%5) * time.Millisecond)
+		srv.Deregister(r)
+		for j := range mem {
+			mem[j] = 'B'
+		}
+		if err := <-saw; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
