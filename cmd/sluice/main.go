@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicefs/sluice/internal/config"
 	"github.com/sluicefs/sluice/internal/daemonconf"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/sdk"
 )
@@ -28,6 +29,7 @@ type app struct {
 	logLevel   string
 	cpuProfile string
 	fabricTLS  bool
+	fabric     string
 	opTimeout  time.Duration
 	waitMeta   bool // --op-timeout given: wait for meta even before it first answers
 	stdout     *os.File
@@ -61,6 +63,7 @@ func (a *app) rootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&a.confPath, "conf", "", "client config file (default $"+config.EnvConf+", else ./"+config.DefaultPath+")")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().BoolVar(&a.fabricTLS, "fabric-tls", false, "run the data path (the fabric between clients and nodes and among nodes) over TLS 1.3; nodes and their clients must agree (docs/tls.md)")
+	root.PersistentFlags().StringVar(&a.fabric, "fabric", string(fabric.FabricTCP), "how the data path reaches peers: tcp; auto (shared memory to peers on this host, TCP to others); shm (shared memory only) (docs/fabric.md)")
 	root.PersistentFlags().DurationVar(&a.opTimeout, "op-timeout", time.Minute,
 		"how long a command retries while meta cannot be reached (restarting); given explicitly, also before meta first answers (else a wrong address fails in seconds)")
 	root.PersistentFlags().StringVar(&a.cpuProfile, "cpuprofile", "", "write a CPU profile of this command to FILE (for performance work)")
@@ -108,7 +111,11 @@ func (a *app) client(tune ...func(*sdk.Options)) (*sdk.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := sdk.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS, OpTimeout: a.opTimeout, WaitForMeta: a.waitMeta}
+	fm, err := fabric.ParseFabric(a.fabric)
+	if err != nil {
+		return nil, err
+	}
+	opts := sdk.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS, Fabric: fm, OpTimeout: a.opTimeout, WaitForMeta: a.waitMeta}
 	for _, t := range tune {
 		t(&opts)
 	}

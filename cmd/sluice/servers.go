@@ -66,12 +66,16 @@ func (f *engineFlags) link() (*fabric.Link, error) {
 
 // options returns the fabric's and engine's options; the fabric logs to
 // log (refused and closed connections).
-func (f *engineFlags) options(log *slog.Logger) (fabric.Options, engine.Options, error) {
+func (f *engineFlags) options(log *slog.Logger, fabricMode string) (fabric.Options, engine.Options, error) {
 	if err := f.conns.check(); err != nil {
 		return fabric.Options{}, engine.Options{}, err
 	}
+	fm, err := fabric.ParseFabric(fabricMode)
+	if err != nil {
+		return fabric.Options{}, engine.Options{}, err
+	}
 	link, err := f.link()
-	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle, Link: link,
+	return fabric.Options{MTU: f.mtu, Quota: f.quota, StallTimeout: f.idle, Link: link, Fabric: fm,
 			MaxConns: f.conns.max, MaxConnsPerHost: f.conns.perHost, IdleTimeout: f.conns.idle, Logger: log},
 		engine.Options{Workers: f.workers, TableSize: f.table, IdleTimeout: f.idle}, err
 }
@@ -93,7 +97,7 @@ func (a *app) upCmd() *cobra.Command {
 		Short: "Run a whole local cluster in this process (meta + storage nodes on loopback)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fo, eo, err := ef.options(a.logger())
+			fo, eo, err := ef.options(a.logger(), a.fabric)
 			if err != nil {
 				return err
 			}
@@ -161,7 +165,12 @@ func (a *app) upMounted(ctx context.Context, c *cluster.Cluster, dir string, mf 
 		c.Close()
 		return err
 	}
-	opts := sdk.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS}
+	fm, err := fabric.ParseFabric(a.fabric)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	opts := sdk.Options{Conf: conf, Logger: a.logger(), FabricTLS: a.fabricTLS, Fabric: fm}
 	mf.tune(&opts)
 	cl, err := sdk.New(opts)
 	if err != nil {
@@ -344,7 +353,7 @@ func (a *app) nodeCmd() *cobra.Command {
 			case inventoryEvery == 0:
 				return errors.New("--inventory-interval must not be 0 (negative: only when meta asks)")
 			}
-			fo, eo, err := ef.options(a.logger())
+			fo, eo, err := ef.options(a.logger(), a.fabric)
 			if err != nil {
 				return err
 			}

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"fmt"
 	"testing"
 )
 
@@ -9,8 +10,12 @@ import (
 // changes to the send and receive paths (BenchmarkSend64K measures bulk).
 
 func benchPair(b *testing.B, h Handler) (*Endpoint, *PeerConn) {
+	return benchPairWith(b, Options{}, h)
+}
+
+func benchPairWith(b *testing.B, o Options, h Handler) (*Endpoint, *PeerConn) {
 	b.Helper()
-	srv, err := NewEndpoint(Options{})
+	srv, err := NewEndpoint(o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -18,7 +23,7 @@ func benchPair(b *testing.B, h Handler) (*Endpoint, *PeerConn) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cli, err := NewEndpoint(Options{})
+	cli, err := NewEndpoint(o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -69,6 +74,40 @@ func BenchmarkWriteSignaled4K(b *testing.B) {
 	for b.Loop() {
 		if err := pc.Write(ctx, r.Key(), 8192, src, true); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReadFabric: one-sided READs of 4 and 64 KiB, one at a time,
+// over TCP, over shared memory (copies by the initiator), and over the
+// shared-memory link's packets (a region in heap memory).
+func BenchmarkReadFabric(b *testing.B) {
+	for _, size := range []int{4 << 10, 64 << 10} {
+		for _, v := range []struct {
+			name string
+			mode Fabric
+			heap bool
+		}{{"tcp", FabricTCP, false}, {"shm", FabricShm, false}, {"shm-packets", FabricShm, true}} {
+			b.Run(fmt.Sprintf("%s/%dK", v.name, size>>10), func(b *testing.B) {
+				srv, pc := benchPairWith(b, Options{Fabric: v.mode}, discard{})
+				mem := make([]byte, 1<<20)
+				if !v.heap {
+					var err error
+					if mem, err = srv.Alloc(1 << 20); err != nil {
+						b.Fatal(err)
+					}
+				}
+				r := srv.Register(mem, RemoteRead)
+				dst := make([]byte, size)
+				ctx := context.Background()
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := pc.Read(ctx, r.Key(), uint64(size), dst); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 	}
 }

@@ -59,7 +59,10 @@ type Options struct {
 	// FabricTLS reaches nodes over TLS, checking each is the node meant
 	// (fabrictls.go); the nodes must run with it too.
 	FabricTLS bool
-	Logger    *slog.Logger
+	// Fabric is how the client reaches nodes (fabric.Options.Fabric:
+	// tcp if empty, auto, shm).
+	Fabric fabric.Fabric
+	Logger *slog.Logger
 }
 
 // Client is a connection to a cluster. It is safe for concurrent use.
@@ -113,7 +116,7 @@ func newClient(opts Options, bench BenchOptions, link *fabric.Link) (*Client, er
 		return nil, fmt.Errorf("client: client config: %w", err)
 	}
 	nodes := &nodeMap{}
-	fo := fabric.Options{MTU: opts.MTU, Link: link, Logger: opts.Logger}
+	fo := fabric.Options{MTU: opts.MTU, Link: link, Logger: opts.Logger, Fabric: opts.Fabric}
 	if opts.FabricTLS {
 		fo.DialTLS = nodes.dialTLS(tc.RootCAs)
 	}
