@@ -50,7 +50,9 @@ const maxBatch = 64
 type Conn struct {
 	ep *Endpoint
 	nc net.Conn // the transport's (transport.go)
-	br *bufio.Reader
+	// remote names the peer (link.RemoteAddr).
+	remote net.Addr
+	br     *bufio.Reader
 	// tlsw coalesces a batch's small pieces (headers) into full TLS
 	// records; nil for plain TCP, where writev does that.
 	tlsw *bufio.Writer
@@ -150,6 +152,7 @@ func newConn(ep *Endpoint, l link, h Handler, peerMTU, peerQuota int, peerIdle t
 	c := &Conn{
 		ep:         ep,
 		nc:         l.Conn,
+		remote:     l.RemoteAddr(),
 		br:         bufio.NewReaderSize(l.Conn, 8<<10),
 		tlsw:       tlsWriter(l.Conn),
 		direct:     l.direct,
@@ -220,7 +223,7 @@ func (c *Conn) active() {
 }
 
 // RemoteAddr is the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
+func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
 // Done is closed when the connection has failed or been closed.
 func (c *Conn) Done() <-chan struct{} { return c.done }

@@ -160,7 +160,7 @@ func (c *Conn) flush() error {
 	clear(c.iov) // drop references to caller memory
 	c.iov = c.iov[:0]
 	if err != nil {
-		err = fmt.Errorf("fabric: sending to %s: %w", c.nc.RemoteAddr(), err)
+		err = fmt.Errorf("fabric: sending to %s: %w", c.remote, err)
 		c.fail(err)
 	}
 	return err

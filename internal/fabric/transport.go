@@ -66,6 +66,17 @@ type link struct {
 	net.Conn
 	// direct, if set, performs one-sided operations without packets.
 	direct directAccess
+	// remote, if set, names the peer instead of the net.Conn's address
+	// (a unix socket's says nothing).
+	remote net.Addr
+}
+
+// RemoteAddr names the peer.
+func (l link) RemoteAddr() net.Addr {
+	if l.remote != nil {
+		return l.remote
+	}
+	return l.Conn.RemoteAddr()
 }
 
 // directAccess is implemented by transports that reach the peer's

@@ -179,12 +179,33 @@ func (l *shmListener) acceptUnix() {
 					uc.Close()
 					return
 				}
-				l.deliver(acceptResult{l: link{Conn: uc, direct: s}})
+				l.deliver(acceptResult{l: link{Conn: uc, direct: s, remote: peerAddr(uc)}})
 			}()
 		default:
 			uc.Close() // too many half-open: as a full accept queue
 		}
 	}
+}
+
+// shmAddr names a shared-memory peer: the address it was dialed at, or
+// its process.
+type shmAddr string
+
+func (a shmAddr) Network() string { return "unix" }
+func (a shmAddr) String() string  { return string(a) }
+
+// peerAddr names the process at the other end of uc (SO_PEERCRED).
+func peerAddr(uc *net.UnixConn) net.Addr {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var cred *unix.Ucred
+	rc.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cred == nil {
+		return nil
+	}
+	return shmAddr(fmt.Sprintf("shm:pid=%d", cred.Pid))
 }
 
 // readPreamble reads a dialer's preamble: the magic and its two control
@@ -301,6 +322,7 @@ func (t shmTransport) dial(ctx context.Context, addr string) (link, error) {
 		if err != nil {
 			return link{}, fmt.Errorf("dialing %s over shared memory: %w", addr, err)
 		}
+		l.remote = shmAddr(addr)
 		return l, nil
 	}
 	if len(names) > 0 && t.mode == FabricShm {

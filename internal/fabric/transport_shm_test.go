@@ -76,6 +76,9 @@ func TestFabricSelection(t *testing.T) {
 		if got := pc.RemoteAddr().Network(); got != tc.want {
 			t.Errorf("fabric %q: connection over %s, want %s", tc.mode, got, tc.want)
 		}
+		if got := pc.RemoteAddr().String(); got != pc.Addr() {
+			t.Errorf("fabric %q: peer named %q, dialed at %s", tc.mode, got, pc.Addr())
+		}
 	}
 	// A tcp listener has no shared-memory socket: auto falls back.
 	srv, _ := NewEndpoint(Options{Fabric: FabricTCP})
