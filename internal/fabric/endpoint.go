@@ -479,5 +479,6 @@ func (e *Endpoint) Close() error {
 	}
 	e.wg.Wait()
 	e.readers.Wait() // including connections that failed before Close
+	e.mems.closeFiles()
 	return nil
 }

@@ -95,7 +95,7 @@ func pageRound(n int) int {
 // (Register or RegisterFor of exactly these bytes), the region is reached
 // by a shared-memory peer directly: its one-sided operations are copies
 // by that peer, with no work by this endpoint. Any transport serves it.
-// Free it once deregistered.
+// Free it once deregistered (Close closes its file, not its mapping).
 //
 // A peer holding a mapping keeps it after Deregister (the fabric's own
 // code no longer touches it: see Deregister), so memory once handed to a
@@ -149,13 +149,48 @@ func (e *Endpoint) Free(buf []byte) error {
 		return ErrRegistered
 	}
 	delete(e.mems.m, &buf[0])
+	if m.fd >= 0 {
+		unix.Close(m.fd)
+		unix.Close(m.rofd)
+	}
 	e.mems.mu.Unlock()
-	unix.Close(m.fd)
-	unix.Close(m.rofd)
 	if err := unix.Munmap(m.buf[:cap(m.buf)]); err != nil {
 		return fmt.Errorf("fabric: unmapping shared memory: %w", err)
 	}
 	return nil
+}
+
+// closeFiles closes the memory files of every allocation (the endpoint
+// is closed: nothing more is handed out); the mappings stay until Free.
+func (t *shmMems) closeFiles() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, m := range t.m {
+		if m.fd >= 0 {
+			unix.Close(m.fd)
+			unix.Close(m.rofd)
+			m.fd, m.rofd = -1, -1
+		}
+	}
+}
+
+// dup duplicates m's file (read-only unless rw) for a peer; -1 if the
+// file is closed.
+func (t *shmMems) dup(m *shmMem, rw bool) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fd := m.rofd
+	if rw {
+		fd = m.fd
+	}
+	if fd < 0 {
+		return -1
+	}
+	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return d
 }
 
 // lookup returns the allocation buf is, whole, counting a registration

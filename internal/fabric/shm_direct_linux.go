@@ -439,13 +439,7 @@ func (s *shmEnd) grant(key uint64) (a [grantRespSize]byte, fds []int) {
 	// The memory file is dup'ed while the region is live (grant holds
 	// its mu), so Free cannot close it under us.
 	var dup int
-	ok := r.grantWith(g, func() {
-		fd := r.mem.rofd
-		if r.perm&RemoteWrite != 0 {
-			fd = r.mem.fd
-		}
-		dup, _ = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	})
+	ok := r.grantWith(g, func() { dup = s.conn.ep.mems.dup(r.mem, r.perm&RemoteWrite != 0) })
 	if !ok {
 		s.own.refs.Add(-1)
 		a[0] = grantNone

@@ -322,7 +322,9 @@ func TestShmHostileGrants(t *testing.T) {
 			o := Options{}
 			o.fill()
 			s := newShmEnd(&o, x, z)
+			answered := make(chan struct{})
 			go func() {
+				defer close(answered)
 				q := make([]byte, grantReqSize)
 				y.Read(q)
 				fds := tc.fds()
@@ -333,6 +335,7 @@ func TestShmHostileGrants(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error with %q", err, tc.want)
 			}
+			<-answered
 			s.close()
 			y.Close()
 			w.Close()
@@ -594,5 +597,156 @@ func TestShmRevocationRace(t *testing.T) {
 		if err := <-saw; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// FuzzShmGrantAnswer: whatever a target answers to a grant request (any
+// bytes, 0 to 3 descriptors of sealed memory files of any size), the
+// initiator either maps a region it can access within what it mapped or
+// fails with an error, and leaks no descriptor.
+func FuzzShmGrantAnswer(f *testing.F) {
+	ok := make([]byte, grantRespSize)
+	ok[1] = byte(RemoteRead | RemoteWrite)
+	binary.LittleEndian.PutUint64(ok[8:], 4096)
+	f.Add(ok, uint8(2), uint16(1))
+	f.Add(ok[:5], uint8(2), uint16(1))
+	f.Add([]byte{grantNone}, uint8(0), uint16(0))
+	f.Add(bytes.Repeat([]byte{0xff}, grantRespSize), uint8(3), uint16(16))
+	f.Fuzz(func(t *testing.T, resp []byte, nfds uint8, pages uint16) {
+		if len(resp) > grantRespSize {
+			resp = resp[:grantRespSize]
+		}
+		before := openFds(t)
+		x, y, err := socketPair()
+		if err != nil {
+			t.Fatal(err)
+		}
+		z, w, _ := socketPair()
+		o := Options{HandshakeTimeout: 200 * time.Millisecond}
+		o.fill()
+		s := newShmEnd(&o, x, z)
+		answered := make(chan struct{})
+		go func() {
+			defer close(answered)
+			q := make([]byte, grantReqSize)
+			y.Read(q)
+			var fds []int
+			for range nfds % 4 {
+				fd, err := newMemfd("fuzz", int(pages%64+1)*4096)
+				if err != nil {
+					return
+				}
+				fds = append(fds, fd)
+			}
+			y.WriteMsgUnix(resp, unix.UnixRights(fds...), nil)
+			closeFds(fds)
+		}()
+		if err := s.fetch(context.Background(), 7); err == nil {
+			s.mu.RLock()
+			m := s.maps[7]
+			s.mu.RUnlock()
+			if m == nil {
+				t.Fatal("fetch succeeded without a mapping")
+			}
+			if m.mem != nil {
+				// Every byte the grant allows must be readable.
+				buf := make([]byte, m.n)
+				if err := m.copy(0, buf, RemoteRead); err != nil {
+					t.Fatalf("granted region unreadable: %v", err)
+				}
+			}
+		}
+		<-answered
+		s.close()
+		y.Close()
+		w.Close()
+		if after := openFds(t); after > before {
+			t.Fatalf("%d descriptors leaked", after-before)
+		}
+	})
+}
+
+// FuzzShmControlRequest: whatever a peer writes on its control socket,
+// the target answers or fails that connection with a protocol error, and
+// goes on serving others.
+func FuzzShmControlRequest(f *testing.F) {
+	req := make([]byte, grantReqSize)
+	copy(req, grantMagic[:])
+	f.Add(req)
+	f.Add(append(req, req...))
+	f.Add([]byte("GET / HTTP/1.0\r\n\r\n"))
+	f.Add(req[:7])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		col := newCollector()
+		srv, _, pc := pair(t, Options{Fabric: FabricShm}, col)
+		mem, _ := srv.Alloc(64)
+		r := srv.Register(mem, RemoteRead)
+		t.Cleanup(func() { srv.Deregister(r); srv.Free(mem) })
+		s := shmEndOf(pc.Conn)
+		s.req.Write(b)
+		if len(b) >= grantReqSize {
+			select {
+			case err := <-col.closed:
+				if !errors.Is(err, ErrProtocol) {
+					t.Fatalf("closed with %v", err)
+				}
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		c, err := srv.Dial(context.Background(), pc.Addr(), newCollector())
+		if err != nil {
+			t.Fatalf("the endpoint stopped accepting: %v", err)
+		}
+		_ = c
+		other, _ := NewEndpoint(Options{Fabric: FabricShm})
+		defer other.Close()
+		oc, err := other.Dial(context.Background(), pc.Addr(), newCollector())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := oc.Read(context.Background(), r.Key(), 0, make([]byte, 8)); err != nil {
+			t.Fatalf("the endpoint stopped serving: %v", err)
+		}
+	})
+}
+
+// TestShmNoDescriptorLeak: endpoints that connected over shared memory,
+// granted and mapped regions, and closed leave no descriptor open (the
+// control sockets, memory files and control pages all go, the files of
+// allocations never freed included).
+func TestShmNoDescriptorLeak(t *testing.T) {
+	ctx := context.Background()
+	before := openFds(t)
+	for i := range 20 {
+		srv, _ := NewEndpoint(Options{Fabric: FabricShm})
+		addr, err := srv.Listen("127.0.0.1:0", newCollector())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cli, _ := NewEndpoint(Options{Fabric: FabricShm})
+		c, err := cli.Dial(ctx, addr.String(), newCollector())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, _ := srv.Alloc(4096)
+		r := srv.Register(mem, RemoteRead)
+		if err := c.Read(ctx, r.Key(), 0, make([]byte, 8)); err != nil {
+			t.Fatal(err)
+		}
+		cli.Close()
+		srv.Close()
+		if i%2 == 0 { // else: never freed, its file closed by Close
+			srv.Deregister(r)
+			if err := srv.Free(mem); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for openFds(t) > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d descriptors left open by 20 closed endpoint pairs", openFds(t)-before)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
