@@ -124,6 +124,12 @@ var (
 	ErrPerm     = errors.New("fabric: region does not allow that access")
 )
 
+// keyShared is set in the key of a region in shared memory (Alloc) and
+// clear in others: a shared-memory peer asks for the memory of the first
+// kind only, and sends packets for the rest without a round trip. The
+// other 63 bits are random.
+const keyShared = 1 << 63
+
 // regions is an endpoint's region table.
 type regions struct {
 	mu sync.RWMutex
@@ -141,7 +147,10 @@ func (t *regions) register(buf []byte, perm Perm, conn *Conn, mem *shmMem) *Regi
 		if _, err := rand.Read(b[:]); err != nil {
 			panic(fmt.Sprintf("fabric: reading random region key: %v", err))
 		}
-		k := binary.LittleEndian.Uint64(b[:])
+		k := binary.LittleEndian.Uint64(b[:]) &^ keyShared
+		if mem != nil {
+			k |= keyShared
+		}
 		if _, dup := t.m[k]; k != 0 && !dup {
 			r := &Region{key: k, buf: buf, perm: perm, conn: conn, mem: mem}
 			t.m[k] = r

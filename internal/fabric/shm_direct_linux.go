@@ -246,6 +246,9 @@ func (s *shmEnd) writeRegion(ctx context.Context, key, off uint64, src []byte) e
 // copyRegion performs a one-sided operation by copying, with the checks
 // the target would make: permission, bounds, revocation.
 func (s *shmEnd) copyRegion(ctx context.Context, key, off uint64, b []byte, perm Perm) error {
+	if key&keyShared == 0 {
+		return errNotDirect // not in shared memory (region.go)
+	}
 	for {
 		s.mu.RLock()
 		if s.closed {
@@ -357,6 +360,14 @@ func (s *shmEnd) fetch(ctx context.Context, key uint64) error {
 			unix.Munmap(m.mem)
 		}
 		return ErrClosed
+	}
+	// Revoked regions stay revoked (slots are not reused): their
+	// mappings go now rather than when the connection ends.
+	for k, old := range s.maps {
+		if old.mem != nil && atomic.LoadUint32(old.revoked) != 0 && atomic.LoadUint32(old.inUse) == 0 {
+			unix.Munmap(old.mem)
+			delete(s.maps, k)
+		}
 	}
 	s.maps[key] = m
 	return nil

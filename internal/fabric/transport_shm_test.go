@@ -118,15 +118,23 @@ func TestFabricSelection(t *testing.T) {
 
 // TestShmHeapRegionGoesByPackets: heap memory registered with an
 // endpoint is served by packets to a shared-memory peer (it cannot be
-// handed over), with the same checks.
+// handed over), with the same checks, and without asking for it first
+// (its key says so); so is part of an allocation, and a write-only one
+// (the peer would need a readable file to map it).
 func TestShmHeapRegionGoesByPackets(t *testing.T) {
 	ctx := context.Background()
-	srv, _, pc := pair(t, Options{Fabric: FabricShm}, newCollector())
+	col := newCollector()
+	srv, _, pc := pair(t, Options{Fabric: FabricShm}, col)
 	heap := make([]byte, 64)
 	copy(heap, "heap bytes")
 	r := srv.Register(heap, RemoteRead)
 	shared, _ := srv.Alloc(64)
 	sub := srv.Register(shared[:32], RemoteRead) // part of an Alloc: not handed out
+	wshared, _ := srv.Alloc(64)
+	wo := srv.Register(wshared, RemoteWrite)
+	if r.Key()&keyShared != 0 || sub.Key()&keyShared != 0 || wo.Key()&keyShared == 0 {
+		t.Fatalf("keys %#x %#x %#x: the shared bit is wrong", r.Key(), sub.Key(), wo.Key())
+	}
 	got := make([]byte, 10)
 	if err := pc.Read(ctx, r.Key(), 0, got); err != nil || string(got) != "heap bytes" {
 		t.Fatalf("read %q, %v", got, err)
@@ -134,12 +142,20 @@ func TestShmHeapRegionGoesByPackets(t *testing.T) {
 	if err := pc.Read(ctx, sub.Key(), 0, got); err != nil {
 		t.Fatal(err)
 	}
+	if err := pc.Write(ctx, wo.Key(), 0, []byte("by packet"), false); err != nil {
+		t.Fatal(err)
+	}
+	pc.Send(pc.NewID(), []byte("written"))
+	<-col.done
+	if string(wshared[:9]) != "by packet" {
+		t.Fatalf("write-only region holds %q", wshared[:9])
+	}
 	s := shmEndOf(pc.Conn)
 	s.mu.RLock()
-	m1, m2 := s.maps[r.Key()], s.maps[sub.Key()]
+	m1, m2, m3 := s.maps[r.Key()], s.maps[sub.Key()], s.maps[wo.Key()]
 	s.mu.RUnlock()
-	if m1 == nil || m1.mem != nil || m2 == nil || m2.mem != nil {
-		t.Fatalf("heap or partial region mapped: %+v %+v", m1, m2)
+	if m1 != nil || m2 != nil || m3 == nil || m3.mem != nil {
+		t.Fatalf("heap, partial or write-only region asked for or mapped: %+v %+v %+v", m1, m2, m3)
 	}
 	var ae *AccessError
 	if err := pc.Read(ctx, r.Key(), 60, got); !errors.As(err, &ae) {
@@ -748,5 +764,29 @@ func TestShmNoDescriptorLeak(t *testing.T) {
 			t.Fatalf("%d descriptors left open by 20 closed endpoint pairs", openFds(t)-before)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestShmRevokedMappingsDropped: a peer does not keep the mappings of
+// regions revoked since it mapped them (a long connection to an owner
+// that registers and frees many regions would otherwise pile them up).
+func TestShmRevokedMappingsDropped(t *testing.T) {
+	ctx := context.Background()
+	srv, _, pc := pair(t, Options{Fabric: FabricShm}, newCollector())
+	s := shmEndOf(pc.Conn)
+	for i := range 100 {
+		mem, _ := srv.Alloc(4096)
+		r := srv.Register(mem, RemoteRead)
+		if err := pc.Read(ctx, r.Key(), 0, make([]byte, 8)); err != nil {
+			t.Fatalf("region %d: %v", i, err)
+		}
+		srv.Deregister(r)
+		srv.Free(mem)
+	}
+	s.mu.RLock()
+	n := len(s.maps)
+	s.mu.RUnlock()
+	if n > 1 {
+		t.Fatalf("%d mappings kept for 100 regions revoked one after another", n)
 	}
 }
