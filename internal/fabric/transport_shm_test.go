@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -788,5 +789,73 @@ func TestShmRevokedMappingsDropped(t *testing.T) {
 	s.mu.RUnlock()
 	if n > 1 {
 		t.Fatalf("%d mappings kept for 100 regions revoked one after another", n)
+	}
+}
+
+// rawShmPeer connects to an endpoint's shared-memory socket by hand
+// (preamble, hello) and returns the packet stream.
+func rawShmPeer(t *testing.T, addr net.Addr) *net.UnixConn {
+	t.Helper()
+	ta := addr.(*net.TCPAddr)
+	uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: shmName(ta.IP, ta.Port), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine, theirs [2]int
+	for i := range mine {
+		p, _ := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		mine[i], theirs[i] = p[0], p[1]
+	}
+	uc.WriteMsgUnix(preambleMagic[:], unix.UnixRights(theirs[:]...), nil)
+	closeFds(theirs[:])
+	t.Cleanup(func() { uc.Close(); closeFds(mine[:]) })
+	var h [helloSize]byte
+	copy(h[:], helloMagic[:])
+	binary.LittleEndian.PutUint32(h[4:], DefaultMTU)
+	binary.LittleEndian.PutUint32(h[8:], 16)
+	uc.Write(h[:])
+	if _, err := io.ReadFull(uc, h[:]); err != nil {
+		t.Fatal(err)
+	}
+	return uc
+}
+
+// TestShmStalledAndIdlePeers: over shared memory as over TCP, a peer
+// that stops in the middle of a packet loses its connection after the
+// stall timeout, and one that sends nothing after the idle timeout.
+func TestShmStalledAndIdlePeers(t *testing.T) {
+	col := newCollector()
+	srv, err := NewEndpoint(Options{Fabric: FabricShm, StallTimeout: 200 * time.Millisecond, IdleTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	addr, _ := srv.Listen("127.0.0.1:0", col)
+	idle := rawShmPeer(t, addr)
+	stalled := rawShmPeer(t, addr)
+	h := make([]byte, HeaderSize)
+	putHeader(h, header{kind: KindSend, flags: FlagFirst | FlagLast, length: 4096, id: 1})
+	stalled.Write(append(h, 1, 2, 3)) // header plus 3 of 4096 bytes, then nothing
+	select {
+	case err := <-col.closed:
+		if !errors.Is(err, ErrStalled) {
+			t.Fatalf("closed for %v, want ErrStalled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("stalled connection still open")
+	}
+	putHeader(h, header{kind: KindSend, flags: FlagFirst | FlagLast, length: 2, id: 9})
+	idle.Write(append(h, 'h', 'i'))
+	select {
+	case id := <-col.done:
+		if id != 9 {
+			t.Fatalf("got message %d", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("idle connection was closed with the stalled one")
+	}
+	idle.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := idle.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("idle connection: %v, want it closed (EOF) after the idle timeout", err)
 	}
 }
