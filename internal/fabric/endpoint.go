@@ -87,6 +87,9 @@ func (o *Options) fill() error {
 		if o.ServerTLS != nil || o.DialTLS != nil {
 			return errors.New("fabric: shared-memory fabric with TLS: TLS connections are TCP")
 		}
+		if o.Dial != nil {
+			return errors.New("fabric: shared-memory fabric with a Dial function: it dials TCP")
+		}
 	default:
 		return fmt.Errorf("fabric: unknown fabric %q (auto, tcp or shm)", o.Fabric)
 	}
@@ -350,7 +353,7 @@ func (e *Endpoint) acceptLoop(ln listener, h Handler) {
 		release, err := e.admit.Admit(l.RemoteAddr())
 		if err != nil {
 			connlimit.Log(e.opts.Logger, "fabric", l.RemoteAddr(), err)
-			l.Close()
+			l.close()
 			continue
 		}
 		go func() {
@@ -391,8 +394,8 @@ var helloMagic = [4]byte{'S', 'L', 'F', 1}
 // timeout in milliseconds (0: none; earlier versions sent 0).
 func (e *Endpoint) handshake(l link, h Handler, release func()) (*Conn, error) {
 	c, err := e.hello(l, h, release)
-	if a, ok := l.direct.(interface{ abort() }); ok && err != nil {
-		a.abort() // the transport's own sockets beside l.Conn
+	if err != nil {
+		l.close() // and the transport's own sockets beside l.Conn
 	}
 	return c, err
 }

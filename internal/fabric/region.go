@@ -45,6 +45,9 @@ type Region struct {
 	// revoked flag and in-use count (shm_direct.go); revoking sets the
 	// flags under mu, with gone.
 	grants []shmGrant
+	// memDone: the registration on mem is given back (once, however
+	// often the region is deregistered).
+	memDone bool
 }
 
 // use marks an operation on the region's memory; false once revoked.

@@ -127,6 +127,8 @@ func (e *Endpoint) releaseGrants(r *Region) {
 	r.mu.Lock()
 	gs := r.grants
 	r.grants = nil
+	memDone := r.memDone
+	r.memDone = true
 	r.mu.Unlock()
 	for _, g := range gs {
 		_, inUse := ctlSlot(g.ctl.mem, g.slot)
@@ -148,7 +150,7 @@ func (e *Endpoint) releaseGrants(r *Region) {
 		}
 		g.ctl.unref()
 	}
-	if r.mem != nil {
+	if r.mem != nil && !memDone {
 		e.mems.unregistered(r.mem)
 	}
 }

@@ -71,6 +71,15 @@ type link struct {
 	remote net.Addr
 }
 
+// close closes a link no Conn was made of: its net.Conn, and what the
+// transport keeps beside it.
+func (l link) close() {
+	l.Conn.Close()
+	if a, ok := l.direct.(interface{ abort() }); ok {
+		a.abort()
+	}
+}
+
 // RemoteAddr names the peer.
 func (l link) RemoteAddr() net.Addr {
 	if l.remote != nil {

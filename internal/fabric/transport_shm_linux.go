@@ -109,10 +109,7 @@ func (l *shmListener) deliver(r acceptResult) bool {
 		return true
 	case <-l.done:
 		if r.l.Conn != nil {
-			r.l.Conn.Close()
-			if s, ok := r.l.direct.(*shmEnd); ok {
-				s.abort()
-			}
+			r.l.close()
 		}
 		return false
 	}

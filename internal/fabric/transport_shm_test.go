@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -730,12 +731,16 @@ func FuzzShmControlRequest(f *testing.F) {
 // TestShmNoDescriptorLeak: endpoints that connected over shared memory,
 // granted and mapped regions, and closed leave no descriptor open (the
 // control sockets, memory files and control pages all go, the files of
-// allocations never freed included).
+// allocations never freed included, and a connection refused past
+// MaxConns).
 func TestShmNoDescriptorLeak(t *testing.T) {
 	ctx := context.Background()
+	// No collection: a net.Conn's finalizer would close a descriptor
+	// leaked by the code.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	before := openFds(t)
 	for i := range 20 {
-		srv, _ := NewEndpoint(Options{Fabric: FabricShm})
+		srv, _ := NewEndpoint(Options{Fabric: FabricShm, MaxConns: 1})
 		addr, err := srv.Listen("127.0.0.1:0", newCollector())
 		if err != nil {
 			t.Fatal(err)
@@ -744,6 +749,9 @@ func TestShmNoDescriptorLeak(t *testing.T) {
 		c, err := cli.Dial(ctx, addr.String(), newCollector())
 		if err != nil {
 			t.Fatal(err)
+		}
+		if _, err := cli.Dial(ctx, addr.String(), newCollector()); err == nil {
+			t.Fatal("a connection past MaxConns was admitted")
 		}
 		mem, _ := srv.Alloc(4096)
 		r := srv.Register(mem, RemoteRead)
