@@ -347,11 +347,13 @@ func (s *shmEnd) fetch(ctx context.Context, key uint64) error {
 		if m.mem, err = mapMemfd(fds[0], int(m.n), prot); err != nil {
 			return err
 		}
-		if err := s.setCtl(fds[1]); err != nil {
+		ctl, err := s.setCtl(fds[1])
+		if err != nil {
 			unix.Munmap(m.mem)
 			return err
 		}
-		m.revoked, m.inUse = ctlSlot(s.ctl, slot)
+		// (If the link closes now, ctl is unmapped but m is never used.)
+		m.revoked, m.inUse = ctlSlot(ctl, slot)
 	default:
 		return fmt.Errorf("%w: shared region answer %d", ErrProtocol, a[0])
 	}
@@ -375,22 +377,30 @@ func (s *shmEnd) fetch(ctx context.Context, key uint64) error {
 	return nil
 }
 
-// setCtl maps the peer's control page on its first grant.
-func (s *shmEnd) setCtl(fd int) error {
+// setCtl maps the peer's control page on its first grant, and returns
+// it.
+func (s *shmEnd) setCtl(fd int) ([]byte, error) {
 	s.mu.RLock()
-	have := s.ctl != nil
+	ctl, closed := s.ctl, s.closed
 	s.mu.RUnlock()
-	if have {
-		return nil
+	if closed {
+		return nil, ErrClosed
+	}
+	if ctl != nil {
+		return ctl, nil
 	}
 	ctl, err := mapMemfd(fd, ctlSize, unix.PROT_READ|unix.PROT_WRITE)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		unix.Munmap(ctl)
+		return nil, ErrClosed
+	}
 	s.ctl = ctl
-	s.mu.Unlock()
-	return nil
+	return ctl, nil
 }
 
 // serve answers the peer's grant requests until the link closes. Any
