@@ -51,11 +51,10 @@ type Gateway struct {
 	cl  *sdk.Client
 	log *slog.Logger
 	ttl time.Duration
-	// verf is the write verifier (RFC 1813 §3.3.7): new at every start,
-	// and whenever writes answered UNSTABLE may have been lost (a
-	// background send failed), so that clients send them again.
-	verfMu sync.Mutex
-	verf   [8]byte
+	// verf holds the files' write verifiers: new at every start, and a
+	// file's whenever writes to it answered UNSTABLE may have been lost
+	// (a background send failed), so that clients send them again.
+	verf *verifiers
 
 	bufOpts sdk.BufferOptions // for each file's write-behind and read-ahead
 
@@ -116,9 +115,11 @@ func New(opts Options) (*Gateway, error) {
 	if g.ttl <= 0 {
 		g.ttl = time.Second
 	}
-	if _, err := rand.Read(g.verf[:]); err != nil {
+	var seed [8]byte
+	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, fmt.Errorf("nfs3: write verifier: %w", err)
 	}
+	g.verf = newVerifiers(binary.BigEndian.Uint64(seed[:]), maxLossEntries)
 	if opts.Exports == nil {
 		opts.Exports = nfsexport.Default()
 	}
@@ -143,7 +144,7 @@ func New(opts Options) (*Gateway, error) {
 		g.cache = newBlockCache(opts.CacheBytes)
 	}
 	g.bufs.New = func() any { b := make([]byte, MaxData); return &b }
-	g.bufOpts = sdk.BufferOptions{Sequential: 1, IdleFlush: idleFlush, OnLost: g.lost}
+	g.bufOpts = sdk.BufferOptions{Sequential: 1, IdleFlush: idleFlush}
 	if g.cache != nil {
 		// Read ahead in the cache's blocks, from its spare buffers, so
 		// that a block read ahead becomes a cache block without a copy.
@@ -179,20 +180,12 @@ func nfsIdempotent(_, proc uint32) bool {
 	return true
 }
 
-// verifier is the current write verifier.
-func (g *Gateway) verifier() [8]byte {
-	g.verfMu.Lock()
-	defer g.verfMu.Unlock()
-	return g.verf
-}
-
-// lost changes the write verifier: writes answered UNSTABLE may not have
-// reached the cluster, and clients holding them must send them again.
-func (g *Gateway) lost(err error) {
-	g.log.Warn("nfs: buffered writes failed; changing the write verifier", "err", err)
-	g.verfMu.Lock()
-	defer g.verfMu.Unlock()
-	binary.BigEndian.PutUint64(g.verf[:], binary.BigEndian.Uint64(g.verf[:])+1)
+// lost changes ino's write verifier: writes to it answered UNSTABLE may
+// not have reached the cluster, and clients holding them must send them
+// again.
+func (g *Gateway) lost(ino ids.Ino, err error) {
+	g.log.Warn("nfs: buffered writes failed; changing the file's write verifier", "ino", ino, "err", err)
+	g.verf.lost(ino)
 }
 
 // settle makes what the gateway buffered for ino durable and recorded
@@ -207,7 +200,7 @@ func (g *Gateway) settle(ctx context.Context, ino ids.Ino) error {
 	if of == nil || !of.b.Pending() {
 		return nil
 	}
-	// A failure lost buffered writes: the verifier changed already
+	// A failure lost buffered writes: the file's verifier changed already
 	// (sdk.Buffered calls OnLost, g.lost, at every loss, and only then).
 	return of.b.Flush(ctx)
 }
@@ -275,7 +268,9 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	of = &openFile{f: f, b: sdk.NewBuffered(f, g.bufOpts), at: time.Now()}
+	bo := g.bufOpts
+	bo.OnLost = func(err error) { g.lost(ino, err) }
+	of = &openFile{f: f, b: sdk.NewBuffered(f, bo), at: time.Now()}
 	g.filesMu.Lock()
 	if cur := g.files[ino]; cur != nil { // another call opened it meanwhile
 		g.filesMu.Unlock()

@@ -456,7 +456,7 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 	}
 	// The verifier before the write: a loss of this write's buffer, even
 	// one that comes before the reply, changes it after.
-	verf := g.verifier()
+	verf := g.verf.get(ino)
 	committed := uint32(FileSync)
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
 		if st := g.killPrivs(ctx, f); st != OK {
@@ -508,7 +508,7 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		putWcc(w, nil)
 		return true
 	}
-	verf := g.verifier() // before the flush: a failure changes it
+	verf := g.verf.get(ino) // before the flush: a failure changes it
 	var a metaapi.Attr
 	st := OK
 	if err := g.settle(ctx, ino); err != nil {
