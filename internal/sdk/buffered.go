@@ -421,12 +421,14 @@ func (b *Buffered) Buffered() (end, n int64) {
 }
 
 // Budget bounds the memory of the Buffered files sharing it, and keeps a
-// few full write buffers of closed files for the next ones.
+// few full write buffers of closed files for the next ones, within the
+// bound too: what is charged plus what is kept never exceeds it.
 type Budget struct {
-	mu    sync.Mutex
-	max   int64
-	used  int64
-	spare [][]byte
+	mu     sync.Mutex
+	max    int64
+	used   int64
+	spare  [][]byte
+	spareB int64 // bytes in spare
 }
 
 // maxSpare bounds the idle write buffers a Budget keeps.
@@ -444,6 +446,13 @@ func (g *Budget) take(n int64) bool {
 	defer g.mu.Unlock()
 	if g.used+n > g.max {
 		return false
+	}
+	// Spare buffers make room for a charge: they go to the collector.
+	for len(g.spare) > 0 && g.used+n+g.spareB > g.max {
+		last := len(g.spare) - 1
+		g.spareB -= int64(cap(g.spare[last]))
+		g.spare[last] = nil
+		g.spare = g.spare[:last]
 	}
 	g.used += n
 	return true
@@ -468,7 +477,9 @@ func (g *Budget) buffer(size int) []byte {
 	for i, s := range g.spare {
 		if cap(s) == size {
 			g.spare[i] = g.spare[len(g.spare)-1]
+			g.spare[len(g.spare)-1] = nil
 			g.spare = g.spare[:len(g.spare)-1]
+			g.spareB -= int64(cap(s))
 			g.mu.Unlock()
 			return s[:0]
 		}
@@ -484,7 +495,8 @@ func (g *Budget) keep(b []byte) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.spare) < maxSpare {
+	if len(g.spare) < maxSpare && g.used+g.spareB+int64(cap(b)) <= g.max {
 		g.spare = append(g.spare, b[:0])
+		g.spareB += int64(cap(b))
 	}
 }
