@@ -66,6 +66,10 @@ type Gateway struct {
 
 	lists listings
 
+	// testHookOpened, if set (tests), runs after a handle is opened and
+	// before the gateway keeps it.
+	testHookOpened func(ids.Ino)
+
 	statMu sync.Mutex
 	stat   metaapi.StatusResp
 	statAt time.Time
@@ -239,6 +243,29 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 		return of, nil
 	}
 	if of == nil {
+		return g.open(ctx, ino)
+	}
+	a, err := g.cl.GetAttr(ctx, ino)
+	if err != nil {
+		return nil, err
+	}
+	old := of.f.Attr()
+	if old.Mtime != a.Mtime || old.Size != a.Size || old.Ctime != a.Ctime {
+		g.cl.ForgetLayouts(ino) // changed elsewhere: no stale chunk layouts
+	}
+	if a.Ctime >= old.Ctime { // not older than a write through this handle
+		of.f.SetAttr(a)
+	}
+	g.filesMu.Lock()
+	of.at = time.Now()
+	g.filesMu.Unlock()
+	return of, nil
+}
+
+// open opens a handle of ino for the gateway to keep, or returns the one
+// another call opened meanwhile.
+func (g *Gateway) open(ctx context.Context, ino ids.Ino) (*openFile, error) {
+	for {
 		// A dropped handle's writes go first: older, they must not land
 		// on top of writes through a new one, whose attributes include
 		// them. (Its failure is not this call's: the verifier changed,
@@ -246,36 +273,53 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 		if err := g.waitClosing(ctx, ino); ctx.Err() != nil {
 			return nil, err
 		}
-	}
-	a, err := g.cl.GetAttr(ctx, ino)
-	if err != nil {
-		return nil, err
-	}
-	if of != nil {
-		old := of.f.Attr()
-		if old.Mtime != a.Mtime || old.Size != a.Size || old.Ctime != a.Ctime {
-			g.cl.ForgetLayouts(ino) // changed elsewhere: no stale chunk layouts
+		a, err := g.cl.GetAttr(ctx, ino)
+		if err != nil {
+			return nil, err
 		}
-		if a.Ctime >= old.Ctime { // not older than a write through this handle
-			of.f.SetAttr(a)
+		f, err := g.cl.OpenAttr(a, fmt.Sprintf("inode %d", ino))
+		if err != nil {
+			return nil, err
+		}
+		bo := g.bufOpts
+		bo.OnLost = func(err error) { g.lost(ino, err) }
+		of := &openFile{f: f, b: sdk.NewBuffered(f, bo), at: time.Now()}
+		if g.testHookOpened != nil {
+			g.testHookOpened(ino)
 		}
 		g.filesMu.Lock()
-		of.at = time.Now()
+		if cur := g.files[ino]; cur != nil { // another call opened it meanwhile
+			g.filesMu.Unlock()
+			return cur, nil
+		}
+		if g.sendingLocked(ino) {
+			// Another call opened one meanwhile, wrote through it and
+			// dropped it, its writes still on their way: wait for them
+			// and read the attributes again.
+			g.filesMu.Unlock()
+			continue
+		}
+		g.insertLocked(ino, of)
 		g.filesMu.Unlock()
 		return of, nil
 	}
-	f, err := g.cl.OpenAttr(a, fmt.Sprintf("inode %d", ino))
-	if err != nil {
-		return nil, err
+}
+
+// sendingLocked reports whether a dropped handle of ino is still sending
+// its buffered writes. Caller holds filesMu.
+func (g *Gateway) sendingLocked(ino ids.Ino) bool {
+	for _, c := range g.closing[ino] {
+		select {
+		case <-c.closed:
+		default:
+			return true
+		}
 	}
-	bo := g.bufOpts
-	bo.OnLost = func(err error) { g.lost(ino, err) }
-	of = &openFile{f: f, b: sdk.NewBuffered(f, bo), at: time.Now()}
-	g.filesMu.Lock()
-	if cur := g.files[ino]; cur != nil { // another call opened it meanwhile
-		g.filesMu.Unlock()
-		return cur, nil
-	}
+	return false
+}
+
+// insertLocked keeps of as ino's handle. Caller holds filesMu.
+func (g *Gateway) insertLocked(ino ids.Ino, of *openFile) {
 	if len(g.files) >= maxOpenFiles {
 		// Drop one at random, but not one with writes buffered: those
 		// must land before any later write to the file (there are at
@@ -289,8 +333,6 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 		}
 	}
 	g.files[ino] = of
-	g.filesMu.Unlock()
-	return of, nil
 }
 
 // closingLocked starts closing of, just dropped from files, and keeps it
