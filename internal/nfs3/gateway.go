@@ -195,12 +195,17 @@ func (g *Gateway) lost(ino ids.Ino, err error) {
 // settle makes what the gateway buffered for ino durable and recorded
 // with meta (before its attributes are reported or changed).
 func (g *Gateway) settle(ctx context.Context, ino ids.Ino) error {
-	if err := g.waitClosing(ctx, ino); err != nil {
-		return err
-	}
+	// The kept handle and the dropped ones in one look: a handle dropped
+	// between two looks (forget) would be in neither, its writes not
+	// waited for. One dropped after this look is flushed here, or by its
+	// close, which this Flush waits for.
 	g.filesMu.Lock()
 	of := g.files[ino]
+	closing := slices.Clone(g.closing[ino])
 	g.filesMu.Unlock()
+	if err := waitClosed(ctx, closing); err != nil {
+		return err
+	}
 	if of == nil || !of.b.Pending() {
 		return nil
 	}
@@ -215,6 +220,12 @@ func (g *Gateway) waitClosing(ctx context.Context, ino ids.Ino) error {
 	g.filesMu.Lock()
 	closing := slices.Clone(g.closing[ino])
 	g.filesMu.Unlock()
+	return waitClosed(ctx, closing)
+}
+
+// waitClosed waits until the dropped handles closing have sent what they
+// buffered, and returns their failure.
+func waitClosed(ctx context.Context, closing []*openFile) error {
 	for _, c := range closing {
 		select {
 		case <-c.closed:

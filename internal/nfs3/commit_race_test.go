@@ -1,0 +1,155 @@
+package nfs3
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/nfsexport"
+	"github.com/sluicefs/sluice/internal/oncrpc"
+	"github.com/sluicefs/sluice/internal/xdr"
+)
+
+// rootGateway is testGateway's, exported to root unsquashed (the writer
+// of the file, as a COMMIT's caller is).
+func rootGateway(t *testing.T, n int) (*Gateway, ids.Ino) {
+	t.Helper()
+	exports, err := nfsexport.Parse("exports", "/ 127.0.0.1(rw,no_root_squash)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, ino, _ := testGateway(t, Options{AttrTTL: time.Hour, Exports: exports}, n)
+	return g, ino
+}
+
+// commitAsync runs COMMIT of ino on g in the background, as root; the
+// channel gives its reply.
+func commitAsync(g *Gateway, ino ids.Ino) <-chan []byte {
+	done := make(chan []byte, 1)
+	go func() {
+		var args, w xdr.Writer
+		args.Opaque(g.Handle("/", ino))
+		args.Uint64(0)
+		args.Uint32(0)
+		c := &oncrpc.Call{Prog: ProgNFS, Vers: Version, Proc: ProcCommit, CredFlavor: oncrpc.AuthSys, Cred: oncrpc.AuthSysCred{Machine: "test"}, Remote: "127.0.0.1:700"}
+		g.nfs(context.Background(), c, xdr.NewReader(args.B), &w)
+		done <- w.B
+	}()
+	return done
+}
+
+// commitReply decodes a COMMIT reply: status and, if OK, the verifier.
+func commitReply(t *testing.T, b []byte) (Status, []byte) {
+	t.Helper()
+	r := xdr.NewReader(b)
+	st := Status(r.Uint32())
+	if st != OK {
+		return st, nil
+	}
+	skipWcc(r)
+	v := r.Fixed(8)
+	if r.Err() != nil {
+		t.Fatalf("COMMIT reply %x: %v", b, r.Err())
+	}
+	return st, bytes.Clone(v)
+}
+
+func skipWcc(r *xdr.Reader) {
+	if r.Bool() { // pre_op_attr: size, mtime, ctime
+		r.Fixed(24)
+	}
+	SkipPostOp(r)
+}
+
+// parkCommits makes COMMITs of ino wait, as for a dropped handle still
+// sending its writes: the returned function lets them go on.
+func parkCommits(g *Gateway, ino ids.Ino) func() {
+	p := &openFile{closed: make(chan struct{})}
+	g.filesMu.Lock()
+	g.closing[ino] = append(g.closing[ino], p)
+	g.filesMu.Unlock()
+	return func() { close(p.closed) }
+}
+
+// waitParked waits until a COMMIT is waiting in settle for the dropped
+// handles it found (so it has looked at what it settles, and read
+// anything it reads before).
+func waitParked(t *testing.T) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		n := runtime.Stack(buf, true)
+		for _, gr := range strings.Split(string(buf[:n]), "\n\n") {
+			if strings.Contains(gr, " [select") && strings.Contains(gr, "nfs3.(*Gateway).settle") && strings.Contains(gr, "nfs3.(*Gateway).commit") {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no COMMIT waiting in settle")
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestCommitSeesHandleDroppedMeanwhile: a handle of the file dropped
+// while a COMMIT is under way (a SETATTR, a REMOVE of another name)
+// moves from the kept handles to those being closed. A COMMIT that
+// looked at the two one after the other found it in neither, and
+// answered while writes buffered in it were not yet durable (its close
+// not yet under way here): a crash of the gateway then lost writes the
+// client had been told were committed, and a failure of their send
+// changed the verifier too late.
+func TestCommitSeesHandleDroppedMeanwhile(t *testing.T) {
+	g, ino := rootGateway(t, 0)
+	g.bufOpts.IdleFlush = 0 // buffered writes stay buffered until sent
+	ctx := context.Background()
+	of, err := g.file(ctx, ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("0123456789abcdef"), 1024)
+	if _, buffered, err := of.b.WriteAtBuffered(ctx, data[:8192], 0); err != nil || buffered {
+		t.Fatalf("first write: buffered %v, %v", buffered, err)
+	}
+	if _, buffered, err := of.b.WriteAtBuffered(ctx, data[8192:], 8192); err != nil || !buffered {
+		t.Fatalf("second write: buffered %v, %v", buffered, err)
+	}
+
+	release := parkCommits(g, ino)
+	done := commitAsync(g, ino)
+	waitParked(t)
+	// The handle dropped, as forget does (its close not yet running).
+	g.filesMu.Lock()
+	delete(g.files, ino)
+	of.closed = make(chan struct{})
+	g.closing[ino] = append(g.closing[ino], of)
+	g.filesMu.Unlock()
+	release()
+
+	var reply []byte
+	select {
+	case reply = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("COMMIT did not answer")
+	}
+	if st, _ := commitReply(t, reply); st != OK {
+		t.Fatalf("COMMIT: status %d", st)
+	}
+	if of.b.Pending() {
+		t.Fatal("COMMIT answered OK with writes to the file still buffered in a handle dropped meanwhile")
+	}
+	f, err := g.cl.OpenAttr(of.f.Attr(), "check")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if n, err := f.ReadAtContext(ctx, got, 0); (err != nil && !errors.Is(err, io.EOF)) || !bytes.Equal(got[:n], data) {
+		t.Fatalf("after COMMIT the file holds %d bytes (%v), not what was written", n, err)
+	}
+}
