@@ -153,3 +153,30 @@ func TestCommitSeesHandleDroppedMeanwhile(t *testing.T) {
 		t.Fatalf("after COMMIT the file holds %d bytes (%v), not what was written", n, err)
 	}
 }
+
+// TestCommitVerifierAfterLoss: a loss of the file's buffered writes while
+// a COMMIT is under way, whose failure another call took (a READ, a
+// GETATTR or another COMMIT that flushed first), leaves this COMMIT
+// nothing to flush. It must not answer with the verifier from before the
+// loss: the client would take the lost writes, answered UNSTABLE under
+// it, for committed. (The loss is stood in for by its effect, g.lost.)
+func TestCommitVerifierAfterLoss(t *testing.T) {
+	g, ino := rootGateway(t, 4096)
+	before := g.verf.get(ino)
+	release := parkCommits(g, ino)
+	done := commitAsync(g, ino)
+	waitParked(t)
+	g.lost(ino, errors.New("a send of buffered writes failed"))
+	release()
+
+	var reply []byte
+	select {
+	case reply = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("COMMIT did not answer")
+	}
+	st, v := commitReply(t, reply)
+	if st == OK && bytes.Equal(v, before[:]) {
+		t.Fatalf("COMMIT answered OK with the verifier %x from before the loss", v)
+	}
+}

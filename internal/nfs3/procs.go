@@ -508,7 +508,6 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		putWcc(w, nil)
 		return true
 	}
-	verf := g.verf.get(ino) // before the flush: a failure changes it
 	var a metaapi.Attr
 	st := OK
 	if err := g.settle(ctx, ino); err != nil {
@@ -516,6 +515,10 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 	} else {
 		a, st = g.getAttrErr(ctx, ino)
 	}
+	// After the flush: a loss before or during it changed the verifier,
+	// even one whose failure another call took (and this flush had
+	// nothing left to send); read before, it would vouch for lost writes.
+	verf := g.verf.get(ino)
 	switch {
 	case st != OK:
 	case a.Type == metaapi.TypeDir:
