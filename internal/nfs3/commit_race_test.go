@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,27 +75,49 @@ func parkCommits(g *Gateway, ino ids.Ino) func() {
 	g.filesMu.Lock()
 	g.closing[ino] = append(g.closing[ino], p)
 	g.filesMu.Unlock()
-	return func() { close(p.closed) }
+	return func() { // as closeFile ends
+		close(p.closed)
+		g.filesMu.Lock()
+		defer g.filesMu.Unlock()
+		g.closing[ino] = slices.DeleteFunc(g.closing[ino], func(c *openFile) bool { return c == p })
+	}
 }
 
-// waitParked waits until a COMMIT is waiting in settle for the dropped
-// handles it found (so it has looked at what it settles, and read
-// anything it reads before).
-func waitParked(t *testing.T) {
+// waitParked waits until a call is waiting, in a function named frame
+// (a COMMIT in settle by default), for the dropped handles it found (so
+// it has looked at them, and read anything it reads before).
+func waitParked(t *testing.T, frame ...string) {
 	t.Helper()
-	buf := make([]byte, 1<<20)
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		n := runtime.Stack(buf, true)
-		for _, gr := range strings.Split(string(buf[:n]), "\n\n") {
-			if strings.Contains(gr, " [select") && strings.Contains(gr, "nfs3.(*Gateway).settle") && strings.Contains(gr, "nfs3.(*Gateway).commit") {
-				return
-			}
-		}
+	for deadline := time.Now().Add(30 * time.Second); !parked(frame...); runtime.Gosched() {
 		if time.Now().After(deadline) {
-			t.Fatal("no COMMIT waiting in settle")
+			t.Fatalf("no call waiting in %v", frame)
 		}
-		runtime.Gosched()
 	}
+}
+
+// parked reports whether a goroutine waits for dropped handles to close,
+// called from frames (default: a COMMIT's settle).
+func parked(frames ...string) bool {
+	if len(frames) == 0 {
+		frames = []string{"nfs3.(*Gateway).settle(", "nfs3.(*Gateway).commit("}
+	}
+	buf := make([]byte, 1<<20)
+	n := runtime.Stack(buf, true)
+	for _, gr := range strings.Split(string(buf[:n]), "\n\n") {
+		lines := strings.SplitN(gr, "\n", 3)
+		if len(lines) < 3 || !strings.Contains(lines[0], " [select") ||
+			!strings.Contains(lines[1], "nfs3.(*Gateway).waitClosing(") && !strings.Contains(lines[1], "nfs3.waitClosed(") {
+			continue // not waiting for dropped handles
+		}
+		all := true
+		for _, f := range frames {
+			all = all && strings.Contains(gr, f)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
 
 // TestCommitSeesHandleDroppedMeanwhile: a handle of the file dropped
