@@ -235,7 +235,7 @@ func (b *Buffered) appendLocked(p []byte) bool {
 			nb = make([]byte, 0, size)
 		}
 		nb = append(nb, b.buf...)
-		b.opts.Budget.keep(b.buf)
+		b.keep(b.buf)
 		b.buf, b.charged = nb, int64(size)
 	}
 	b.buf = append(b.buf, p...)
@@ -245,8 +245,18 @@ func (b *Buffered) appendLocked(p []byte) bool {
 // releaseLocked gives the (empty) buffer's memory back. Caller holds b.mu.
 func (b *Buffered) releaseLocked() {
 	b.opts.Budget.give(b.charged)
-	b.opts.Budget.keep(b.buf)
+	b.keep(b.buf)
 	b.buf, b.charged = nil, 0
+}
+
+// keep offers buf, no longer used, to the Budget for reuse: only a whole
+// write buffer, the one size asked of it again. Smaller ones (outgrown
+// on the way to a whole one) took the Budget's few places for good, and
+// then no whole buffer was kept.
+func (b *Buffered) keep(buf []byte) {
+	if cap(buf) == b.opts.WriteBuffer {
+		b.opts.Budget.keep(buf)
+	}
 }
 
 // armIdleLocked (re)starts the idle flush. Caller holds b.mu.
@@ -287,7 +297,7 @@ func (b *Buffered) sendLocked() {
 		// The memory goes back now, not when the send is reaped: a file
 		// no one writes to again holds none.
 		b.opts.Budget.give(s.charged)
-		b.opts.Budget.keep(s.buf)
+		b.keep(s.buf)
 		s.buf = nil
 		close(s.done)
 	}()
