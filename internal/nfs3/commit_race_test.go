@@ -185,7 +185,7 @@ func TestCommitSeesHandleDroppedMeanwhile(t *testing.T) {
 // it, for committed. (The loss is stood in for by its effect, g.lost.)
 func TestCommitVerifierAfterLoss(t *testing.T) {
 	g, ino := rootGateway(t, 4096)
-	before := g.verf.get(ino)
+	before := g.verf.get()
 	release := parkCommits(g, ino)
 	done := commitAsync(g, ino)
 	waitParked(t)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
@@ -48,13 +49,10 @@ type Options struct {
 
 // Gateway serves the cluster's namespace over NFSv3.
 type Gateway struct {
-	cl  *sdk.Client
-	log *slog.Logger
-	ttl time.Duration
-	// verf holds the files' write verifiers: new at every start, and a
-	// file's whenever writes to it answered UNSTABLE may have been lost
-	// (a background send failed), so that clients send them again.
-	verf *verifiers
+	cl   *sdk.Client
+	log  *slog.Logger
+	ttl  time.Duration
+	verf verifier
 
 	bufOpts sdk.BufferOptions // for each file's write-behind and read-ahead
 
@@ -94,6 +92,11 @@ type openFile struct {
 
 	closed   chan struct{} // closed once dropped and flushed (see closeFile)
 	closeErr error         // set before closed is closed
+
+	// gone says the file has been removed through the gateway: its
+	// buffered writes are dropped, and their failures are no loss (no
+	// one can read the file any more), so the verifier stays.
+	gone atomic.Bool
 }
 
 // defaultBufferBytes bounds write-behind and read-ahead when
@@ -123,7 +126,7 @@ func New(opts Options) (*Gateway, error) {
 	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, fmt.Errorf("nfs3: write verifier: %w", err)
 	}
-	g.verf = newVerifiers(binary.BigEndian.Uint64(seed[:]), maxLossEntries)
+	g.verf.v = binary.BigEndian.Uint64(seed[:])
 	if opts.Exports == nil {
 		opts.Exports = nfsexport.Default()
 	}
@@ -184,12 +187,12 @@ func nfsIdempotent(_, proc uint32) bool {
 	return true
 }
 
-// lost changes ino's write verifier: writes to it answered UNSTABLE may
+// lost changes the write verifier: writes to ino answered UNSTABLE may
 // not have reached the cluster, and clients holding them must send them
 // again.
 func (g *Gateway) lost(ino ids.Ino, err error) {
-	g.log.Warn("nfs: buffered writes failed; changing the file's write verifier", "ino", ino, "err", err)
-	g.verf.lost(ino)
+	g.log.Warn("nfs: buffered writes failed; changing the write verifier", "ino", ino, "err", err)
+	g.verf.lost()
 }
 
 // settle makes what the gateway buffered for ino durable and recorded
@@ -292,9 +295,16 @@ func (g *Gateway) open(ctx context.Context, ino ids.Ino) (*openFile, error) {
 		if err != nil {
 			return nil, err
 		}
+		of := &openFile{f: f, at: time.Now()}
 		bo := g.bufOpts
-		bo.OnLost = func(err error) { g.lost(ino, err) }
-		of := &openFile{f: f, b: sdk.NewBuffered(f, bo), at: time.Now()}
+		bo.OnLost = func(err error) {
+			if of.gone.Load() {
+				g.log.Debug("nfs: buffered writes to a removed file dropped", "ino", ino, "err", err)
+				return
+			}
+			g.lost(ino, err)
+		}
+		of.b = sdk.NewBuffered(f, bo)
 		if g.testHookOpened != nil {
 			g.testHookOpened(ino)
 		}
@@ -368,7 +378,11 @@ func (g *Gateway) kept(ino ids.Ino, of *openFile) bool {
 func (g *Gateway) closeFile(ino ids.Ino, of *openFile) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	of.closeErr = of.b.Close(ctx)
+	if of.gone.Load() {
+		of.b.Drop() // nobody can read them: not sent
+	} else if err := of.b.Close(ctx); !of.gone.Load() {
+		of.closeErr = err
+	}
 	close(of.closed)
 	g.filesMu.Lock()
 	defer g.filesMu.Unlock()
@@ -394,6 +408,33 @@ func (g *Gateway) forget(ino ids.Ino) {
 	}
 	g.filesMu.Unlock()
 	g.invalidate(ino)
+}
+
+// forgetGone is forget for a file a REMOVE or RENAME through the gateway
+// may have removed (its last name gone): if meta no longer knows the
+// inode, the handles of it are marked gone first, so that their buffered
+// writes are dropped rather than sent and failing, which would change
+// the verifier for every client (a temporary file written and removed
+// before its writes were sent is common). A failure noted before the
+// mark changed the verifier, as any loss does. A file kept (another
+// name, open elsewhere) is only forgotten.
+func (g *Gateway) forgetGone(ctx context.Context, ino ids.Ino) {
+	g.filesMu.Lock()
+	held := g.files[ino] != nil || len(g.closing[ino]) > 0
+	g.filesMu.Unlock()
+	if held {
+		if _, err := g.cl.GetAttr(ctx, ino); metaapi.IsCode(err, metaapi.ENOENT) {
+			g.filesMu.Lock()
+			if of := g.files[ino]; of != nil {
+				of.gone.Store(true)
+			}
+			for _, of := range g.closing[ino] {
+				of.gone.Store(true)
+			}
+			g.filesMu.Unlock()
+		}
+	}
+	g.forget(ino)
 }
 
 // invalidate drops ino's cached data (after a change through the

@@ -456,7 +456,7 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 	}
 	// The verifier before the write: a loss of this write's buffer, even
 	// one that comes before the reply, changes it after.
-	verf := g.verf.get(ino)
+	verf := g.verf.get()
 	committed := uint32(FileSync)
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
 		if st := g.killPrivs(ctx, f); st != OK {
@@ -518,7 +518,7 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 	// After the flush: a loss before or during it changed the verifier,
 	// even one whose failure another call took (and this flush had
 	// nothing left to send); read before, it would vouch for lost writes.
-	verf := g.verf.get(ino)
+	verf := g.verf.get()
 	switch {
 	case st != OK:
 	case a.Type == metaapi.TypeDir:
