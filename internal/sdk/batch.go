@@ -82,6 +82,7 @@ const guessBlock = 64 << 10
 
 // batchPiece is one chunk's part of a read.
 type batchPiece struct {
+	idx      int // of the read
 	read     *BatchRead
 	s        span // file range
 	chunkOff int64
@@ -93,33 +94,59 @@ type batchPiece struct {
 	err      error
 }
 
-// Read performs reads, setting each one's N and Err. It returns when all
-// are done.
-func (b *Batcher) Read(ctx context.Context, reads []BatchRead) {
+// Read performs reads, setting each one's N and Err, and calls done (if
+// not nil) with a read's index as soon as that read is complete: the
+// reads one request carries complete together, in their order, without
+// waiting for the other requests. done may run on any goroutine. Read
+// returns when every read is complete.
+func (b *Batcher) Read(ctx context.Context, reads []BatchRead, done func(i int)) {
 	c := b.c
 	byNode := map[string][]*batchPiece{}
 	var nodes []string
-	var singles, all []*batchPiece
+	var singles, now []*batchPiece
+	left := make([]int32, len(reads)) // pieces not complete, per read
+	var mu sync.Mutex                 // over the reads' Err
+	complete := func(i int) {
+		if rd := &reads[i]; rd.Err == nil && rd.N < len(rd.Dst) {
+			rd.Err = io.EOF
+		}
+		if done != nil {
+			done(i)
+		}
+	}
+	finish := func(p *batchPiece) {
+		mu.Lock()
+		rd := &reads[p.idx]
+		if p.err != nil && rd.Err == nil {
+			rd.N, rd.Err = 0, pathErr("read", rd.File.path, p.err)
+		}
+		left[p.idx]--
+		last := left[p.idx] == 0
+		mu.Unlock()
+		if last {
+			complete(p.idx)
+		}
+	}
+	var empty []int
 	for i := range reads {
 		rd := &reads[i]
 		rd.N, rd.Err = 0, nil
 		a := rd.File.Attr()
 		if rd.Off < 0 {
 			rd.Err = pathErr("read", rd.File.path, metaapi.Errorf(metaapi.EINVAL, "negative offset"))
+			empty = append(empty, i)
 			continue
 		}
 		n := min(int64(len(rd.Dst)), a.Size-rd.Off)
 		if n <= 0 {
-			if len(rd.Dst) > 0 {
-				rd.Err = io.EOF
-			}
+			empty = append(empty, i)
 			continue
 		}
 		rd.N = int(n)
 		_, ec := ecGeomOf(&a)
 		for _, s := range c.split(a.ChunkSize, rd.Off, n) {
-			p := &batchPiece{read: rd, s: s, chunkOff: s.off % a.ChunkSize, dst: rd.Dst[s.off-rd.Off:][:s.n]}
-			all = append(all, p)
+			p := &batchPiece{idx: i, read: rd, s: s, chunkOff: s.off % a.ChunkSize, dst: rd.Dst[s.off-rd.Off:][:s.n]}
+			left[i]++
 			if ec {
 				singles = append(singles, p)
 				continue
@@ -127,11 +154,13 @@ func (b *Batcher) Read(ctx context.Context, reads []BatchRead) {
 			ls, _, err := c.chunkLayouts(ctx, a.Ino, a.ChunkSize, s.off, s.n, false)
 			if err != nil {
 				p.err = err
+				now = append(now, p)
 				continue
 			}
 			l, ok := ls[s.off/a.ChunkSize]
 			if !ok {
 				clear(p.dst) // a hole
+				now = append(now, p)
 				continue
 			}
 			p.l = l
@@ -143,6 +172,12 @@ func (b *Batcher) Read(ctx context.Context, reads []BatchRead) {
 			byNode[addr] = append(byNode[addr], p)
 		}
 	}
+	for _, i := range empty {
+		complete(i)
+	}
+	for _, p := range now {
+		finish(p)
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, c.opts.Parallel)
 	for _, addr := range nodes {
@@ -152,39 +187,31 @@ func (b *Batcher) Read(ctx context.Context, reads []BatchRead) {
 			go func() {
 				defer func() { <-sem; wg.Done() }()
 				b.send(ctx, addr, ps)
+				for _, p := range ps {
+					if p.err != nil {
+						b.single(ctx, p)
+					}
+					finish(p)
+				}
 			}()
 		}
 	}
-	wg.Wait()
-	for _, ps := range byNode {
-		for _, p := range ps {
-			if p.err != nil {
-				p.err = nil
-				singles = append(singles, p)
-			}
-		}
-	}
-	for i, p := range singles {
+	for _, p := range singles {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			b.singles.Add(1)
-			f := p.read.File
-			p.err = f.readPiece(ctx, p.s, p.replica+1+i, func(d []byte) { copy(p.dst, d) })
+			b.single(ctx, p)
+			finish(p)
 		}()
 	}
 	wg.Wait()
-	for _, p := range all {
-		if p.err != nil && p.read.Err == nil {
-			p.read.N, p.read.Err = 0, pathErr("read", p.read.File.path, p.err)
-		}
-	}
-	for i := range reads {
-		if rd := &reads[i]; rd.Err == nil && rd.N < len(rd.Dst) {
-			rd.Err = io.EOF
-		}
-	}
+}
+
+// single reads p by the single read path, from another replica first.
+func (b *Batcher) single(ctx context.Context, p *batchPiece) {
+	b.singles.Add(1)
+	p.err = p.read.File.readPiece(ctx, p.s, p.replica+1, func(d []byte) { copy(p.dst, d) })
 }
 
 // blockSize is what node addr's blocks are known (or guessed) to be.

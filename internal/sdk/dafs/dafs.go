@@ -193,9 +193,10 @@ func (s *Session) check(op *Op) error {
 // Submit starts ops. It checks them all first: if any is malformed or
 // names a buffer not registered, or they would exceed the queue depth,
 // none is started and the error says why. Then it returns at once; each
-// op's completion arrives in the queue (Poll, Wait). The reads among ops
-// go in batches (one request per node); the completions of one Submit are
-// queued together, in the order of ops. Ending ctx cancels the ops still
+// op's completion arrives in the queue (Poll, Wait) as soon as the op is
+// complete. The reads among ops go in batches (one request per node);
+// the reads one request carries complete together, in the order of ops.
+// Completions are reaped oldest first. Ending ctx cancels the ops still
 // in flight: they complete with its error.
 func (s *Session) Submit(ctx context.Context, ops ...*Op) error {
 	if len(ops) == 0 {
@@ -226,17 +227,16 @@ func (s *Session) Submit(ctx context.Context, ops ...*Op) error {
 	return nil
 }
 
-// run performs one Submit's ops and queues their completions.
+// run performs one Submit's ops and queues each one's completion as
+// soon as it is complete.
 func (s *Session) run(ctx context.Context, ops []*Op) {
 	defer s.running.Done()
-	done := make([]Completion, len(ops))
 	var reads []sdk.BatchRead
 	var at []int
 	var wg sync.WaitGroup
 	for i, op := range ops {
-		done[i].Op = op
 		if err := ctx.Err(); err != nil {
-			done[i].Err = fmt.Errorf("dafs: op cancelled: %w", err)
+			s.complete(Completion{Op: op, Err: fmt.Errorf("dafs: op cancelled: %w", err)})
 			continue
 		}
 		mem := op.Buf.mem[op.BufOff : op.BufOff+op.Len]
@@ -244,7 +244,8 @@ func (s *Session) run(ctx context.Context, ops []*Op) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				done[i].N, done[i].Err = op.File.WriteAtContext(ctx, mem, op.Off)
+				n, err := op.File.WriteAtContext(ctx, mem, op.Off)
+				s.complete(s.cancelled(ctx, Completion{Op: op, N: n, Err: err}))
 			}()
 			continue
 		}
@@ -252,31 +253,33 @@ func (s *Session) run(ctx context.Context, ops []*Op) {
 		at = append(at, i)
 	}
 	if len(reads) > 0 {
-		s.b.Read(ctx, reads)
-		for j, r := range reads {
-			done[at[j]].N, done[at[j]].Err = r.N, r.Err
-		}
+		s.b.Read(ctx, reads, func(j int) {
+			s.complete(s.cancelled(ctx, Completion{Op: ops[at[j]], N: reads[j].N, Err: reads[j].Err}))
+		})
 	}
 	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		for i := range done {
-			if done[i].Err != nil && !errors.Is(done[i].Err, err) {
-				done[i].Err = fmt.Errorf("dafs: op cancelled: %w (%v)", err, done[i].Err)
-			}
-		}
+}
+
+// cancelled says so in a failed op's error if ctx has ended.
+func (s *Session) cancelled(ctx context.Context, c Completion) Completion {
+	if err := ctx.Err(); err != nil && c.Err != nil && !errors.Is(c.Err, err) {
+		c.Err = fmt.Errorf("dafs: op cancelled: %w (%v)", err, c.Err)
 	}
+	return c
+}
+
+// complete queues c and releases its op's hold on its buffer.
+func (s *Session) complete(c Completion) {
 	s.mu.Lock()
-	for _, op := range ops {
-		b := op.Buf
-		if b.inUse--; b.inUse == 0 && b.idle != nil {
-			close(b.idle)
-			b.idle = nil
-		}
+	defer s.mu.Unlock()
+	b := c.Op.Buf
+	if b.inUse--; b.inUse == 0 && b.idle != nil {
+		close(b.idle)
+		b.idle = nil
 	}
-	s.queue = append(s.queue, done...)
+	s.queue = append(s.queue, c)
 	close(s.changed)
 	s.changed = make(chan struct{})
-	s.mu.Unlock()
 }
 
 // Poll moves up to len(dst) completions from the queue into dst, oldest
