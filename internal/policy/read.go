@@ -118,12 +118,15 @@ type span struct {
 	info       store.Info
 	start, end int64
 	crcs       []uint32
+	first      []byte // the data from start, read by openSpan
 }
 
 // openSpan takes the view of [off, off+n) of chunk a read serves: the
 // blocks, cut at the chunk's end, and their stored checksums (appended to
-// crcs). A read past the chunk's end gets no data.
-func (x *reader) openSpan(chunk ids.ChunkID, off, n uint64, crcs []uint32) (span, error) {
+// crcs). A read past the chunk's end gets no data. The first piece of the
+// data (as much as fits buf) is read under the same view, saving a small
+// read its second look at the chunk; place and piece take it from there.
+func (x *reader) openSpan(chunk ids.ChunkID, off, n uint64, crcs []uint32, buf []byte) (span, error) {
 	rd, err := x.d.Store.OpenRead(chunk)
 	if err != nil {
 		return span{}, storeError(err)
@@ -137,6 +140,11 @@ func (x *reader) openSpan(chunk ids.ChunkID, off, n uint64, crcs []uint32) (span
 		if crcs, err = rd.Checksums(int(sp.start/bs), nb, crcs); err != nil {
 			return span{}, storeError(err)
 		}
+		first := buf[:min(int64(len(buf)), sp.end-sp.start)]
+		if _, err := rd.ReadAt(first, sp.start); err != nil && !errors.Is(err, io.EOF) {
+			return span{}, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", chunk, sp.start, err)
+		}
+		sp.first = first
 	}
 	sp.crcs = crcs
 	return sp, nil
@@ -153,6 +161,9 @@ func (sp *span) reply(bs int) wire.Reply {
 // mid-read ends the read with a retryable busy answer rather than mixing
 // versions.
 func (x *reader) piece(sp *span, buf []byte, pos int64) ([]byte, error) {
+	if pos == sp.start && sp.first != nil {
+		return sp.first, nil
+	}
 	n := min(int64(len(buf)), sp.end-pos)
 	rd, err := x.d.Store.OpenRead(sp.chunk)
 	if err != nil {
@@ -192,16 +203,15 @@ func (x *reader) place(r *engine.Request, sp *span, key, regionOff uint64, buf [
 // a view of its own (see piece). A client that stops reading therefore
 // delays nobody but itself.
 func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
-	sp, err := x.openSpan(h.Chunk, h.Off, h.Len, nil)
+	bp := x.bufs.Get().(*[]byte)
+	defer x.bufs.Put(bp)
+	buf := *bp
+	sp, err := x.openSpan(h.Chunk, h.Off, h.Len, nil, buf)
 	if err != nil {
 		return nil, err
 	}
 	rep := sp.reply(x.d.Store.BlockSize())
 	reply := wire.AppendReply(nil, &rep, sp.crcs, "")
-
-	bp := x.bufs.Get().(*[]byte)
-	defer x.bufs.Put(bp)
-	buf := *bp
 	if h.RegionKey != 0 {
 		if err := x.place(r, &sp, h.RegionKey, h.RegionOff, buf); err != nil {
 			return nil, err

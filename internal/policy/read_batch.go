@@ -97,7 +97,7 @@ func (x *reader) serveBatch(r *engine.Request) {
 		err := st.refused[i]
 		if err == nil {
 			var sp span
-			if sp, err = x.openSpan(d.Chunk, d.Off, uint64(d.Len), crcs[:0]); err == nil {
+			if sp, err = x.openSpan(d.Chunk, d.Off, uint64(d.Len), crcs[:0], *bp); err == nil {
 				crcs = sp.crcs
 				if err = x.place(r, &sp, d.RegionKey, d.RegionOff, *bp); err == nil {
 					rep := sp.reply(bs)
