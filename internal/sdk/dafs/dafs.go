@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/sdk"
@@ -52,8 +53,25 @@ type Session struct {
 	changed chan struct{} // closed (and replaced) when the queue grows
 	closed  bool
 	bufs    map[*Buffer]struct{}
+	// waiting are ops submitted and not started: they go out together
+	// when fewer than maxRuns groups of ops are in flight.
+	waiting []pendingOp
+	runs    int
 	running sync.WaitGroup
 }
+
+// pendingOp is a submitted op and the context it was submitted under.
+type pendingOp struct {
+	ctx context.Context
+	op  *Op
+}
+
+// maxRuns bounds the groups of ops a session has in flight. Ops
+// submitted meanwhile wait and then go together, so that a caller keeping
+// many ops outstanding by submitting each as another completes still
+// gets large batches — and a node a bounded number of requests (and
+// connections) from the session.
+const maxRuns = 2
 
 // New opens a session on c.
 func New(c *sdk.Client, opts Options) *Session {
@@ -195,9 +213,12 @@ func (s *Session) check(op *Op) error {
 // none is started and the error says why. Then it returns at once; each
 // op's completion arrives in the queue (Poll, Wait) as soon as the op is
 // complete. The reads among ops go in batches (one request per node);
-// the reads one request carries complete together, in the order of ops.
-// Completions are reaped oldest first. Ending ctx cancels the ops still
-// in flight: they complete with its error.
+// while earlier ops are in flight, ops of several Submits wait and go
+// together. The reads one request carries complete together, in the
+// order they were submitted. Completions are reaped oldest first. Ending
+// ctx cancels the ops not yet started; ops in flight are cancelled once
+// every op in flight with them has its context ended too. Cancelled ops
+// complete with the context's error.
 func (s *Session) Submit(ctx context.Context, ops ...*Op) error {
 	if len(ops) == 0 {
 		return nil
@@ -219,23 +240,57 @@ func (s *Session) Submit(ctx context.Context, ops ...*Op) error {
 	}
 	for _, op := range ops {
 		op.Buf.inUse++
+		s.waiting = append(s.waiting, pendingOp{ctx, op})
 	}
 	s.pending += len(ops)
-	s.running.Add(1)
+	s.startLocked()
 	s.mu.Unlock()
-	go s.run(ctx, ops)
 	return nil
 }
 
-// run performs one Submit's ops and queues each one's completion as
-// soon as it is complete.
-func (s *Session) run(ctx context.Context, ops []*Op) {
-	defer s.running.Done()
+// startLocked starts the waiting ops as one group if a run is free
+// (under s.mu).
+func (s *Session) startLocked() {
+	if len(s.waiting) == 0 || s.runs >= maxRuns {
+		return
+	}
+	group := s.waiting
+	s.waiting = nil
+	s.runs++
+	s.running.Add(1)
+	go s.run(group)
+}
+
+// run performs a group of ops (of one or several Submits) and queues each
+// one's completion as soon as it is complete. The group's I/O is
+// cancelled once every op's context has ended; an op whose context ended
+// before it started does no I/O.
+func (s *Session) run(group []pendingOp) {
+	defer func() {
+		s.mu.Lock()
+		s.runs--
+		s.startLocked()
+		s.mu.Unlock()
+		s.running.Done()
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var live atomic.Int32
+	live.Store(int32(len(group)))
+	for _, p := range group {
+		stop := context.AfterFunc(p.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
 	var reads []sdk.BatchRead
 	var at []int
 	var wg sync.WaitGroup
-	for i, op := range ops {
-		if err := ctx.Err(); err != nil {
+	for i, p := range group {
+		op := p.op
+		if err := p.ctx.Err(); err != nil {
 			s.complete(Completion{Op: op, Err: fmt.Errorf("dafs: op cancelled: %w", err)})
 			continue
 		}
@@ -245,7 +300,7 @@ func (s *Session) run(ctx context.Context, ops []*Op) {
 			go func() {
 				defer wg.Done()
 				n, err := op.File.WriteAtContext(ctx, mem, op.Off)
-				s.complete(s.cancelled(ctx, Completion{Op: op, N: n, Err: err}))
+				s.complete(s.cancelled(p.ctx, Completion{Op: op, N: n, Err: err}))
 			}()
 			continue
 		}
@@ -254,7 +309,8 @@ func (s *Session) run(ctx context.Context, ops []*Op) {
 	}
 	if len(reads) > 0 {
 		s.b.Read(ctx, reads, func(j int) {
-			s.complete(s.cancelled(ctx, Completion{Op: ops[at[j]], N: reads[j].N, Err: reads[j].Err}))
+			p := group[at[j]]
+			s.complete(s.cancelled(p.ctx, Completion{Op: p.op, N: reads[j].N, Err: reads[j].Err}))
 		})
 	}
 	wg.Wait()
