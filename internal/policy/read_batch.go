@@ -54,8 +54,10 @@ func (x *reader) batchHeader(r *engine.Request, hdr []byte) error {
 		d := h.At(i)
 		st.descs[i] = d
 		total += uint64(d.Len)
-		first, end := d.Off/bs, (d.Off+uint64(d.Len)+bs-1)/bs
-		blocks[i] = int(end - first)
+		// Len > 0 and Off+Len does not overflow (ParseBatch), so nor does
+		// this.
+		nb := (d.Off+uint64(d.Len)-1)/bs - d.Off/bs + 1
+		blocks[i] = int(nb)
 		c := &caps[d.Cap]
 		switch {
 		case capErr[d.Cap] != nil:
@@ -64,10 +66,10 @@ func (x *reader) batchHeader(r *engine.Request, hdr []byte) error {
 			st.refused[i] = wire.Errorf(wire.StatusAuth, "%v", c.Allows(capability.Read, d.Chunk, d.Off, uint64(d.Len)))
 		case c.RankOf(self) < 0:
 			st.refused[i] = wire.Errorf(wire.StatusAuth, "node %v holds no replica of chunk %v", self, d.Chunk)
-		case (end-first)*bs > uint64(d.Window):
+		case nb*bs > uint64(d.Window):
 			// The client learns the block size from the reply and asks
 			// again with a window that holds whole blocks.
-			st.refused[i] = wire.Errorf(wire.StatusBadRequest, "read needs a window of %d bytes (blocks of %d), has %d", (end-first)*bs, bs, d.Window)
+			st.refused[i] = wire.Errorf(wire.StatusBadRequest, "read needs a window of %d bytes (blocks of %d), has %d", nb*bs, bs, d.Window)
 		}
 	}
 	if total > uint64(x.d.MaxReadLen) {

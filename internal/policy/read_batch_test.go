@@ -101,6 +101,7 @@ func TestBatchRefusesForgedDescriptors(t *testing.T) {
 		{Chunk: 41, Off: 20000, Len: 100, Window: win, RegionKey: region.Key(), RegionOff: 2 * win, Cap: 0},
 		{Chunk: 41, Off: 0, Len: 4096, Window: win, RegionKey: region.Key(), RegionOff: 3 * win, Cap: 1},  // altered MAC
 		{Chunk: 41, Off: 0, Len: 4096, Window: 4096, RegionKey: region.Key(), RegionOff: 4 * win, Cap: 0}, // window under a block
+		{Chunk: 41, Off: 1<<64 - 1 - 4096, Len: 4096, Window: win, RegionKey: region.Key(), RegionOff: 4 * win, Cap: 0}, // at the end of the offset space
 	}
 	hdr, err := wire.AppendBatch(nil, descs, [][]byte{capA, forged})
 	if err != nil {
@@ -110,7 +111,7 @@ func TestBatchRefusesForgedDescriptors(t *testing.T) {
 	if whole != nil {
 		t.Fatalf("batch refused whole: %v %s", whole.Status, whole.Msg)
 	}
-	want := []wire.Status{wire.StatusOK, wire.StatusAuth, wire.StatusOK, wire.StatusAuth, wire.StatusBadRequest}
+	want := []wire.Status{wire.StatusOK, wire.StatusAuth, wire.StatusOK, wire.StatusAuth, wire.StatusBadRequest, wire.StatusAuth}
 	for i, r := range reps {
 		if r.Status != want[i] {
 			t.Errorf("descriptor %d: %v %s, want %v", i, r.Status, r.msg, want[i])
