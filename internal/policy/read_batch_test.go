@@ -99,8 +99,8 @@ func TestBatchRefusesForgedDescriptors(t *testing.T) {
 		{Chunk: 41, Off: 0, Len: 4096, Window: win, RegionKey: region.Key(), RegionOff: 0, Cap: 0},
 		{Chunk: 42, Off: 0, Len: 4096, Window: win, RegionKey: region.Key(), RegionOff: win, Cap: 0}, // capA does not cover 42
 		{Chunk: 41, Off: 20000, Len: 100, Window: win, RegionKey: region.Key(), RegionOff: 2 * win, Cap: 0},
-		{Chunk: 41, Off: 0, Len: 4096, Window: win, RegionKey: region.Key(), RegionOff: 3 * win, Cap: 1},  // altered MAC
-		{Chunk: 41, Off: 0, Len: 4096, Window: 4096, RegionKey: region.Key(), RegionOff: 4 * win, Cap: 0}, // window under a block
+		{Chunk: 41, Off: 0, Len: 4096, Window: win, RegionKey: region.Key(), RegionOff: 3 * win, Cap: 1},                // altered MAC
+		{Chunk: 41, Off: 0, Len: 4096, Window: 4096, RegionKey: region.Key(), RegionOff: 4 * win, Cap: 0},               // window under a block
 		{Chunk: 41, Off: 1<<64 - 1 - 4096, Len: 4096, Window: win, RegionKey: region.Key(), RegionOff: 4 * win, Cap: 0}, // at the end of the offset space
 	}
 	hdr, err := wire.AppendBatch(nil, descs, [][]byte{capA, forged})
