@@ -32,6 +32,7 @@ func tmpDir(tb testing.TB) string {
 // fixture is a real in-process cluster (meta and three nodes on
 // loopback), a client, and a file of random bytes written through it.
 type fixture struct {
+	c    *cluster.Cluster
 	cl   *sdk.Client
 	f    *sdk.File
 	data []byte
@@ -66,7 +67,7 @@ func newFixture(tb testing.TB, size int) *fixture {
 	if _, err := f.WriteAtContext(ctx, data, 0); err != nil {
 		tb.Fatal(err)
 	}
-	return &fixture{cl: cl, f: f, data: data}
+	return &fixture{c: c, cl: cl, f: f, data: data}
 }
 
 func waitAll(t *testing.T, s *dafs.Session, n int) []dafs.Completion {
@@ -362,5 +363,37 @@ func TestDeregisterWaitsForOpsInFlight(t *testing.T) {
 	}
 	if err := s.Deregister(ctx, buf); !errors.Is(err, dafs.ErrDeregistered) {
 		t.Fatalf("second Deregister: %v", err)
+	}
+}
+
+// TestNodeDownBatchesFallBack: with a node down, the pieces batched to
+// it fail as a whole and are read again one by one from the other
+// replicas: every read still completes with the bytes written.
+func TestNodeDownBatchesFallBack(t *testing.T) {
+	fx := newFixture(t, 4*testChunk) // replicas 3: every node holds every chunk
+	fx.c.Nodes[0].Close()
+	s := dafs.New(fx.cl, dafs.Options{})
+	defer s.Close()
+	const n = 64
+	buf, err := s.Register(make([]byte, n*4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(8, 9))
+	var ops []*dafs.Op
+	for i := range n {
+		ops = append(ops, dafs.ReadAsync(fx.f, rng.Int64N(int64(len(fx.data)-4096)), buf, i*4096, 4096))
+	}
+	if err := s.Submit(context.Background(), ops...); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range waitAll(t, s, n) {
+		op := c.Op
+		if c.Err != nil || !bytes.Equal(buf.Bytes()[op.BufOff:op.BufOff+4096], fx.data[op.Off:op.Off+4096]) {
+			t.Fatalf("read at %d with a node down: %v", op.Off, c.Err)
+		}
+	}
+	if st := s.Stats(); st.Singles == 0 {
+		t.Logf("no piece was bound for the stopped node: %+v", st)
 	}
 }
