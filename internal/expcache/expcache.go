@@ -73,7 +73,7 @@ type Cache struct {
 	mem       []byte
 	blockSize int
 	slots     []slot
-	index     map[key]uint32
+	index     map[ids.ChunkID]map[uint64]uint32 // chunk, block -> slot
 	hand      uint32 // the clock's hand
 	next      uint64 // the next fill's generation, even
 }
@@ -105,7 +105,7 @@ func New(mem []byte, blockSize int, genBase uint64) (*Cache, error) {
 	if n > 1<<31 {
 		n = 1 << 31
 	}
-	c := &Cache{mem: mem, blockSize: blockSize, slots: make([]slot, n), index: map[key]uint32{}, next: (genBase + 1) &^ 1}
+	c := &Cache{mem: mem, blockSize: blockSize, slots: make([]slot, n), index: map[ids.ChunkID]map[uint64]uint32{}, next: (genBase + 1) &^ 1}
 	if c.next == 0 {
 		c.next = 2 // 0 means empty
 	}
@@ -126,7 +126,7 @@ func (c *Cache) Slots() int { return len(c.slots) }
 func (c *Cache) Get(chunk ids.ChunkID, block, version uint64) (Ref, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	i, ok := c.index[key{chunk, block}]
+	i, ok := c.index[chunk][block]
 	if !ok || c.slots[i].refVal.Version < version {
 		return Ref{}, false
 	}
@@ -144,10 +144,15 @@ func (c *Cache) Fill(chunk ids.ChunkID, block, version uint64, data []byte) (Ref
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := key{chunk, block}
-	i, ok := c.index[k]
+	i, ok := c.index[chunk][block]
 	if !ok {
 		i = c.evictLocked()
-		c.index[k] = i
+		m := c.index[chunk]
+		if m == nil {
+			m = map[uint64]uint32{}
+			c.index[chunk] = m
+		}
+		m[block] = i
 	}
 	gen := c.next
 	c.next += 2
@@ -170,15 +175,14 @@ func (c *Cache) Fill(chunk ids.ChunkID, block, version uint64, data []byte) (Ref
 	return r, nil
 }
 
-// InvalidateChunk drops every block of chunk (its data is changing or
-// gone): their references fail from now on.
+// InvalidateChunk drops every block of chunk (its data changed or is
+// gone): their references fail from now on. Its cost is the chunk's
+// blocks held, not the cache's.
 func (c *Cache) InvalidateChunk(chunk ids.ChunkID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for k, i := range c.index {
-		if k.chunk == chunk {
-			c.dropLocked(i)
-		}
+	for _, i := range c.index[chunk] {
+		c.dropLocked(i)
 	}
 }
 
@@ -186,7 +190,7 @@ func (c *Cache) InvalidateChunk(chunk ids.ChunkID) {
 func (c *Cache) Invalidate(chunk ids.ChunkID, block uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if i, ok := c.index[key{chunk, block}]; ok {
+	if i, ok := c.index[chunk][block]; ok {
 		c.dropLocked(i)
 	}
 }
@@ -213,7 +217,12 @@ func (c *Cache) evictLocked() uint32 {
 // (never a reference's), so its references fail.
 func (c *Cache) dropLocked(i uint32) {
 	s := &c.slots[i]
-	delete(c.index, s.k)
+	if m := c.index[s.k.chunk]; m != nil {
+		delete(m, s.k.block)
+		if len(m) == 0 {
+			delete(c.index, s.k.chunk)
+		}
+	}
 	*s = slot{}
 	c.header(i).gen().Store(c.next + 1)
 	c.next += 2
