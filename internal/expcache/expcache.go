@@ -74,8 +74,8 @@ type Cache struct {
 	blockSize int
 	slots     []slot
 	index     map[ids.ChunkID]map[uint64]uint32 // chunk, block -> slot
-	hand      uint32 // the clock's hand
-	next      uint64 // the next fill's generation, even
+	hand      uint32                            // the clock's hand
+	next      uint64                            // the next fill's generation, even
 }
 
 // slot is the node's record of a slot (the header in the arena is the
