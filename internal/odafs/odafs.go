@@ -75,6 +75,9 @@ type Client struct {
 	data  map[BlockID]*list.Element // of *dataEntry
 	datLR *list.List
 	bytes int64
+	// epochs are the nodes' current runs, from the references learnt
+	// last: a reference of another run is dropped.
+	epochs map[ids.NodeID]uint64
 }
 
 type refEntry struct {
@@ -91,7 +94,7 @@ type dataEntry struct {
 // New returns a client's caches.
 func New(opts Options) *Client {
 	opts.defaults()
-	return &Client{opts: opts, refs: map[BlockID]*list.Element{}, refLR: list.New(), data: map[BlockID]*list.Element{}, datLR: list.New()}
+	return &Client{opts: opts, refs: map[BlockID]*list.Element{}, refLR: list.New(), data: map[BlockID]*list.Element{}, datLR: list.New(), epochs: map[ids.NodeID]uint64{}}
 }
 
 // Options returns the options in force (defaults filled in).
@@ -193,10 +196,25 @@ func (c *Client) Accept(id BlockID, r Ref, slot []byte, gen uint64, epoch uint64
 	return data, nil
 }
 
-// Learn records the reference a read reply carried for block id.
+// Epoch returns the run of node n the client last learnt references of.
+func (c *Client) Epoch(n ids.NodeID) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epochs[n]
+}
+
+// Learn records the reference a read reply carried for block id. A
+// reference of a new run of its node drops those of the node's earlier
+// runs (which fail, their regions gone).
 func (c *Client) Learn(id BlockID, r Ref) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if old, ok := c.epochs[r.Node]; !ok || old != r.Epoch {
+		c.epochs[r.Node] = r.Epoch
+		if ok {
+			c.forgetNodeLocked(r.Node)
+		}
+	}
 	if e, ok := c.refs[id]; ok {
 		e.Value.(*refEntry).ref = r
 		c.refLR.MoveToFront(e)
@@ -247,6 +265,10 @@ func (c *Client) Forget(id BlockID) {
 func (c *Client) ForgetNode(n ids.NodeID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.forgetNodeLocked(n)
+}
+
+func (c *Client) forgetNodeLocked(n ids.NodeID) {
 	for id, e := range c.refs {
 		if e.Value.(*refEntry).ref.Node == n {
 			c.refLR.Remove(e)

@@ -29,6 +29,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/odafs"
 	"github.com/sluicefs/sluice/internal/pki"
 )
 
@@ -59,7 +60,11 @@ type Options struct {
 	// FabricTLS reaches nodes over TLS, checking each is the node meant
 	// (fabrictls.go); the nodes must run with it too.
 	FabricTLS bool
-	Logger    *slog.Logger
+	// ODAFS, if set, turns on optimistic reads of nodes' exported caches
+	// (odafs.go): small reads of blocks the client holds references to
+	// go as one-sided reads, with no request for the node to serve.
+	ODAFS  *odafs.Options
+	Logger *slog.Logger
 }
 
 // Client is a connection to a cluster. It is safe for concurrent use.
@@ -67,6 +72,9 @@ type Client struct {
 	busyRetries atomic.Uint64
 	failovers   atomic.Uint64
 	fenced      atomic.Uint64
+	odReads     atomic.Uint64
+	odFallbacks atomic.Uint64
+	od          *odafs.Client // nil: no optimistic reads
 
 	opts    Options
 	bench   BenchOptions
@@ -131,6 +139,9 @@ func newClient(opts Options, bench BenchOptions, link *fabric.Link) (*Client, er
 		layouts: newLayoutCache(),
 	}
 	nodes.status = c.statusMap
+	if opts.ODAFS != nil {
+		c.od = odafs.New(*opts.ODAFS)
+	}
 	if opts.OpTimeout > 0 {
 		c.meta.RetryFor = opts.OpTimeout
 		if opts.WaitForMeta {
@@ -173,11 +184,17 @@ type Stats struct {
 	// fresh one).
 	Failovers uint64
 	Fenced    uint64
+	// Optimistic counts reads served from the client's cache and
+	// one-sided reads of nodes' exported caches (Options.ODAFS);
+	// OptimisticFallbacks, those that fell back to a request.
+	Optimistic          uint64
+	OptimisticFallbacks uint64
 }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
-	return Stats{BusyRetries: c.busyRetries.Load(), Failovers: c.failovers.Load(), Fenced: c.fenced.Load()}
+	return Stats{BusyRetries: c.busyRetries.Load(), Failovers: c.failovers.Load(), Fenced: c.fenced.Load(),
+		Optimistic: c.odReads.Load(), OptimisticFallbacks: c.odFallbacks.Load()}
 }
 
 // Meta gives access to the raw control-plane client (for tools).

@@ -62,6 +62,9 @@ const minAssumedBlock = wire.MinBlockSize
 // retried with backoff for up to BusyRetry once every replica has been
 // tried.
 func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n int64, first int, dst []byte) (piece, error) {
+	if p, ok := c.readOptimistic(ctx, l, off, n, dst); ok {
+		return p, nil
+	}
 	deadline := time.Now().Add(c.opts.BusyRetry)
 	backoff := time.Millisecond
 	for {
@@ -186,6 +189,9 @@ func (c *Client) readCopy(ctx context.Context, r metaapi.Replica, l *metaapi.Chu
 	data, bad, err := c.checkRead(r, l, &rep, region.Bytes(), off, n, partial)
 	if err != nil {
 		return piece{}, err
+	}
+	if len(bad) == 0 {
+		c.learnExport(r, l, &rep)
 	}
 	ok = true
 	return piece{region: region, data: data, off: off, version: rep.Version, length: int64(rep.ChunkLen), bad: bad}, nil

@@ -101,3 +101,16 @@ func parseExport(b []byte, e *Export) ([]byte, error) {
 	e.refs = b[exportFixed : exportFixed+exportRef*n]
 	return b[exportFixed+exportRef*n:], nil
 }
+
+// Detach copies decoded references into List, so that e outlives the
+// packet it was decoded from.
+func (e *Export) Detach() {
+	if e.refs == nil {
+		return
+	}
+	e.List = make([]ExportRef, e.N())
+	for i := range e.List {
+		e.List[i] = e.Ref(i)
+	}
+	e.refs = nil
+}
