@@ -27,7 +27,7 @@ import (
 // blocks and a cache too small for them keeps evicting, never return a
 // byte that was not committed: every read that passes its checks is one
 // write's whole block. SLUICE_OPTIMISTIC_READS sets how many (default
-// 200,000; the million was run by hand, see docs/direct-access.md).
+// 200,000; the million was run by hand: docs/architecture.md).
 func TestOptimisticReadsUnderWrites(t *testing.T) {
 	reads := 200_000
 	if testing.Short() {
