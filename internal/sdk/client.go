@@ -22,6 +22,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,6 +76,7 @@ type Client struct {
 	odReads     atomic.Uint64
 	odFallbacks atomic.Uint64
 	od          *odafs.Client // nil: no optimistic reads
+	slots       sync.Pool     // of *[]byte: an exported slot's copy (odafs.go)
 
 	opts    Options
 	bench   BenchOptions
@@ -141,6 +143,7 @@ func newClient(opts Options, bench BenchOptions, link *fabric.Link) (*Client, er
 	nodes.status = c.statusMap
 	if opts.ODAFS != nil {
 		c.od = odafs.New(*opts.ODAFS)
+		c.slots.New = func() any { return new([]byte) }
 	}
 	if opts.OpTimeout > 0 {
 		c.meta.RetryFor = opts.OpTimeout

@@ -67,7 +67,13 @@ func (c *Client) readOptimistic(ctx context.Context, l *metaapi.ChunkLayout, off
 			p.region = nil
 		}
 	}()
-	slot := make([]byte, expcache.HeaderSize+eb)
+	sp := c.slots.Get().(*[]byte)
+	defer c.slots.Put(sp)
+	if int64(cap(*sp)) < expcache.HeaderSize+eb {
+		*sp = make([]byte, expcache.HeaderSize+eb)
+	}
+	slot := (*sp)[:expcache.HeaderSize+eb]
+	keep := c.od.Options().CacheBytes > 0
 	for b := off / eb; b*eb < off+n; b++ {
 		id := odafs.BlockID{Chunk: l.Chunk, Block: uint64(b)}
 		path, data, ref := c.od.Plan(id, int(eb), l.Version, members)
@@ -80,7 +86,9 @@ func (c *Client) readOptimistic(ctx context.Context, l *metaapi.ChunkLayout, off
 				c.odFallbacks.Add(1)
 				return piece{}, false
 			}
-			c.od.Keep(id, ref.Version, append([]byte(nil), data...))
+			if keep {
+				c.od.Keep(id, ref.Version, append([]byte(nil), data...))
+			}
 		default:
 			return piece{}, false
 		}
