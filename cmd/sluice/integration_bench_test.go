@@ -188,3 +188,37 @@ func readCSV(t *testing.T, path string) [][]string {
 	}
 	return rows
 }
+
+// TestBenchODAFSTiny runs `sluice bench odafs` with few reads: a node
+// process with an exported cache, 4 KiB reads by request and
+// optimistically, each with a latency, the node's CPU per read, and
+// (optimistic) the share of reads that went optimistically.
+func TestBenchODAFSTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	out := filepath.Join(t.TempDir(), "results")
+	r := run(t, "", nil, "bench", "--reps", "300", "--out", out, "odafs")
+	if r.code != 0 {
+		t.Fatalf("bench odafs failed: %s", r)
+	}
+	rows := readCSV(t, filepath.Join(out, "odafs.csv"))
+	if got := strings.Join(rows[0], ","); got != "experiment,mode,fabric,size_bytes,ops,p50_us,p99_us,node_cpu_us_per_op,optimistic_share" {
+		t.Fatalf("header %q", got)
+	}
+	modes := map[string]bool{}
+	for _, row := range rows[1:] {
+		modes[row[1]] = true
+		if v, err := strconv.ParseFloat(row[5], 64); err != nil || v <= 0 {
+			t.Errorf("row %v: p50 %q", row, row[5])
+		}
+		if row[1] == "optimistic" {
+			if v, err := strconv.ParseFloat(row[8], 64); err != nil || v < 0.9 {
+				t.Errorf("row %v: only %q of the reads went optimistically", row, row[8])
+			}
+		}
+	}
+	if !modes["request"] || !modes["optimistic"] || len(rows) != 3 {
+		t.Fatalf("rows %v", rows)
+	}
+}

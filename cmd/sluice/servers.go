@@ -335,6 +335,7 @@ func (a *app) nodeCmd() *cobra.Command {
 		inventoryEvery                                      time.Duration
 		nodeID                                              uint32
 		ready                                               string
+		exportCache, exportBlock                            sizeFlag
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -365,6 +366,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, ID: ids.NodeID(nodeID), FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
 				ScrubInterval: scrubEvery, ScrubRate: scrubRate, InventoryInterval: inventoryEvery,
+				ExportCache: int64(exportCache), ExportBlock: int(exportBlock),
 			})
 			if err != nil {
 				return err
@@ -398,6 +400,9 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", 24*time.Hour, "re-read every chunk against its checksums this often (0: never)")
 	cmd.Flags().Int64Var(&scrubRate, "scrub-rate", 32<<20, "scrub at most this many bytes a second (0: unlimited)")
 	cmd.Flags().DurationVar(&inventoryEvery, "inventory-interval", node.DefaultInventoryInterval, "list this node's chunks to meta this often, to collect copies no file needs (negative: only when meta asks)")
+	exportBlock = node.DefaultExportBlock
+	cmd.Flags().Var(&exportCache, "export-cache", "memory for the exported cache, which clients read small blocks from with one-sided operations and no request (0: none; e.g. 64MiB)")
+	cmd.Flags().Var(&exportBlock, "export-block", "the exported cache's block size (a power of two, 512 bytes to 1MiB)")
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)

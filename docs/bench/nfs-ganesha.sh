@@ -81,7 +81,7 @@ func main() {
 	}
 }
 R
-(cd $D && GO111MODULE=off go build -o relay relay.go) || exit 1
+(cd $D && GO111MODULE=off go build -o relay relay.go) || { kill $GAN $NFS $UP; exit 1; }
 $D/relay 127.0.0.1:17796 127.0.0.1:17792 &
 REL=$!
 RURL="nfs://127.0.0.1$D/gexp/%s?version=3&nfsport=17796&mountport=17793&uid=0&gid=0"

@@ -119,7 +119,7 @@ var Experiments = []string{"write-latency", "replication", "goodput", "table-fil
 // Extra lists experiments run only by name: fuse needs FUSE and fio;
 // repair kills nodes and takes several GiB of tmpfs; users runs command
 // processes and, with fio and FUSE, a mount.
-var Extra = []string{"fuse", "repair", "nfs", "users"}
+var Extra = []string{"fuse", "repair", "nfs", "users", "odafs"}
 
 // Run runs the named experiments ("all" for every one).
 func Run(ctx context.Context, cfg Config, names []string) error {
@@ -159,6 +159,7 @@ func Run(ctx context.Context, cfg Config, names []string) error {
 			"repair":        repairBench,
 			"nfs":           nfsBench,
 			"users":         usersBench,
+			"odafs":         odafsBench,
 		}[name]
 		if !ok {
 			return fmt.Errorf("bench: unknown experiment %q (known: %s, all)", name, strings.Join(slices.Concat(Experiments, Extra), ", "))

@@ -391,6 +391,10 @@ func loopbackOnce(ctx context.Context, n int64, recv func(net.Conn) (int64, erro
 		m := min(int64(len(buf)), n-sent)
 		if _, err := c.Write(buf[:m]); err != nil {
 			c.Close()
+			// A receiver that failed hung up: its error is the cause.
+			if res := <-done; res.err != nil {
+				err = res.err
+			}
 			return 0, fmt.Errorf("bench: loopback TCP: %w", err)
 		}
 		sent += m

@@ -73,7 +73,10 @@ type Options struct {
 	FabricTLS bool
 	Fabric    fabric.Options
 	Engine    engine.Options
-	Logger    *slog.Logger
+	// ExportCache and ExportBlock of each node (node.Options).
+	ExportCache int64
+	ExportBlock int
+	Logger      *slog.Logger
 }
 
 // DefaultMetaListen is where `sluice up` and `sluice meta` listen unless told otherwise.
@@ -163,6 +166,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			ScrubInterval:     opts.ScrubInterval,
 			ScrubRate:         opts.ScrubRate,
 			InventoryInterval: opts.InventoryInterval,
+			ExportCache:       opts.ExportCache,
+			ExportBlock:       opts.ExportBlock,
 			Logger:            opts.Logger.With("svc", "node"+strconv.Itoa(i)),
 		})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/ids"
@@ -48,14 +49,10 @@ type Options struct {
 
 // Gateway serves the cluster's namespace over NFSv3.
 type Gateway struct {
-	cl  *sdk.Client
-	log *slog.Logger
-	ttl time.Duration
-	// verf is the write verifier (RFC 1813 §3.3.7): new at every start,
-	// and whenever writes answered UNSTABLE may have been lost (a
-	// background send failed), so that clients send them again.
-	verfMu sync.Mutex
-	verf   [8]byte
+	cl   *sdk.Client
+	log  *slog.Logger
+	ttl  time.Duration
+	verf verifier
 
 	bufOpts sdk.BufferOptions // for each file's write-behind and read-ahead
 
@@ -66,6 +63,10 @@ type Gateway struct {
 	closing map[ids.Ino][]*openFile
 
 	lists listings
+
+	// testHookOpened, if set (tests), runs after a handle is opened and
+	// before the gateway keeps it.
+	testHookOpened func(ids.Ino)
 
 	statMu sync.Mutex
 	stat   metaapi.StatusResp
@@ -91,6 +92,11 @@ type openFile struct {
 
 	closed   chan struct{} // closed once dropped and flushed (see closeFile)
 	closeErr error         // set before closed is closed
+
+	// gone says the file has been removed through the gateway: its
+	// buffered writes are dropped, and their failures are no loss (no
+	// one can read the file any more), so the verifier stays.
+	gone atomic.Bool
 }
 
 // defaultBufferBytes bounds write-behind and read-ahead when
@@ -116,9 +122,11 @@ func New(opts Options) (*Gateway, error) {
 	if g.ttl <= 0 {
 		g.ttl = time.Second
 	}
-	if _, err := rand.Read(g.verf[:]); err != nil {
+	var seed [8]byte
+	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, fmt.Errorf("nfs3: write verifier: %w", err)
 	}
+	g.verf.v = binary.BigEndian.Uint64(seed[:])
 	if opts.Exports == nil {
 		opts.Exports = nfsexport.Default()
 	}
@@ -143,7 +151,7 @@ func New(opts Options) (*Gateway, error) {
 		g.cache = newBlockCache(opts.CacheBytes)
 	}
 	g.bufs.New = func() any { b := make([]byte, MaxData); return &b }
-	g.bufOpts = sdk.BufferOptions{Sequential: 1, IdleFlush: idleFlush, OnLost: g.lost}
+	g.bufOpts = sdk.BufferOptions{Sequential: 1, IdleFlush: idleFlush}
 	if g.cache != nil {
 		// Read ahead in the cache's blocks, from its spare buffers, so
 		// that a block read ahead becomes a cache block without a copy.
@@ -179,35 +187,32 @@ func nfsIdempotent(_, proc uint32) bool {
 	return true
 }
 
-// verifier is the current write verifier.
-func (g *Gateway) verifier() [8]byte {
-	g.verfMu.Lock()
-	defer g.verfMu.Unlock()
-	return g.verf
-}
-
-// lost changes the write verifier: writes answered UNSTABLE may not have
-// reached the cluster, and clients holding them must send them again.
-func (g *Gateway) lost(err error) {
-	g.log.Warn("nfs: buffered writes failed; changing the write verifier", "err", err)
-	g.verfMu.Lock()
-	defer g.verfMu.Unlock()
-	binary.BigEndian.PutUint64(g.verf[:], binary.BigEndian.Uint64(g.verf[:])+1)
+// lost changes the write verifier: writes to ino answered UNSTABLE may
+// not have reached the cluster, and clients holding them must send them
+// again.
+func (g *Gateway) lost(ino ids.Ino, err error) {
+	g.log.Warn("nfs: buffered writes failed; changing the write verifier", "ino", ino, "err", err)
+	g.verf.lost()
 }
 
 // settle makes what the gateway buffered for ino durable and recorded
 // with meta (before its attributes are reported or changed).
 func (g *Gateway) settle(ctx context.Context, ino ids.Ino) error {
-	if err := g.waitClosing(ctx, ino); err != nil {
-		return err
-	}
+	// The kept handle and the dropped ones in one look: a handle dropped
+	// between two looks (forget) would be in neither, its writes not
+	// waited for. One dropped after this look is flushed here, or by its
+	// close, which this Flush waits for.
 	g.filesMu.Lock()
 	of := g.files[ino]
+	closing := slices.Clone(g.closing[ino])
 	g.filesMu.Unlock()
+	if err := waitClosed(ctx, closing); err != nil {
+		return err
+	}
 	if of == nil || !of.b.Pending() {
 		return nil
 	}
-	// A failure lost buffered writes: the verifier changed already
+	// A failure lost buffered writes: the file's verifier changed already
 	// (sdk.Buffered calls OnLost, g.lost, at every loss, and only then).
 	return of.b.Flush(ctx)
 }
@@ -218,6 +223,12 @@ func (g *Gateway) waitClosing(ctx context.Context, ino ids.Ino) error {
 	g.filesMu.Lock()
 	closing := slices.Clone(g.closing[ino])
 	g.filesMu.Unlock()
+	return waitClosed(ctx, closing)
+}
+
+// waitClosed waits until the dropped handles closing have sent what they
+// buffered, and returns their failure.
+func waitClosed(ctx context.Context, closing []*openFile) error {
 	for _, c := range closing {
 		select {
 		case <-c.closed:
@@ -246,6 +257,29 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 		return of, nil
 	}
 	if of == nil {
+		return g.open(ctx, ino)
+	}
+	a, err := g.cl.GetAttr(ctx, ino)
+	if err != nil {
+		return nil, err
+	}
+	old := of.f.Attr()
+	if old.Mtime != a.Mtime || old.Size != a.Size || old.Ctime != a.Ctime {
+		g.cl.ForgetLayouts(ino) // changed elsewhere: no stale chunk layouts
+	}
+	if a.Ctime >= old.Ctime { // not older than a write through this handle
+		of.f.SetAttr(a)
+	}
+	g.filesMu.Lock()
+	of.at = time.Now()
+	g.filesMu.Unlock()
+	return of, nil
+}
+
+// open opens a handle of ino for the gateway to keep, or returns the one
+// another call opened meanwhile.
+func (g *Gateway) open(ctx context.Context, ino ids.Ino) (*openFile, error) {
+	for {
 		// A dropped handle's writes go first: older, they must not land
 		// on top of writes through a new one, whose attributes include
 		// them. (Its failure is not this call's: the verifier changed,
@@ -253,34 +287,60 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 		if err := g.waitClosing(ctx, ino); ctx.Err() != nil {
 			return nil, err
 		}
-	}
-	a, err := g.cl.GetAttr(ctx, ino)
-	if err != nil {
-		return nil, err
-	}
-	if of != nil {
-		old := of.f.Attr()
-		if old.Mtime != a.Mtime || old.Size != a.Size || old.Ctime != a.Ctime {
-			g.cl.ForgetLayouts(ino) // changed elsewhere: no stale chunk layouts
+		a, err := g.cl.GetAttr(ctx, ino)
+		if err != nil {
+			return nil, err
 		}
-		if a.Ctime >= old.Ctime { // not older than a write through this handle
-			of.f.SetAttr(a)
+		f, err := g.cl.OpenAttr(a, fmt.Sprintf("inode %d", ino))
+		if err != nil {
+			return nil, err
+		}
+		of := &openFile{f: f, at: time.Now()}
+		bo := g.bufOpts
+		bo.OnLost = func(err error) {
+			if of.gone.Load() {
+				g.log.Debug("nfs: buffered writes to a removed file dropped", "ino", ino, "err", err)
+				return
+			}
+			g.lost(ino, err)
+		}
+		of.b = sdk.NewBuffered(f, bo)
+		if g.testHookOpened != nil {
+			g.testHookOpened(ino)
 		}
 		g.filesMu.Lock()
-		of.at = time.Now()
+		if cur := g.files[ino]; cur != nil { // another call opened it meanwhile
+			g.filesMu.Unlock()
+			return cur, nil
+		}
+		if g.sendingLocked(ino) {
+			// Another call opened one meanwhile, wrote through it and
+			// dropped it, its writes still on their way: wait for them
+			// and read the attributes again.
+			g.filesMu.Unlock()
+			continue
+		}
+		g.insertLocked(ino, of)
 		g.filesMu.Unlock()
 		return of, nil
 	}
-	f, err := g.cl.OpenAttr(a, fmt.Sprintf("inode %d", ino))
-	if err != nil {
-		return nil, err
+}
+
+// sendingLocked reports whether a dropped handle of ino is still sending
+// its buffered writes. Caller holds filesMu.
+func (g *Gateway) sendingLocked(ino ids.Ino) bool {
+	for _, c := range g.closing[ino] {
+		select {
+		case <-c.closed:
+		default:
+			return true
+		}
 	}
-	of = &openFile{f: f, b: sdk.NewBuffered(f, g.bufOpts), at: time.Now()}
-	g.filesMu.Lock()
-	if cur := g.files[ino]; cur != nil { // another call opened it meanwhile
-		g.filesMu.Unlock()
-		return cur, nil
-	}
+	return false
+}
+
+// insertLocked keeps of as ino's handle. Caller holds filesMu.
+func (g *Gateway) insertLocked(ino ids.Ino, of *openFile) {
 	if len(g.files) >= maxOpenFiles {
 		// Drop one at random, but not one with writes buffered: those
 		// must land before any later write to the file (there are at
@@ -294,8 +354,6 @@ func (g *Gateway) file(ctx context.Context, ino ids.Ino) (*openFile, error) {
 		}
 	}
 	g.files[ino] = of
-	g.filesMu.Unlock()
-	return of, nil
 }
 
 // closingLocked starts closing of, just dropped from files, and keeps it
@@ -320,7 +378,11 @@ func (g *Gateway) kept(ino ids.Ino, of *openFile) bool {
 func (g *Gateway) closeFile(ino ids.Ino, of *openFile) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	of.closeErr = of.b.Close(ctx)
+	if of.gone.Load() {
+		of.b.Drop() // nobody can read them: not sent
+	} else if err := of.b.Close(ctx); !of.gone.Load() {
+		of.closeErr = err
+	}
 	close(of.closed)
 	g.filesMu.Lock()
 	defer g.filesMu.Unlock()
@@ -346,6 +408,33 @@ func (g *Gateway) forget(ino ids.Ino) {
 	}
 	g.filesMu.Unlock()
 	g.invalidate(ino)
+}
+
+// forgetGone is forget for a file a REMOVE or RENAME through the gateway
+// may have removed (its last name gone): if meta no longer knows the
+// inode, the handles of it are marked gone first, so that their buffered
+// writes are dropped rather than sent and failing, which would change
+// the verifier for every client (a temporary file written and removed
+// before its writes were sent is common). A failure noted before the
+// mark changed the verifier, as any loss does. A file kept (another
+// name, open elsewhere) is only forgotten.
+func (g *Gateway) forgetGone(ctx context.Context, ino ids.Ino) {
+	g.filesMu.Lock()
+	held := g.files[ino] != nil || len(g.closing[ino]) > 0
+	g.filesMu.Unlock()
+	if held {
+		if _, err := g.cl.GetAttr(ctx, ino); metaapi.IsCode(err, metaapi.ENOENT) {
+			g.filesMu.Lock()
+			if of := g.files[ino]; of != nil {
+				of.gone.Store(true)
+			}
+			for _, of := range g.closing[ino] {
+				of.gone.Store(true)
+			}
+			g.filesMu.Unlock()
+		}
+	}
+	g.forget(ino)
 }
 
 // invalidate drops ino's cached data (after a change through the

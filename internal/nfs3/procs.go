@@ -456,7 +456,7 @@ func (g *Gateway) write(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool 
 	}
 	// The verifier before the write: a loss of this write's buffer, even
 	// one that comes before the reply, changes it after.
-	verf := g.verifier()
+	verf := g.verf.get()
 	committed := uint32(FileSync)
 	if count > 0 { // a zero-byte WRITE changes nothing, not even the size
 		if st := g.killPrivs(ctx, f); st != OK {
@@ -508,7 +508,6 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 		putWcc(w, nil)
 		return true
 	}
-	verf := g.verifier() // before the flush: a failure changes it
 	var a metaapi.Attr
 	st := OK
 	if err := g.settle(ctx, ino); err != nil {
@@ -516,6 +515,10 @@ func (g *Gateway) commit(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 	} else {
 		a, st = g.getAttrErr(ctx, ino)
 	}
+	// After the flush: a loss before or during it changed the verifier,
+	// even one whose failure another call took (and this flush had
+	// nothing left to send); read before, it would vouch for lost writes.
+	verf := g.verf.get()
 	switch {
 	case st != OK:
 	case a.Type == metaapi.TypeDir:

@@ -238,7 +238,11 @@ func (g *Gateway) remove(ctx context.Context, r *xdr.Reader, w *xdr.Writer, isDi
 	victim, _ := g.cl.Lookup(ctx, dir, name)
 	dirs, err := g.cl.RemoveIn(ctx, dir, name, isDir, false)
 	if victim.Ino != 0 {
-		g.forget(victim.Ino)
+		if err == nil {
+			g.forgetGone(ctx, victim.Ino)
+		} else {
+			g.forget(victim.Ino)
+		}
 	}
 	w.Uint32(uint32(g.dirStatus(ctx, dir, err)))
 	putWcc(w, g.dirAfter(ctx, dir, dirs))
@@ -264,12 +268,20 @@ func (g *Gateway) rename(ctx context.Context, r *xdr.Reader, w *xdr.Writer) bool
 	}
 	var dirs []metaapi.Attr
 	if st == OK {
-		if victim, err := g.cl.Lookup(ctx, to, tname); err == nil {
-			g.forget(victim.Ino)
-		}
+		// A file renamed over is forgotten after: if that was its last
+		// name, its buffered writes are dropped (forgetGone), not sent
+		// while it goes and failing.
+		victim, verr := g.cl.Lookup(ctx, to, tname)
 		var err error
 		dirs, err = g.cl.RenameIn(ctx, from, fname, to, tname, false, false)
 		st = statusOf(err)
+		switch {
+		case verr != nil:
+		case err == nil:
+			g.forgetGone(ctx, victim.Ino)
+		default:
+			g.forget(victim.Ino)
+		}
 	}
 	w.Uint32(uint32(st))
 	if ferr != nil || terr != nil {

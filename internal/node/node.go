@@ -73,7 +73,10 @@ type Options struct {
 	// which answers the copies no file needs (inventory.go); 0:
 	// DefaultInventoryInterval, negative: only when meta asks.
 	InventoryInterval time.Duration
-	Logger            *slog.Logger
+	// ExportCache: bytes of exported cache (0: none), blocks of ExportBlock (export.go).
+	ExportCache int64
+	ExportBlock int
+	Logger      *slog.Logger
 }
 
 // Node is a running storage node.
@@ -112,6 +115,7 @@ type Node struct {
 	verifyNext   atomic.Bool   // ... reading every block
 	lastSweep    time.Time     // of expired tombstones (control loop only)
 	capKeysMu    sync.Mutex    // one change of the keyring (and its file) at a time
+	export       atomic.Pointer[policy.Export]
 }
 
 type identity struct {
@@ -184,7 +188,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	n.keys = n.newKeyring()
 	n.store, err = store.Open(store.Options{Dir: filepath.Join(opts.DataDir, "store"), BlockSize: opts.BlockSize, Logger: opts.Logger,
 		OnCorrupt: func(id ids.ChunkID, version uint64, bad extent.List) { n.reportCorrupt(id, 0, version, bad) },
-		OnNoSpace: n.reportSoon})
+		OnNoSpace: n.reportSoon, OnChange: n.exportChanged})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -230,6 +234,9 @@ func (n *Node) serve() error {
 		return fmt.Errorf("node: %w", err)
 	}
 	n.pool = fabric.NewPool(n.fwd, 64)
+	if err := n.startExport(); err != nil {
+		return err
+	}
 	eopts := n.opts.Engine
 	eopts.Logger = n.log
 	eopts.OnEvent = n.onEvent
@@ -245,6 +252,7 @@ func (n *Node) serve() error {
 		Accumulators:   n.opts.Accumulators,
 		ReserveTimeout: n.opts.ReserveTimeout,
 		ReportCorrupt:  n.reportCorrupt,
+		Export:         n.export.Load(),
 		Logger:         n.log,
 	})
 	if n.eng, err = engine.New(eopts, n.pol.Contexts()...); err != nil {

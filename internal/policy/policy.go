@@ -61,6 +61,9 @@ type Deps struct {
 	// ReadSlots bounds reads served at once (each holds one buffer).
 	// Default 32.
 	ReadSlots int
+	// Export, if set, is the node's exported cache: small reads fill it
+	// and their replies carry references to its blocks.
+	Export *Export
 	// ReplicaAddr maps a node id to its fabric address from this node's
 	// view of the cluster map. A forward goes to that address for the next
 	// replica's id (which the capability's MAC covers), never to the

@@ -72,7 +72,7 @@ func addrs(nodes ...*node.Node) []string {
 }
 
 // write sends a whole write to the first node of nodes and returns the reply.
-func (e *env) write(t *testing.T, h wire.WriteHeader, nodes []*node.Node, data []byte) wire.Reply {
+func (e *env) write(t testing.TB, h wire.WriteHeader, nodes []*node.Node, data []byte) wire.Reply {
 	t.Helper()
 	hdr, err := wire.AppendWrite(nil, &h, addrs(nodes...))
 	if err != nil {
@@ -94,7 +94,7 @@ func (e *env) write(t *testing.T, h wire.WriteHeader, nodes []*node.Node, data [
 	return e.reply(t, pc, ch)
 }
 
-func (e *env) reply(t *testing.T, pc *fabric.PeerConn, ch <-chan *fabric.Packet) wire.Reply {
+func (e *env) reply(t testing.TB, pc *fabric.PeerConn, ch <-chan *fabric.Packet) wire.Reply {
 	t.Helper()
 	select {
 	case p, ok := <-ch:

@@ -11,6 +11,8 @@ import (
 	"github.com/sluicefs/sluice/internal/engine"
 	"github.com/sluicefs/sluice/internal/erasure"
 	"github.com/sluicefs/sluice/internal/extent"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/store"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -44,12 +46,14 @@ func newReader(d *Deps) *reader {
 const readScaledAt = 1
 
 // contexts are the read execution contexts: a survivor's partial decoding
-// for a rebuild (a scaled read) and, taking the rest, a plain read. Both
-// authenticate alike; they differ in how they serve.
+// for a rebuild (a scaled read), a batch of reads (read_batch.go) and,
+// taking the rest, a plain read. All authenticate alike; they differ in
+// how they serve.
 func (x *reader) contexts() []*engine.Context {
 	return []*engine.Context{
 		{Name: "read-scaled", Class: wire.OpRead, Match: []engine.Field{{At: readScaledAt, Mask: 0xff, Value: 1}},
 			Handlers: engine.Handlers{Header: x.header, Completion: x.scaledCompletion}},
+		x.batchContext(),
 		{Name: "read", Class: wire.OpRead, Handlers: engine.Handlers{Header: x.header, Completion: x.completion}},
 	}
 }
@@ -107,81 +111,127 @@ func (x *reader) serve(r *engine.Request, scaled bool) {
 	r.Finish(reply)
 }
 
-// read places the data and returns the reply (nil if the reply was sent
-// inline with the data). The chunk's read view (a shared lock that
-// commits wait for) is never held while sending: each piece is read under
-// a view of its own, and if a write commits between pieces the read ends
-// with a retryable busy answer rather than mixing versions. A client that
-// stops reading therefore delays nobody but itself.
-func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
-	rd, err := x.d.Store.OpenRead(h.Chunk)
+// span is what a read of a chunk range serves: the whole blocks
+// [start, end) holding it at one version (info), with their checksums.
+type span struct {
+	chunk      ids.ChunkID
+	info       store.Info
+	start, end int64
+	crcs       []uint32
+	first      []byte // the data from start, read by openSpan
+}
+
+// openSpan takes the view of [off, off+n) of chunk a read serves: the
+// blocks, cut at the chunk's end, and their stored checksums (appended to
+// crcs). A read past the chunk's end gets no data. The first piece of the
+// data (as much as fits buf) is read under the same view, saving a small
+// read its second look at the chunk; place and piece take it from there.
+func (x *reader) openSpan(chunk ids.ChunkID, off, n uint64, crcs []uint32, buf []byte) (span, error) {
+	rd, err := x.d.Store.OpenRead(chunk)
+	if err != nil {
+		return span{}, storeError(err)
+	}
+	defer rd.Close()
+	sp := span{chunk: chunk, info: rd.Info()}
+	bs := int64(x.d.Store.BlockSize())
+	sp.start = int64(off) / bs * bs
+	sp.end = max(min((int64(off+n)+bs-1)/bs*bs, sp.info.Length), sp.start)
+	if nb := int((sp.end - sp.start + bs - 1) / bs); nb > 0 {
+		if crcs, err = rd.Checksums(int(sp.start/bs), nb, crcs); err != nil {
+			return span{}, storeError(err)
+		}
+		first := buf[:min(int64(len(buf)), sp.end-sp.start)]
+		if _, err := rd.ReadAt(first, sp.start); err != nil && !errors.Is(err, io.EOF) {
+			return span{}, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", chunk, sp.start, err)
+		}
+		sp.first = first
+	}
+	sp.crcs = crcs
+	return sp, nil
+}
+
+// reply is the answer describing sp's data.
+func (sp *span) reply(bs int) wire.Reply {
+	return wire.Reply{Status: wire.StatusOK, Version: sp.info.Version, ChunkLen: uint64(sp.info.Length),
+		DataOff: uint64(sp.start), DataLen: uint64(sp.end - sp.start), BlockSize: uint32(bs)}
+}
+
+// piece reads sp's bytes from pos, as many as fit buf, under a fresh view
+// of the chunk that must still be at sp's version: a write committing
+// mid-read ends the read with a retryable busy answer rather than mixing
+// versions.
+func (x *reader) piece(sp *span, buf []byte, pos int64) ([]byte, error) {
+	if pos == sp.start && sp.first != nil {
+		return sp.first, nil
+	}
+	n := min(int64(len(buf)), sp.end-pos)
+	rd, err := x.d.Store.OpenRead(sp.chunk)
 	if err != nil {
 		return nil, storeError(err)
 	}
-	info := rd.Info()
-	bs := int64(x.d.Store.BlockSize())
-	start := int64(h.Off) / bs * bs
-	end := min((int64(h.Off+h.Len)+bs-1)/bs*bs, info.Length)
-	end = max(end, start) // a read past the chunk's end gets no data
-	nb := int((end - start + bs - 1) / bs)
-	var crcs []uint32
-	if nb > 0 {
-		if crcs, err = rd.Checksums(int(start/bs), nb, make([]uint32, 0, nb)); err != nil {
-			rd.Close()
-			return nil, storeError(err)
-		}
+	defer rd.Close()
+	if rd.Info() != sp.info {
+		return nil, wire.Errorf(wire.StatusBusy, "chunk %v changed during the read (version %d, now %d)", sp.chunk, sp.info.Version, rd.Info().Version)
 	}
-	rd.Close()
-	reply := wire.AppendReply(nil, &wire.Reply{Status: wire.StatusOK, Version: info.Version, ChunkLen: uint64(info.Length),
-		DataOff: uint64(start), DataLen: uint64(end - start), BlockSize: uint32(bs)}, crcs, "")
+	if _, err := rd.ReadAt(buf[:n], pos); err != nil && !errors.Is(err, io.EOF) {
+		return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", sp.chunk, pos, err)
+	}
+	return buf[:n], nil
+}
 
+// place puts sp's data into the requester's region key from regionOff
+// with one-sided WRITEs (direct placement, no copy through the message
+// stream), piece by piece through buf. A reply sent afterwards on the
+// same connection arrives after them.
+func (x *reader) place(r *engine.Request, sp *span, key, regionOff uint64, buf []byte) error {
+	for pos := sp.start; pos < sp.end; {
+		b, err := x.piece(sp, buf, pos)
+		if err != nil {
+			return err
+		}
+		if err := r.Conn.Write(context.Background(), key, regionOff+uint64(pos-sp.start), b, false); err != nil {
+			return wire.Errorf(wire.StatusIO, "placing data in the client's region: %v", err)
+		}
+		pos += int64(len(b))
+	}
+	return nil
+}
+
+// read places the data and returns the reply (nil if the reply was sent
+// inline with the data). The chunk's read view (a shared lock that
+// commits wait for) is never held while sending: each piece is read under
+// a view of its own (see piece). A client that stops reading therefore
+// delays nobody but itself.
+func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
 	bp := x.bufs.Get().(*[]byte)
 	defer x.bufs.Put(bp)
 	buf := *bp
-	// piece reads [pos, pos+n) under a fresh view of the same version.
-	piece := func(pos int64) ([]byte, error) {
-		n := min(int64(len(buf)), end-pos)
-		rd, err := x.d.Store.OpenRead(h.Chunk)
-		if err != nil {
-			return nil, storeError(err)
-		}
-		defer rd.Close()
-		if rd.Info() != info {
-			return nil, wire.Errorf(wire.StatusBusy, "chunk %v changed during the read (version %d, now %d)", h.Chunk, info.Version, rd.Info().Version)
-		}
-		if _, err := rd.ReadAt(buf[:n], pos); err != nil && !errors.Is(err, io.EOF) {
-			return nil, wire.Errorf(wire.StatusIO, "reading chunk %v at %d: %v", h.Chunk, pos, err)
-		}
-		return buf[:n], nil
+	sp, err := x.openSpan(h.Chunk, h.Off, h.Len, nil, buf)
+	if err != nil {
+		return nil, err
 	}
+	rep := sp.reply(x.d.Store.BlockSize())
+	rep.Export = x.exportRefs(&sp)
+	reply := wire.AppendReply(nil, &rep, sp.crcs, "")
 	if h.RegionKey != 0 {
-		// Direct placement: one-sided WRITEs into the client's buffer; the
-		// reply that follows on the same connection arrives after them.
-		for pos := start; pos < end; {
-			b, err := piece(pos)
-			if err != nil {
-				return nil, err
-			}
-			if err := r.Conn.Write(context.Background(), h.RegionKey, h.RegionOff+uint64(pos-start), b, false); err != nil {
-				return nil, wire.Errorf(wire.StatusIO, "placing data in the client's region: %v", err)
-			}
-			pos += int64(len(b))
+		if err := x.place(r, &sp, h.RegionKey, h.RegionOff, buf); err != nil {
+			return nil, err
 		}
 		return reply, nil
 	}
 	// Inline: the data follows the reply in the same message.
-	mw, err := r.Conn.Begin(r.ID, reply, end == start)
+	mw, err := r.Conn.Begin(r.ID, reply, sp.end == sp.start)
 	if err != nil {
 		return nil, err
 	}
-	for pos := start; pos < end; {
-		b, err := piece(pos)
+	for pos := sp.start; pos < sp.end; {
+		b, err := x.piece(&sp, buf, pos)
 		if err != nil {
 			mw.Abort(err) // the reply is already out: only closing can say so
 			return nil, err
 		}
 		pos += int64(len(b))
-		if err := mw.Write(b, pos == end); err != nil {
+		if err := mw.Write(b, pos == sp.end); err != nil {
 			mw.Abort(err)
 			return nil, err
 		}

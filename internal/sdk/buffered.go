@@ -235,7 +235,7 @@ func (b *Buffered) appendLocked(p []byte) bool {
 			nb = make([]byte, 0, size)
 		}
 		nb = append(nb, b.buf...)
-		b.opts.Budget.keep(b.buf)
+		b.keep(b.buf)
 		b.buf, b.charged = nb, int64(size)
 	}
 	b.buf = append(b.buf, p...)
@@ -245,8 +245,18 @@ func (b *Buffered) appendLocked(p []byte) bool {
 // releaseLocked gives the (empty) buffer's memory back. Caller holds b.mu.
 func (b *Buffered) releaseLocked() {
 	b.opts.Budget.give(b.charged)
-	b.opts.Budget.keep(b.buf)
+	b.keep(b.buf)
 	b.buf, b.charged = nil, 0
+}
+
+// keep offers buf, no longer used, to the Budget for reuse: only a whole
+// write buffer, the one size asked of it again. Smaller ones (outgrown
+// on the way to a whole one) took the Budget's few places for good, and
+// then no whole buffer was kept.
+func (b *Buffered) keep(buf []byte) {
+	if cap(buf) == b.opts.WriteBuffer {
+		b.opts.Budget.keep(buf)
+	}
 }
 
 // armIdleLocked (re)starts the idle flush. Caller holds b.mu.
@@ -287,7 +297,7 @@ func (b *Buffered) sendLocked() {
 		// The memory goes back now, not when the send is reaped: a file
 		// no one writes to again holds none.
 		b.opts.Budget.give(s.charged)
-		b.opts.Budget.keep(s.buf)
+		b.keep(s.buf)
 		s.buf = nil
 		close(s.done)
 	}()
@@ -421,12 +431,14 @@ func (b *Buffered) Buffered() (end, n int64) {
 }
 
 // Budget bounds the memory of the Buffered files sharing it, and keeps a
-// few full write buffers of closed files for the next ones.
+// few full write buffers of closed files for the next ones, within the
+// bound too: what is charged plus what is kept never exceeds it.
 type Budget struct {
-	mu    sync.Mutex
-	max   int64
-	used  int64
-	spare [][]byte
+	mu     sync.Mutex
+	max    int64
+	used   int64
+	spare  [][]byte
+	spareB int64 // bytes in spare
 }
 
 // maxSpare bounds the idle write buffers a Budget keeps.
@@ -444,6 +456,13 @@ func (g *Budget) take(n int64) bool {
 	defer g.mu.Unlock()
 	if g.used+n > g.max {
 		return false
+	}
+	// Spare buffers make room for a charge: they go to the collector.
+	for len(g.spare) > 0 && g.used+n+g.spareB > g.max {
+		last := len(g.spare) - 1
+		g.spareB -= int64(cap(g.spare[last]))
+		g.spare[last] = nil
+		g.spare = g.spare[:last]
 	}
 	g.used += n
 	return true
@@ -468,7 +487,9 @@ func (g *Budget) buffer(size int) []byte {
 	for i, s := range g.spare {
 		if cap(s) == size {
 			g.spare[i] = g.spare[len(g.spare)-1]
+			g.spare[len(g.spare)-1] = nil
 			g.spare = g.spare[:len(g.spare)-1]
+			g.spareB -= int64(cap(s))
 			g.mu.Unlock()
 			return s[:0]
 		}
@@ -484,7 +505,8 @@ func (g *Budget) keep(b []byte) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.spare) < maxSpare {
+	if len(g.spare) < maxSpare && g.used+g.spareB+int64(cap(b)) <= g.max {
 		g.spare = append(g.spare, b[:0])
+		g.spareB += int64(cap(b))
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/odafs"
 	"github.com/sluicefs/sluice/internal/pki"
 )
 
@@ -62,6 +64,10 @@ type Options struct {
 	// Fabric is how the client reaches nodes (fabric.Options.Fabric:
 	// tcp if empty, auto, shm).
 	Fabric fabric.Fabric
+	// ODAFS, if set, turns on optimistic reads of nodes' exported caches
+	// (odafs.go): small reads of blocks the client holds references to
+	// go as one-sided reads, with no request for the node to serve.
+	ODAFS  *odafs.Options
 	Logger *slog.Logger
 }
 
@@ -70,6 +76,10 @@ type Client struct {
 	busyRetries atomic.Uint64
 	failovers   atomic.Uint64
 	fenced      atomic.Uint64
+	odReads     atomic.Uint64
+	odFallbacks atomic.Uint64
+	od          *odafs.Client // nil: no optimistic reads
+	slots       sync.Pool     // of *[]byte: an exported slot's copy (odafs.go)
 
 	opts    Options
 	bench   BenchOptions
@@ -134,6 +144,10 @@ func newClient(opts Options, bench BenchOptions, link *fabric.Link) (*Client, er
 		layouts: newLayoutCache(),
 	}
 	nodes.status = c.statusMap
+	if opts.ODAFS != nil {
+		c.od = odafs.New(*opts.ODAFS)
+		c.slots.New = func() any { return new([]byte) }
+	}
 	if opts.OpTimeout > 0 {
 		c.meta.RetryFor = opts.OpTimeout
 		if opts.WaitForMeta {
@@ -176,11 +190,17 @@ type Stats struct {
 	// fresh one).
 	Failovers uint64
 	Fenced    uint64
+	// Optimistic counts reads served from the client's cache and
+	// one-sided reads of nodes' exported caches (Options.ODAFS);
+	// OptimisticFallbacks, those that fell back to a request.
+	Optimistic          uint64
+	OptimisticFallbacks uint64
 }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
-	return Stats{BusyRetries: c.busyRetries.Load(), Failovers: c.failovers.Load(), Fenced: c.fenced.Load()}
+	return Stats{BusyRetries: c.busyRetries.Load(), Failovers: c.failovers.Load(), Fenced: c.fenced.Load(),
+		Optimistic: c.odReads.Load(), OptimisticFallbacks: c.odFallbacks.Load()}
 }
 
 // Meta gives access to the raw control-plane client (for tools).

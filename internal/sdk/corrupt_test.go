@@ -82,7 +82,7 @@ func corruptReplicas(t *testing.T, c *cluster.Cluster, cl *sdk.Client, offs [3]i
 	return data, files
 }
 
-func startClusterWith(t *testing.T, opts cluster.Options) *cluster.Cluster {
+func startClusterWith(t testing.TB, opts cluster.Options) *cluster.Cluster {
 	t.Helper()
 	opts.Dir, opts.MetaListen, opts.ChunkSize = tmpDir(t), "127.0.0.1:0", testChunk
 	c, err := cluster.Start(context.Background(), opts)

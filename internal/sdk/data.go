@@ -279,6 +279,7 @@ func parseReply(p *fabric.Packet, err error) (wire.Reply, error) {
 		return wire.Reply{Status: r.Status}, err
 	}
 	r.CRCs = append([]byte(nil), r.CRCs...)
+	r.Export.Detach()
 	r.Msg = nil
 	return r, nil
 }

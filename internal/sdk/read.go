@@ -62,6 +62,9 @@ const minAssumedBlock = wire.MinBlockSize
 // retried with backoff for up to BusyRetry once every replica has been
 // tried.
 func (c *Client) readChunk(ctx context.Context, l *metaapi.ChunkLayout, off, n int64, first int, dst []byte) (piece, error) {
+	if p, ok := c.readOptimistic(ctx, l, off, n, dst); ok {
+		return p, nil
+	}
 	deadline := time.Now().Add(c.opts.BusyRetry)
 	backoff := time.Millisecond
 	for {
@@ -183,16 +186,33 @@ func (c *Client) readCopy(ctx context.Context, r metaapi.Replica, l *metaapi.Chu
 	if err != nil {
 		return piece{}, err
 	}
+	data, bad, err := c.checkRead(r, l, &rep, region.Bytes(), off, n, partial)
+	if err != nil {
+		return piece{}, err
+	}
+	if len(bad) == 0 {
+		c.learnExport(r, l, &rep)
+	}
+	ok = true
+	return piece{region: region, data: data, off: off, version: rep.Version, length: int64(rep.ChunkLen), bad: bad}, nil
+}
+
+// checkRead judges replica r's reply rep to a read of [off, off+n) of l
+// whose data was placed in buf from the reply's DataOff: the replica
+// must be at the layout's version or later, and every block must pass
+// its checksum (with partial, failing bytes are returned in bad instead).
+// It returns the requested bytes, aliasing buf.
+func (c *Client) checkRead(r metaapi.Replica, l *metaapi.ChunkLayout, rep *wire.Reply, buf []byte, off, n int64, partial bool) ([]byte, extent.List, error) {
 	if rep.Version < l.Version {
 		// A member behind meta's record (it lost its copy, or missed a
 		// write) needs reconciling as much as a corrupt one: report it
 		// bad throughout.
 		c.reportCorrupt(l, r.Node, rep.Version, nil)
-		return piece{}, fmt.Errorf("%w: at version %d, the last committed write is %d", errStale, rep.Version, l.Version)
+		return nil, nil, fmt.Errorf("%w: at version %d, the last committed write is %d", errStale, rep.Version, l.Version)
 	}
-	data, bad, err := rep.ReadData(region.Bytes(), off, n)
+	data, bad, err := rep.ReadData(buf, off, n)
 	if err != nil {
-		return piece{}, err
+		return nil, nil, err
 	}
 	if l.ZeroFrom > 0 && off+n > l.ZeroFrom {
 		// Bytes past a truncation point inside this chunk are stale.
@@ -202,11 +222,10 @@ func (c *Client) readCopy(ctx context.Context, r metaapi.Replica, l *metaapi.Chu
 	if len(bad) > 0 {
 		c.reportCorrupt(l, r.Node, rep.Version, bad)
 		if !partial {
-			return piece{}, fmt.Errorf("bytes %v fail their checksums", bad)
+			return nil, nil, fmt.Errorf("bytes %v fail their checksums", bad)
 		}
 	}
-	ok = true
-	return piece{region: region, data: data, off: off, version: rep.Version, length: int64(rep.ChunkLen), bad: bad}, nil
+	return data, bad, nil
 }
 
 // reportWindow is how long a client stays quiet about a copy it has

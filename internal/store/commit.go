@@ -125,6 +125,9 @@ func (w *Write) commit(info Info) (published bool, err error) {
 		w.c.mu.Unlock()
 		return false, fmt.Errorf("commit index batch: %w", err)
 	}
+	if s.onChange != nil {
+		s.onChange(w.id)
+	}
 	if d.ClearDoubt {
 		s.doubts.clear(w.id)
 	}

@@ -73,6 +73,9 @@ func (s *Store) delete(id ids.ChunkID) error {
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("commit delete: %w", err)
 	}
+	if s.onChange != nil {
+		s.onChange(id)
+	}
 	s.doubts.clear(id)
 	s.suspects.clear(id, 0)
 	if info.Version != 0 {

@@ -27,6 +27,12 @@ type Options struct {
 	// full (a write or the index met ENOSPC), so the caller can report
 	// its space at once. It must not block.
 	OnNoSpace func()
+	// OnChange, if set, is told of every chunk whose committed data
+	// changes (a write committed, the chunk deleted), at the moment it
+	// does: a copy of its bytes kept elsewhere (the exported cache) is
+	// stale from then on. It runs under the chunk's lock and must not
+	// block.
+	OnChange func(id ids.ChunkID)
 }
 
 const (

@@ -49,6 +49,8 @@ type Store struct {
 	onCorrupt func(ids.ChunkID, uint64, extent.List)
 	// onNoSpace is Options.OnNoSpace.
 	onNoSpace func()
+	// onChange is Options.OnChange.
+	onChange func(ids.ChunkID)
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -93,6 +95,7 @@ func Open(opts Options) (*Store, error) {
 		gate:      newGate(),
 		onCorrupt: opts.OnCorrupt,
 		onNoSpace: opts.OnNoSpace,
+		onChange:  opts.OnChange,
 		disk:      diskID(opts.Dir),
 	}
 	s.copyBufs.New = func() any { b := make([]byte, copyBufSize); return &b }

@@ -96,7 +96,8 @@ const (
 	replyPartial = 1 << 0
 	replySkipped = 1 << 1 // Skipped follows the fixed part
 	replyCorrupt = 1 << 2
-	replyFlags   = replyPartial | replySkipped | replyCorrupt
+	replyExport  = 1 << 3 // an Export trailer follows Skipped
+	replyFlags   = replyPartial | replySkipped | replyCorrupt | replyExport
 )
 
 // MaxMsg bounds a reply's error text.
@@ -127,6 +128,9 @@ type Reply struct {
 	BlockSize uint32
 	CRCs      []byte // 4 bytes per block, little endian; aliases the packet
 	Msg       []byte // error text; aliases the packet
+	// Export: references to the read's blocks in the node's exported
+	// cache (Block 0: none).
+	Export Export
 }
 
 // CRC returns block i's checksum.
@@ -203,6 +207,9 @@ func (r *Reply) Err() error {
 // ReplySize is the encoded size of a reply with n checksums and msg.
 func ReplySize(n, msg int) int { return replyFixed + 4*n + min(msg, MaxMsg) }
 
+// ExportSize is what an Export trailer of n references adds to a reply.
+func ExportSize(n int) int { return exportFixed + exportRef*min(n, MaxExportRefs) }
+
 // MaxReadBlocks is how many block checksums fit in a reply on a
 // connection with the given MTU; a read may span at most that many
 // blocks. It lives here, beside the reply layout it derives from, so the
@@ -233,9 +240,15 @@ func AppendReply(b []byte, r *Reply, crcs []uint32, msg string) []byte {
 	if r.Corrupt {
 		flags |= replyCorrupt
 	}
+	if r.Export.Block != 0 && len(r.Export.List) > 0 {
+		flags |= replyExport
+	}
 	b = append(b, flags, 0, 0, 0)
 	if r.Skipped > 0 {
 		b = binary.LittleEndian.AppendUint64(b, r.Skipped)
+	}
+	if flags&replyExport != 0 {
+		b = appendExport(b, &r.Export)
 	}
 	for _, c := range crcs {
 		b = binary.LittleEndian.AppendUint32(b, c)
@@ -307,6 +320,13 @@ func ParseReply(b []byte, r *Reply) error {
 		rest = rest[8:]
 		if r.Skipped == 0 || r.Skipped >= r.Version {
 			return malformed("%d versions skipped below version %d", r.Skipped, r.Version)
+		}
+	}
+	r.Export = Export{}
+	if b[44]&replyExport != 0 {
+		var err error
+		if rest, err = parseExport(rest, &r.Export); err != nil {
+			return err
 		}
 	}
 	if n > len(rest)/4 || 4*n+msgLen != len(rest) {

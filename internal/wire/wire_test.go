@@ -260,6 +260,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(w)
 	f.Add(r)
 	f.Add(AppendReply(nil, &Reply{}, []uint32{1}, "x"))
+	f.Add(AppendReply(nil, &Reply{Version: 3, Skipped: 1, Export: Export{Epoch: 1, Region: 2, Block: 4096, First: 5, List: []ExportRef{{1, 2}, {3, 4}}}}, []uint32{1, 2}, "m"))
 	f.Add(AppendForward(w[:0:0], mustParse(f, w), 1, 9, 5))
 	f.Add(SealForward(AppendForward(nil, mustParse(f, w), 1, 9, 8), func([]byte) [SealSize]byte { return [SealSize]byte{1, 2} }))
 	f.Add(AppendReply(nil, &Reply{Status: StatusReplica, Partial: true, Version: 9, Skipped: 3}, []uint32{1}, "x"))
@@ -327,6 +328,25 @@ func FuzzParse(f *testing.F) {
 			_ = rp.NCRC()
 			if rp.NCRC() > 0 {
 				_ = rp.CRC(rp.NCRC() - 1)
+			}
+			if rp.Export.Block != 0 {
+				// Accepted references re-encode to the same bytes.
+				e := rp.Export
+				for i := range e.N() {
+					e.List = append(e.List, e.Ref(i))
+				}
+				if e.N() == 0 || e.N() > MaxExportRefs {
+					t.Fatalf("%d export references accepted", e.N())
+				}
+				crcs := make([]uint32, rp.NCRC())
+				for i := range crcs {
+					crcs[i] = rp.CRC(i)
+				}
+				again := rp
+				again.Export = e
+				if enc := AppendReply(nil, &again, crcs, string(rp.Msg)); !bytes.Equal(enc, b) {
+					t.Fatalf("reply with export references re-encodes differently:\n%x\n%x", b, enc)
+				}
 			}
 		}
 	})

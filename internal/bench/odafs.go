@@ -1,0 +1,153 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/odafs"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
+)
+
+// The odafs experiment (issue 19; seed 004's Table 7 and its claim that
+// optimistic reads leave the server's CPU idle): 4 KiB reads of blocks a
+// node holds, by read request and optimistically through the node's
+// exported cache, one at a time, the ways taking turns op by op; for
+// each its latency and the node process's CPU time per read (from
+// /proc). The node runs as a process of its own with --export-cache.
+
+const (
+	odafsBlock = 4 << 10
+	odafsFile  = 4 << 20 // the blocks read: all within the exported cache
+)
+
+func odafsBench(ctx context.Context, r *runner) error {
+	c, err := startCluster(ctx, &r.cfg, 1, []string{"--export-cache", "64MiB", "--export-block", "4KiB"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var nodePid int
+	for _, p := range c.nodes {
+		nodePid = p.Pid()
+	}
+	req, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU})
+	if err != nil {
+		return err
+	}
+	defer req.Close()
+	opt, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, ODAFS: &odafs.Options{CacheBytes: -1, BlockSize: odafsBlock}})
+	if err != nil {
+		return err
+	}
+	defer opt.Close()
+	if err := prepare(ctx, req, "/od", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
+		return err
+	}
+	data := randomData(odafsFile)
+	if _, err := req.Put(ctx, "/od/f", bytes.NewReader(data), 0o644); err != nil {
+		return err
+	}
+	fr, err := req.Open(ctx, "/od/f")
+	if err != nil {
+		return err
+	}
+	fo, err := opt.Open(ctx, "/od/f")
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, odafsBlock)
+	// One read of every block by request fills the exported cache and
+	// gives the optimistic client its references.
+	for off := int64(0); off < odafsFile; off += odafsBlock {
+		if _, err := fo.ReadAt(buf, off); err != nil {
+			return err
+		}
+	}
+	n := 20000
+	if r.cfg.Quick {
+		n = 4000
+	}
+	if r.repsGiven > 0 {
+		n = r.repsGiven
+	}
+	type mode struct {
+		name string
+		f    *sdk.File
+		lat  []time.Duration
+		cpu  time.Duration
+	}
+	modes := []*mode{{name: "request", f: fr}, {name: "optimistic", f: fo}}
+	// The node's CPU time at rest, to tell it from what the reads cost.
+	idle0, err := procCPU(nodePid)
+	if err != nil {
+		return err
+	}
+	idleStart := time.Now()
+	time.Sleep(2 * time.Second)
+	idle1, err := procCPU(nodePid)
+	if err != nil {
+		return err
+	}
+	idleRate := float64(idle1-idle0) / float64(time.Since(idleStart))
+	fmt.Fprintf(r.cfg.Log, "   node at rest: %.1f%% of a core\n", 100*idleRate)
+	// The ways take turns in blocks of ops, each block's node CPU time
+	// read before and after (the kernel counts it in 10 ms ticks).
+	const block = 2500
+	rng := rand.New(rand.NewPCG(1, 2))
+	offs := make([]int64, n)
+	for i := range offs {
+		offs[i] = rng.Int64N(odafsFile/odafsBlock) * odafsBlock
+	}
+	before := opt.Stats()
+	for b := 0; b*block < n; b++ {
+		for j := range modes {
+			m := modes[(b+j)%len(modes)]
+			c0, err := procCPU(nodePid)
+			if err != nil {
+				return err
+			}
+			for i := b * block; i < min(n, (b+1)*block); i++ {
+				off := offs[i]
+				start := time.Now()
+				if _, err := m.f.ReadAt(buf, off); err != nil {
+					return fmt.Errorf("%s read at %d: %w", m.name, off, err)
+				}
+				m.lat = append(m.lat, time.Since(start))
+				if i%997 == 0 && !bytes.Equal(buf, data[off:off+odafsBlock]) {
+					return fmt.Errorf("%s read at %d: wrong bytes", m.name, off)
+				}
+			}
+			c1, err := procCPU(nodePid)
+			if err != nil {
+				return err
+			}
+			m.cpu += c1 - c0
+		}
+	}
+	st := opt.Stats()
+	share := float64(st.Optimistic-before.Optimistic) / float64(n)
+	rows := [][]string{{"experiment", "mode", "fabric", "size_bytes", "ops", "p50_us", "p99_us", "node_cpu_us_per_op", "optimistic_share"}}
+	fmt.Fprintf(r.cfg.Log, "   %-11s %8s %8s %14s\n", "mode", "p50", "p99", "node CPU/op")
+	for _, m := range modes {
+		var p Point
+		summarize(&p, m.lat)
+		cpuPer := float64(m.cpu.Microseconds()) / float64(n)
+		sh := ""
+		if m.name == "optimistic" {
+			sh = strconv.FormatFloat(share, 'f', 3, 64)
+		}
+		fmt.Fprintf(r.cfg.Log, "   %-11s %8s %8s %12.1fµs %s\n", m.name, p.P50.Round(100*time.Nanosecond), p.P99.Round(100*time.Nanosecond), cpuPer, sh)
+		rows = append(rows, []string{"odafs", m.name, "tcp", strconv.Itoa(odafsBlock), strconv.Itoa(n),
+			strconv.FormatFloat(float64(p.P50.Nanoseconds())/1e3, 'f', 1, 64), strconv.FormatFloat(float64(p.P99.Nanoseconds())/1e3, 'f', 1, 64),
+			strconv.FormatFloat(cpuPer, 'f', 2, 64), sh})
+	}
+	r.wrote = true
+	return writeCSV(filepath.Join(r.cfg.Out, "odafs.csv"), rows)
+}

@@ -1,0 +1,63 @@
+package policy
+
+import (
+	"github.com/sluicefs/sluice/internal/crc32c"
+	"github.com/sluicefs/sluice/internal/expcache"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// Export is a node's exported cache (issue 19, seed 004's ODAFS): chunk
+// blocks kept in a registered region that clients read with one-sided
+// operations. Small reads fill it, and their replies carry references to
+// the blocks (wire.Export); the store's OnChange drops a chunk's blocks
+// when it changes.
+type Export struct {
+	Cache  *expcache.Cache
+	Region uint64 // the arena's region key
+	Epoch  uint64 // this run of the node
+}
+
+// maxExportSpan bounds the reads whose blocks are exported: small reads
+// are what optimistic reads are for, and their references fit the reply.
+const maxExportSpan = 64 << 10
+
+// exportRefs fills the exported cache with the blocks of sp that its
+// first piece holds — export blocks whole, or ending at the chunk's end
+// — whose store blocks pass their checksums, and returns the references
+// for the reply (Block 0: none).
+func (x *reader) exportRefs(sp *span) wire.Export {
+	e := x.d.Export
+	if e == nil || sp.end-sp.start > maxExportSpan || int64(len(sp.first)) < sp.end-sp.start || sp.end == sp.start {
+		return wire.Export{}
+	}
+	// Only intact data is exported: the client checks the slot's CRC,
+	// which the cache computes over what it is given.
+	bs := int64(x.d.Store.BlockSize())
+	for i, want := range sp.crcs {
+		b := sp.first[int64(i)*bs : min(int64(i+1)*bs, sp.end-sp.start)]
+		if crc32c.Checksum(b) != want {
+			return wire.Export{}
+		}
+	}
+	eb := int64(e.Cache.BlockSize())
+	first := (sp.start + eb - 1) / eb
+	var list []wire.ExportRef
+	for b := first; len(list) < wire.MaxExportRefs; b++ {
+		lo, hi := b*eb, min((b+1)*eb, sp.info.Length)
+		if hi > sp.end || lo >= hi {
+			break
+		}
+		r, ok := e.Cache.Get(sp.chunk, uint64(b), sp.info.Version)
+		if !ok || r.Version != sp.info.Version {
+			var err error
+			if r, err = e.Cache.Fill(sp.chunk, uint64(b), sp.info.Version, sp.first[lo-sp.start:hi-sp.start]); err != nil {
+				break
+			}
+		}
+		list = append(list, wire.ExportRef{Slot: r.Slot, Gen: r.Gen})
+	}
+	if len(list) == 0 {
+		return wire.Export{}
+	}
+	return wire.Export{Epoch: e.Epoch, Region: e.Region, Block: uint32(eb), First: uint64(first), List: list}
+}

@@ -1,0 +1,131 @@
+package sdk
+
+import (
+	"context"
+	"encoding/binary"
+
+	"github.com/sluicefs/sluice/internal/expcache"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/odafs"
+	"github.com/sluicefs/sluice/internal/wire"
+)
+
+// The client's side of optimistic reads (issue 19, seed 004's ODAFS),
+// on when Options.ODAFS is set: read replies from nodes with an exported
+// cache carry references to the read's blocks (learnExport); a later
+// small read of blocks the client holds references to reads them with
+// two one-sided operations each — the slot, then its generation — and
+// no request for the node's CPU to serve (readOptimistic). Anything that
+// does not check out (a slot refilled, a node restarted or no longer
+// holding the chunk, an older version than the layout's) falls back to
+// the read request, whose reply brings fresh references.
+
+// maxOptimistic bounds the reads tried optimistically.
+const maxOptimistic = 64 << 10
+
+// learnExport records the references replica r's reply rep carried.
+func (c *Client) learnExport(r metaapi.Replica, l *metaapi.ChunkLayout, rep *wire.Reply) {
+	x := &rep.Export
+	if c.od == nil || x.Block == 0 || int(x.Block) != c.od.Options().BlockSize {
+		return
+	}
+	eb := uint64(x.Block)
+	for i, ref := range x.List {
+		b := x.First + uint64(i)
+		if b*eb >= rep.ChunkLen {
+			break
+		}
+		n := min(eb, rep.ChunkLen-b*eb)
+		c.od.Learn(odafs.BlockID{Chunk: l.Chunk, Block: b}, odafs.Ref{Node: r.Node, Epoch: x.Epoch, Region: x.Region,
+			Ref: expcache.Ref{Slot: ref.Slot, Gen: ref.Gen, Chunk: l.Chunk, Block: b, Version: rep.Version, Len: uint32(n)}})
+	}
+}
+
+// readOptimistic reads [off, off+n) of chunk l from the client's cache
+// and through references, if every block it covers is one or the other;
+// ok false says to read it by request.
+func (c *Client) readOptimistic(ctx context.Context, l *metaapi.ChunkLayout, off, n int64, dst []byte) (p piece, ok bool) {
+	if c.od == nil || n <= 0 || n > maxOptimistic {
+		return piece{}, false
+	}
+	eb := int64(c.od.Options().BlockSize)
+	members := make([]ids.NodeID, len(l.Replicas))
+	for i, r := range l.Replicas {
+		members[i] = r.Node
+	}
+	var out []byte
+	if dst != nil {
+		out = dst[:n]
+	} else {
+		p.region = c.bufs.get()
+		out = p.region.Bytes()[:n]
+	}
+	defer func() {
+		if !ok && p.region != nil {
+			c.bufs.put(p.region)
+			p.region = nil
+		}
+	}()
+	sp := c.slots.Get().(*[]byte)
+	defer c.slots.Put(sp)
+	if int64(cap(*sp)) < expcache.HeaderSize+eb {
+		*sp = make([]byte, expcache.HeaderSize+eb)
+	}
+	slot := (*sp)[:expcache.HeaderSize+eb]
+	keep := c.od.Options().CacheBytes > 0
+	for b := off / eb; b*eb < off+n; b++ {
+		id := odafs.BlockID{Chunk: l.Chunk, Block: uint64(b)}
+		path, data, ref := c.od.Plan(id, int(eb), l.Version, members)
+		switch path {
+		case odafs.Hit:
+		case odafs.Optimistic:
+			var err error
+			if data, err = c.fetchSlot(ctx, l, id, ref, slot, members); err != nil {
+				c.log.Debug("optimistic read fell back to a request", "chunk", l.Chunk, "block", b, "node", ref.Node, "err", err)
+				c.odFallbacks.Add(1)
+				return piece{}, false
+			}
+			if keep {
+				c.od.Keep(id, ref.Version, append([]byte(nil), data...))
+			}
+		default:
+			return piece{}, false
+		}
+		lo, hi := max(off, b*eb), min(off+n, (b+1)*eb)
+		k := copy(out[lo-off:hi-off], data[min(int64(len(data)), lo-b*eb):])
+		clear(out[lo-off+int64(k) : hi-off]) // past the chunk's end
+	}
+	c.odReads.Add(1)
+	p.data, p.off, p.version = out, off, l.Version
+	return p, true
+}
+
+// fetchSlot reads ref's slot, then its generation, with one-sided reads
+// from the node, and returns the block if the copy is the fill ref names
+// (odafs.Accept), aliasing slot.
+func (c *Client) fetchSlot(ctx context.Context, l *metaapi.ChunkLayout, id odafs.BlockID, ref odafs.Ref, slot []byte, members []ids.NodeID) ([]byte, error) {
+	var addr string
+	for _, r := range l.Replicas {
+		if r.Node == ref.Node {
+			addr = r.Addr
+		}
+	}
+	eb := c.od.Options().BlockSize
+	pc, err := c.pool.Get(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	var g [8]byte
+	err = pc.Read(ctx, ref.Region, uint64(ref.Off(eb)), slot)
+	if err == nil {
+		err = pc.Read(ctx, ref.Region, uint64(ref.GenOff(eb)), g[:])
+	}
+	if err != nil {
+		pc.Close()
+		c.od.Forget(id)
+		return nil, err
+	}
+	c.pool.Put(pc)
+	return c.od.Accept(id, ref, slot, binary.LittleEndian.Uint64(g[:]), c.od.Epoch(ref.Node), l.Version, members)
+}

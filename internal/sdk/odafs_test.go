@@ -1,0 +1,131 @@
+package sdk_test
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/metaapi"
+	"github.com/sluicefs/sluice/internal/odafs"
+	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/sdk"
+)
+
+// TestOptimisticReads: against nodes with exported caches, a client with
+// ODAFS on reads small blocks a second time with one-sided reads through
+// the references the first reads' replies brought, and gets the file's
+// bytes; after another client overwrites a block, the next read of it
+// falls back to a request (its slot was dropped when the write
+// committed) and returns the new bytes. With no client cache, nothing
+// stale is ever returned.
+func TestOptimisticReads(t *testing.T) {
+	c := startClusterWith(t, cluster.Options{Nodes: 3, ExportCache: 4 << 20, ExportBlock: 4096})
+	ctx := context.Background()
+	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{CacheBytes: -1}})
+	other := newClient(t, c, sdk.Options{})
+	for _, k := range []int{1, 3} {
+		dir := "/r" + string(rune('0'+k))
+		if err := other.Mkdir(ctx, dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.SetPolicy(ctx, dir, metaapi.Policy{Replicas: k, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
+			t.Fatal(err)
+		}
+		data := make([]byte, 3<<20+123)
+		rng := rand.New(rand.NewPCG(uint64(k), 9))
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		if _, err := other.Put(ctx, dir+"/f", bytes.NewReader(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f, err := cl.Open(ctx, dir+"/f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs := make([]int64, 40)
+		for i := range offs {
+			offs[i] = rng.Int64N(int64(len(data)) - 4096)
+		}
+		offs[0] = int64(len(data)) - 100 // the file's last, short block
+		read := func(off int64) []byte {
+			buf := make([]byte, min(4096, int64(len(data))-off))
+			if _, err := f.ReadAt(buf, off); err != nil {
+				t.Fatalf("read at %d: %v", off, err)
+			}
+			return buf
+		}
+		for _, off := range offs { // by request: references learnt
+			if got := read(off); !bytes.Equal(got, data[off:off+int64(len(got))]) {
+				t.Fatalf("replicas %d: first read at %d: wrong bytes", k, off)
+			}
+		}
+		before := cl.Stats()
+		for _, off := range offs {
+			if got := read(off); !bytes.Equal(got, data[off:off+int64(len(got))]) {
+				t.Fatalf("replicas %d: second read at %d: wrong bytes", k, off)
+			}
+		}
+		after := cl.Stats()
+		t.Logf("replicas %d: %d optimistic, %d fell back", k, after.Optimistic-before.Optimistic, after.OptimisticFallbacks-before.OptimisticFallbacks)
+		if n := after.Optimistic - before.Optimistic; n < uint64(len(offs))*3/4 {
+			t.Fatalf("replicas %d: %d of %d second reads optimistic (%d fell back)", k, n, len(offs), after.OptimisticFallbacks-before.OptimisticFallbacks)
+		}
+		// Another client overwrites the first read's block.
+		patch := bytes.Repeat([]byte{0xAB}, 4096)
+		off := offs[1]
+		g, err := other.Open(ctx, dir+"/f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.WriteAt(patch, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(data[off:], patch)
+		s0 := cl.Stats()
+		got := read(off)
+		t.Logf("after write: optimistic +%d, fallbacks +%d", cl.Stats().Optimistic-s0.Optimistic, cl.Stats().OptimisticFallbacks-s0.OptimisticFallbacks)
+		if !bytes.Equal(got, data[off:off+int64(len(got))]) {
+			t.Fatalf("replicas %d: read after another client's write returned the old bytes", k)
+		}
+	}
+}
+
+// BenchmarkRead4KODAFS: 4 KiB reads through File.ReadAt of blocks a node
+// holds, by request and optimistically (replicas 1, in-process cluster).
+func BenchmarkRead4KODAFS(b *testing.B) {
+	c := startClusterWith(b, cluster.Options{Nodes: 1, ExportCache: 16 << 20, ExportBlock: 4096})
+	ctx := context.Background()
+	for _, mode := range []string{"request", "optimistic"} {
+		b.Run(mode, func(b *testing.B) {
+			opts := sdk.Options{}
+			if mode == "optimistic" {
+				opts.ODAFS = &odafs.Options{CacheBytes: -1}
+			}
+			cl := newClient(b, c, opts)
+			name := "/b-" + mode
+			data := make([]byte, 1<<20)
+			if _, err := cl.Put(ctx, name, bytes.NewReader(data), 0o644); err != nil {
+				b.Fatal(err)
+			}
+			f, err := cl.Open(ctx, name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			buf := make([]byte, 4096)
+			for off := int64(0); off < 1<<20; off += 4096 {
+				f.ReadAt(buf, off)
+			}
+			i := 0
+			for b.Loop() {
+				if _, err := f.ReadAt(buf, int64(i%256)*4096); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(float64(cl.Stats().Optimistic)/float64(b.N), "optimistic/op")
+		})
+	}
+}
