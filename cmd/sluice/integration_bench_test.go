@@ -191,8 +191,9 @@ func readCSV(t *testing.T, path string) [][]string {
 
 // TestBenchODAFSTiny runs `sluice bench odafs` with few reads: a node
 // process with an exported cache, 4 KiB reads by request and
-// optimistically, each with a latency, the node's CPU per read, and
-// (optimistic) the share of reads that went optimistically.
+// optimistically over TCP and shared memory, each with a latency, the
+// node's CPU per read, and (optimistic) the share of reads that went
+// optimistically.
 func TestBenchODAFSTiny(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
@@ -208,7 +209,7 @@ func TestBenchODAFSTiny(t *testing.T) {
 	}
 	modes := map[string]bool{}
 	for _, row := range rows[1:] {
-		modes[row[1]] = true
+		modes[row[1]+"/"+row[2]] = true
 		if v, err := strconv.ParseFloat(row[5], 64); err != nil || v <= 0 {
 			t.Errorf("row %v: p50 %q", row, row[5])
 		}
@@ -218,7 +219,7 @@ func TestBenchODAFSTiny(t *testing.T) {
 			}
 		}
 	}
-	if !modes["request"] || !modes["optimistic"] || len(rows) != 3 {
+	if !modes["request/tcp"] || !modes["optimistic/tcp"] || !modes["request/shm"] || !modes["optimistic/shm"] || len(rows) != 5 {
 		t.Fatalf("rows %v", rows)
 	}
 }

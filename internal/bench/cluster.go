@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -70,8 +71,15 @@ func startClusterWith(ctx context.Context, cfg *Config, n int, metaArgs, nodeArg
 			return nil, err
 		}
 		listen, _ := cluster.NodeListenAddr(cfg.NodeListen, i) // checked above
-		args := append([]string{"node", "--data", filepath.Join(dir, fmt.Sprintf("n%d", i)), "--meta", metaAddr,
-			"--listen", listen, "--join", tok.Token}, nodeArgs...)
+		args := []string{"node", "--data", filepath.Join(dir, fmt.Sprintf("n%d", i)), "--meta", metaAddr,
+			"--listen", listen, "--join", tok.Token}
+		if !slices.Contains(nodeArgs, "--fabric") {
+			// The seed's experiments emulate a network: nodes reach
+			// each other over TCP, as clients reach them, not over
+			// shared memory because they share this host.
+			args = append(args, "--fabric", "tcp")
+		}
+		args = append(args, nodeArgs...)
 		nr, err := c.start(ctx, exe, fmt.Sprintf("n%d", i), args...)
 		if err == nil && len(nr.Nodes) != 1 {
 			err = fmt.Errorf("bench: n%d's ready file names %d nodes", i, len(nr.Nodes))

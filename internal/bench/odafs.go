@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/odafs"
 	"github.com/sluicefs/sluice/internal/plan"
@@ -28,46 +29,62 @@ const (
 )
 
 func odafsBench(ctx context.Context, r *runner) error {
-	c, err := startCluster(ctx, &r.cfg, 1, []string{"--export-cache", "64MiB", "--export-block", "4KiB"})
+	rows := [][]string{{"experiment", "mode", "fabric", "size_bytes", "ops", "p50_us", "p99_us", "node_cpu_us_per_op", "optimistic_share"}}
+	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
+		fmt.Fprintf(r.cfg.Log, "   fabric %s\n", fm)
+		got, err := odafsOnce(ctx, r, fm)
+		if err != nil {
+			return fmt.Errorf("fabric %s: %w", fm, err)
+		}
+		rows = append(rows, got...)
+	}
+	r.wrote = true
+	return writeCSV(filepath.Join(r.cfg.Out, "odafs.csv"), rows)
+}
+
+// odafsOnce runs the experiment with the client reaching the node by fm
+// (the node serves both).
+func odafsOnce(ctx context.Context, r *runner, fm fabric.Fabric) ([][]string, error) {
+	c, err := startCluster(ctx, &r.cfg, 1, []string{"--fabric", "auto", "--export-cache", "64MiB", "--export-block", "4KiB"})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer c.Close()
 	var nodePid int
 	for _, p := range c.nodes {
 		nodePid = p.Pid()
 	}
-	req, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU})
+	req, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, Fabric: fm})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer req.Close()
-	opt, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, ODAFS: &odafs.Options{CacheBytes: -1, BlockSize: odafsBlock}})
+	opt, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, Fabric: fm, ODAFS: &odafs.Options{CacheBytes: -1, BlockSize: odafsBlock}})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer opt.Close()
 	if err := prepare(ctx, req, "/od", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
-		return err
+		return nil, err
 	}
 	data := randomData(odafsFile)
 	if _, err := req.Put(ctx, "/od/f", bytes.NewReader(data), 0o644); err != nil {
-		return err
+		return nil, err
 	}
 	fr, err := req.Open(ctx, "/od/f")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fo, err := opt.Open(ctx, "/od/f")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	buf := make([]byte, odafsBlock)
 	// One read of every block by request fills the exported cache and
 	// gives the optimistic client its references.
 	for off := int64(0); off < odafsFile; off += odafsBlock {
 		if _, err := fo.ReadAt(buf, off); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	n := 20000
@@ -87,13 +104,13 @@ func odafsBench(ctx context.Context, r *runner) error {
 	// The node's CPU time at rest, to tell it from what the reads cost.
 	idle0, err := procCPU(nodePid)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	idleStart := time.Now()
 	time.Sleep(2 * time.Second)
 	idle1, err := procCPU(nodePid)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	idleRate := float64(idle1-idle0) / float64(time.Since(idleStart))
 	fmt.Fprintf(r.cfg.Log, "   node at rest: %.1f%% of a core\n", 100*idleRate)
@@ -111,29 +128,29 @@ func odafsBench(ctx context.Context, r *runner) error {
 			m := modes[(b+j)%len(modes)]
 			c0, err := procCPU(nodePid)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			for i := b * block; i < min(n, (b+1)*block); i++ {
 				off := offs[i]
 				start := time.Now()
 				if _, err := m.f.ReadAt(buf, off); err != nil {
-					return fmt.Errorf("%s read at %d: %w", m.name, off, err)
+					return nil, fmt.Errorf("%s read at %d: %w", m.name, off, err)
 				}
 				m.lat = append(m.lat, time.Since(start))
 				if i%997 == 0 && !bytes.Equal(buf, data[off:off+odafsBlock]) {
-					return fmt.Errorf("%s read at %d: wrong bytes", m.name, off)
+					return nil, fmt.Errorf("%s read at %d: wrong bytes", m.name, off)
 				}
 			}
 			c1, err := procCPU(nodePid)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			m.cpu += c1 - c0
 		}
 	}
 	st := opt.Stats()
 	share := float64(st.Optimistic-before.Optimistic) / float64(n)
-	rows := [][]string{{"experiment", "mode", "fabric", "size_bytes", "ops", "p50_us", "p99_us", "node_cpu_us_per_op", "optimistic_share"}}
+	var rows [][]string
 	fmt.Fprintf(r.cfg.Log, "   %-11s %8s %8s %14s\n", "mode", "p50", "p99", "node CPU/op")
 	for _, m := range modes {
 		var p Point
@@ -144,10 +161,9 @@ func odafsBench(ctx context.Context, r *runner) error {
 			sh = strconv.FormatFloat(share, 'f', 3, 64)
 		}
 		fmt.Fprintf(r.cfg.Log, "   %-11s %8s %8s %12.1fµs %s\n", m.name, p.P50.Round(100*time.Nanosecond), p.P99.Round(100*time.Nanosecond), cpuPer, sh)
-		rows = append(rows, []string{"odafs", m.name, "tcp", strconv.Itoa(odafsBlock), strconv.Itoa(n),
+		rows = append(rows, []string{"odafs", m.name, string(fm), strconv.Itoa(odafsBlock), strconv.Itoa(n),
 			strconv.FormatFloat(float64(p.P50.Nanoseconds())/1e3, 'f', 1, 64), strconv.FormatFloat(float64(p.P99.Nanoseconds())/1e3, 'f', 1, 64),
 			strconv.FormatFloat(cpuPer, 'f', 2, 64), sh})
 	}
-	r.wrote = true
-	return writeCSV(filepath.Join(r.cfg.Out, "odafs.csv"), rows)
+	return rows, nil
 }

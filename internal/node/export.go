@@ -37,10 +37,16 @@ func (n *Node) startExport() error {
 	if size < int64(expcache.HeaderSize+bs) {
 		return fmt.Errorf("node: export cache of %d bytes holds no %d-byte block", size, bs)
 	}
-	// 8-byte aligned (a []uint64's memory): the slots' generations are
-	// read and written atomically.
-	words := make([]uint64, size/8)
-	arena := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*8)
+	// Shared memory (a peer on this host reaching the node over the
+	// shm fabric copies slots itself, and the node's CPU does nothing),
+	// else the heap; 8-byte aligned either way (a page; a []uint64's
+	// memory): the slots' generations are read and written atomically.
+	arena, err := n.ep.Alloc(int(size))
+	if err != nil {
+		n.log.Warn("exported cache in private memory: peers on this host read it by packets", "err", err)
+		words := make([]uint64, size/8)
+		arena = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*8)
+	}
 	c, err := expcache.New(arena, bs, uint64(time.Now().UnixNano())<<1)
 	if err != nil {
 		return fmt.Errorf("node: export cache: %w", err)

@@ -23,17 +23,24 @@ import (
 // the node's exported cache (the slot, then its generation), checked,
 // with no request for the node to serve.
 func BenchmarkRead4K(b *testing.B) {
+	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
+		b.Run(string(fm), func(b *testing.B) { benchRead4K(b, fm) })
+	}
+}
+
+func benchRead4K(b *testing.B, fm fabric.Fabric) {
 	dir := b.TempDir()
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
 		dir, _ = os.MkdirTemp("/dev/shm", "sluice-bench-")
 		b.Cleanup(func() { os.RemoveAll(dir) })
 	}
 	const eb = 4096
-	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 1, MetaListen: "127.0.0.1:0", ExportCache: 1 << 20, ExportBlock: eb})
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 1, MetaListen: "127.0.0.1:0", ExportCache: 1 << 20, ExportBlock: eb,
+		Fabric: fabric.Options{Fabric: fabric.FabricAuto}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	ep, _ := fabric.NewEndpoint(fabric.Options{})
+	ep, _ := fabric.NewEndpoint(fabric.Options{Fabric: fm})
 	b.Cleanup(func() { ep.Close(); c.Close() })
 	e := &env{c: c, keys: c.Meta.Keyring(), pool: fabric.NewPool(ep, 4)}
 	n := c.Nodes[0]
