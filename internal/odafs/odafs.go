@@ -277,6 +277,17 @@ func (c *Client) forgetNodeLocked(n ids.NodeID) {
 	}
 }
 
+// Nodes counts the references held to each node (tests, statistics).
+func (c *Client) Nodes() map[ids.NodeID]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := map[ids.NodeID]int{}
+	for _, e := range c.refs {
+		n[e.Value.(*refEntry).ref.Node]++
+	}
+	return n
+}
+
 // Len reports the references and cached blocks held (tests, statistics).
 func (c *Client) Len() (refs, blocks int) {
 	c.mu.Lock()

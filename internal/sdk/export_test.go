@@ -1,5 +1,7 @@
 package sdk
 
+import "github.com/sluicefs/sluice/internal/ids"
+
 // SpareCaps returns the capacities of the write buffers g keeps for
 // reuse (tests of package sdk_test).
 func SpareCaps(g *Budget) []int {
@@ -10,4 +12,12 @@ func SpareCaps(g *Budget) []int {
 		caps[i] = cap(s)
 	}
 	return caps
+}
+
+// RefNodes counts the exported-cache references c holds per node.
+func RefNodes(c *Client) map[ids.NodeID]int {
+	if c.od == nil {
+		return nil
+	}
+	return c.od.Nodes()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/metaapi"
@@ -127,5 +128,68 @@ func BenchmarkRead4KODAFS(b *testing.B) {
 			}
 			b.ReportMetric(float64(cl.Stats().Optimistic)/float64(b.N), "optimistic/op")
 		})
+	}
+}
+
+// TestOptimisticReadsNodesDie: the nodes a client holds references to
+// die; its reads still return the file's bytes, by request from the
+// replica left, the optimistic reads that cannot reach their node
+// falling back.
+func TestOptimisticReadsNodesDie(t *testing.T) {
+	c := startClusterWith(t, cluster.Options{Nodes: 3, ExportCache: 4 << 20, ExportBlock: 4096})
+	ctx := context.Background()
+	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{CacheBytes: -1}, BusyRetry: 2 * time.Second})
+	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 256<<10)
+	for i := range data {
+		data[i] = byte(i*31 + i/4096)
+	}
+	if _, err := cl.Put(ctx, "/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.Open(ctx, "/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	readAll := func(what string) {
+		for off := int64(0); off < int64(len(data)); off += 4096 {
+			if _, err := f.ReadAt(buf, off); err != nil {
+				t.Fatalf("%s: read at %d: %v", what, off, err)
+			}
+			if !bytes.Equal(buf, data[off:off+4096]) {
+				t.Fatalf("%s: read at %d: wrong bytes", what, off)
+			}
+		}
+	}
+	readAll("first")
+	readAll("second")
+	if s := cl.Stats(); s.Optimistic == 0 {
+		t.Fatal("no read went optimistically")
+	}
+	// Two nodes die, one the client holds references to among them.
+	refs := sdk.RefNodes(cl)
+	var dead []int
+	for i, n := range c.Nodes {
+		if refs[n.ID()] > 0 {
+			dead = append(dead, i)
+			break
+		}
+	}
+	if len(dead) == 0 {
+		t.Fatalf("no references held: %v", refs)
+	}
+	dead = append(dead, (dead[0]+1)%len(c.Nodes))
+	before := cl.Stats()
+	for _, i := range dead {
+		c.Nodes[i].Close()
+	}
+	readAll("with two of three nodes dead")
+	after := cl.Stats()
+	t.Logf("after the deaths: %d optimistic, %d fell back", after.Optimistic-before.Optimistic, after.OptimisticFallbacks-before.OptimisticFallbacks)
+	if after.OptimisticFallbacks == before.OptimisticFallbacks {
+		t.Fatal("no reference pointed at a dead node: the test did not exercise the fallback")
 	}
 }
