@@ -69,9 +69,11 @@ func (c *Conn) readLoop() {
 			err = c.recvWrite(h)
 		case KindReadReq:
 			err = c.recvReadReq(h)
+		case KindOReadReq:
+			err = c.recvOReadReq(h)
 		case KindReadResp:
 			err = c.recvReadResp(h)
-		case KindAck, KindAccessErr:
+		case KindAck, KindAccessErr, KindSoftErr:
 			err = c.recvCompletion(h)
 		}
 		c.busySince.Store(0)
@@ -158,7 +160,7 @@ func (c *Conn) readPrefix(h header, n int) ([]byte, error) {
 	if int(h.length) < n {
 		return nil, fmt.Errorf("%w: %s packet of %d bytes, need %d", ErrProtocol, h.kind, h.length, n)
 	}
-	var b [24]byte
+	var b [oreadPayload]byte // the longest prefix (escapes no further than this frame)
 	if _, err := io.ReadFull(c.br, b[:n]); err != nil {
 		return nil, err
 	}
@@ -285,6 +287,13 @@ func (c *Conn) recvCompletion(h header) error {
 		if _, err := io.ReadFull(c.br, msg); err != nil {
 			return err
 		}
+	}
+	if h.kind == KindSoftErr {
+		// An optimistic operation's refusal: that operation's alone.
+		if !c.complete(h.id, &RemoteError{Reason: string(msg)}) {
+			return fmt.Errorf("%w: %s for unknown operation %d", ErrProtocol, h.kind, h.id)
+		}
+		return nil
 	}
 	if h.kind == KindAccessErr {
 		// Fatal to the connection, as on an RDMA queue pair: it is

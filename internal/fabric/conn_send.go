@@ -168,6 +168,12 @@ func (c *Conn) flush() error {
 
 // sendStream sends data as packets of kind (ReadResp) with Last on the final one.
 func (c *Conn) sendStream(kind Kind, id uint64, data []byte) error {
+	return c.sendStreamLast(kind, id, data, true)
+}
+
+// sendStreamLast is sendStream that sets Last on the final packet only if
+// last (more of the response follows otherwise).
+func (c *Conn) sendStreamLast(kind Kind, id uint64, data []byte, last bool) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	for {
@@ -176,12 +182,12 @@ func (c *Conn) sendStream(kind Kind, id uint64, data []byte) error {
 			chunk := data[:min(len(data), readRespPacket)]
 			data = data[len(chunk):]
 			var fl uint8
-			if len(data) == 0 {
+			if len(data) == 0 && last {
 				fl = FlagLast
 			}
 			c.addPacket(n, kind, fl, id, nil, chunk)
 			n++
-			if fl != 0 {
+			if len(data) == 0 {
 				return c.flush()
 			}
 		}

@@ -47,7 +47,15 @@ const (
 	KindReadResp  Kind = 4 // data answering a READ, in order; Last on the final packet
 	KindAck       Kind = 5 // completion of a signaled WRITE
 	KindAccessErr Kind = 6 // a one-sided operation was refused: payload = reason text
-	kindMax            = KindAccessErr
+	// KindOReadReq: an optimistic READ (Conn.ReadOptimistic): payload =
+	// key u64, offset u64, length u64, word offset u64; answered by the
+	// data, then the 8-byte word at the word offset read after the data
+	// was sent (ReadResp packets, Last on the word's), or by SoftErr.
+	KindOReadReq Kind = 7
+	// KindSoftErr: an optimistic operation was refused: payload = reason
+	// text. Unlike AccessErr the connection stays up.
+	KindSoftErr Kind = 8
+	kindMax          = KindSoftErr
 )
 
 func (k Kind) String() string {
@@ -64,6 +72,10 @@ func (k Kind) String() string {
 		return "ack"
 	case KindAccessErr:
 		return "access-err"
+	case KindOReadReq:
+		return "oread-req"
+	case KindSoftErr:
+		return "soft-err"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -124,7 +136,7 @@ func parseHeader(b []byte, mtu int) (header, error) {
 	}
 	max := uint32(mtu)
 	switch h.kind {
-	case KindWrite, KindReadReq:
+	case KindWrite, KindReadReq, KindOReadReq:
 		max += oneSidedPrefix
 	case KindReadResp:
 		// Placed in the initiator's destination (bounds-checked against

@@ -277,6 +277,17 @@ func (c *Client) forgetNodeLocked(n ids.NodeID) {
 	}
 }
 
+// Each calls f with every reference held, most recently used first
+// (under the client's lock: f must not call back).
+func (c *Client) Each(f func(BlockID, Ref)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for e := c.refLR.Front(); e != nil; e = e.Next() {
+		r := e.Value.(*refEntry)
+		f(r.id, r.ref)
+	}
+}
+
 // Nodes counts the references held to each node (tests, statistics).
 func (c *Client) Nodes() map[ids.NodeID]int {
 	c.mu.Lock()

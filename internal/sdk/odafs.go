@@ -2,9 +2,10 @@ package sdk
 
 import (
 	"context"
-	"encoding/binary"
+	"errors"
 
 	"github.com/sluicefs/sluice/internal/expcache"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/odafs"
@@ -14,9 +15,10 @@ import (
 // The client's side of optimistic reads (issue 19, seed 004's ODAFS),
 // on when Options.ODAFS is set: read replies from nodes with an exported
 // cache carry references to the read's blocks (learnExport); a later
-// small read of blocks the client holds references to reads them with
-// two one-sided operations each — the slot, then its generation — and
-// no request for the node's CPU to serve (readOptimistic). Anything that
+// small read of blocks the client holds references to reads each with
+// one optimistic one-sided READ — the slot, then its generation read
+// after it (fabric.Conn.ReadOptimistic) — and no request for the node's
+// engine to serve (readOptimistic). Anything that
 // does not check out (a slot refilled, a node restarted or no longer
 // holding the chunk, an older version than the layout's) falls back to
 // the read request, whose reply brings fresh references.
@@ -116,16 +118,20 @@ func (c *Client) fetchSlot(ctx context.Context, l *metaapi.ChunkLayout, id odafs
 	if err != nil {
 		return nil, err
 	}
-	var g [8]byte
-	err = pc.Read(ctx, ref.Region, uint64(ref.Off(eb)), slot)
-	if err == nil {
-		err = pc.Read(ctx, ref.Region, uint64(ref.GenOff(eb)), g[:])
-	}
-	if err != nil {
+	// One round trip: the slot, then its generation read after it; a
+	// refusal (a stale region key, a node restarted) is this read's alone.
+	gen, err := pc.ReadOptimistic(ctx, ref.Region, uint64(ref.Off(eb)), slot, uint64(ref.GenOff(eb)))
+	var re *fabric.RemoteError
+	switch {
+	case errors.As(err, &re):
+		c.pool.Put(pc)
+		c.od.Forget(id)
+		return nil, err
+	case err != nil:
 		pc.Close()
 		c.od.Forget(id)
 		return nil, err
 	}
 	c.pool.Put(pc)
-	return c.od.Accept(id, ref, slot, binary.LittleEndian.Uint64(g[:]), c.od.Epoch(ref.Node), l.Version, members)
+	return c.od.Accept(id, ref, slot, gen, c.od.Epoch(ref.Node), l.Version, members)
 }

@@ -193,3 +193,64 @@ func TestOptimisticReadsNodesDie(t *testing.T) {
 		t.Fatal("no reference pointed at a dead node: the test did not exercise the fallback")
 	}
 }
+
+// TestForgedReferences: references altered in the client (a region key
+// no node has, a slot past the arena, a generation never given, another
+// block's slot) are refused — by the node softly, or by the checks —
+// and every read falls back to a request and returns the file's bytes;
+// the connection to the node survives the refusals. (A fallback's reply
+// brings fresh references for its whole store block, 16 KiB, four
+// export blocks: one fallback per store block.)
+func TestForgedReferences(t *testing.T) {
+	c := startClusterWith(t, cluster.Options{Nodes: 1, ExportCache: 4 << 20, ExportBlock: 4096})
+	ctx := context.Background()
+	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{CacheBytes: -1}})
+	data := make([]byte, 128<<10)
+	for i := range data {
+		data[i] = byte(i*17 + i/4096)
+	}
+	if _, err := cl.Put(ctx, "/f", bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.Open(ctx, "/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	readAll := func(what string) {
+		for off := int64(0); off < int64(len(data)); off += 4096 {
+			if _, err := f.ReadAt(buf, off); err != nil {
+				t.Fatalf("%s: read at %d: %v", what, off, err)
+			}
+			if !bytes.Equal(buf, data[off:off+4096]) {
+				t.Fatalf("%s: read at %d: wrong bytes", what, off)
+			}
+		}
+	}
+	readAll("first")
+	n := sdk.ForgeRefs(cl, func(_ int, r *odafs.Ref) {
+		switch (r.Block / 4) % 4 { // one kind per store block
+		case 0:
+			r.Region ^= 0x5555 // a key the node never gave
+		case 1:
+			r.Slot = 1 << 30 // past the arena
+		case 2:
+			r.Gen += 2 // a generation this fill never had
+		case 3:
+			r.Slot ^= 1 // another block's slot
+		}
+	})
+	if n == 0 {
+		t.Fatal("no references to forge")
+	}
+	before := cl.Stats()
+	readAll("forged")
+	after := cl.Stats()
+	if fb := after.OptimisticFallbacks - before.OptimisticFallbacks; fb != uint64(n)/4 {
+		t.Fatalf("%d fallbacks for %d forged references in %d store blocks", fb, n, n/4)
+	}
+	readAll("relearnt") // fresh references from the fallbacks' replies
+	if s := cl.Stats(); s.Optimistic == after.Optimistic {
+		t.Fatal("no optimistic read after the references were learnt again")
+	}
+}
