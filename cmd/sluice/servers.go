@@ -401,7 +401,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().Int64Var(&scrubRate, "scrub-rate", 32<<20, "scrub at most this many bytes a second (0: unlimited)")
 	cmd.Flags().DurationVar(&inventoryEvery, "inventory-interval", node.DefaultInventoryInterval, "list this node's chunks to meta this often, to collect copies no file needs (negative: only when meta asks)")
 	exportBlock = node.DefaultExportBlock
-	cmd.Flags().Var(&exportCache, "export-cache", "memory for the exported cache, which clients read small blocks from with one-sided operations and no request (0: none; e.g. 64MiB)")
+	cmd.Flags().Var(&exportCache, "export-cache", "memory for the exported cache, which clients read small blocks from with one-sided operations and no request (0: none; e.g. 64MiB). Experimental: a client allowed to read any file can read every block in this cache (docs/architecture.md#optimistic-reads-odafs)")
 	cmd.Flags().Var(&exportBlock, "export-block", "the exported cache's block size (a power of two, 512 bytes to 1MiB)")
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
