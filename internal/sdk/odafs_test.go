@@ -142,28 +142,7 @@ func TestOptimisticReadsNodesDie(t *testing.T) {
 	if err := cl.SetPolicy(ctx, "/", metaapi.Policy{Replicas: 3, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
 		t.Fatal(err)
 	}
-	data := make([]byte, 256<<10)
-	for i := range data {
-		data[i] = byte(i*31 + i/4096)
-	}
-	if _, err := cl.Put(ctx, "/f", bytes.NewReader(data), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := cl.Open(ctx, "/f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4096)
-	readAll := func(what string) {
-		for off := int64(0); off < int64(len(data)); off += 4096 {
-			if _, err := f.ReadAt(buf, off); err != nil {
-				t.Fatalf("%s: read at %d: %v", what, off, err)
-			}
-			if !bytes.Equal(buf, data[off:off+4096]) {
-				t.Fatalf("%s: read at %d: wrong bytes", what, off)
-			}
-		}
-	}
+	readAll := blockReader(t, cl, "/f", 256<<10, 31)
 	readAll("first")
 	readAll("second")
 	if s := cl.Stats(); s.Optimistic == 0 {
@@ -203,30 +182,8 @@ func TestOptimisticReadsNodesDie(t *testing.T) {
 // export blocks: one fallback per store block.)
 func TestForgedReferences(t *testing.T) {
 	c := startClusterWith(t, cluster.Options{Nodes: 1, ExportCache: 4 << 20, ExportBlock: 4096})
-	ctx := context.Background()
 	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{CacheBytes: -1}})
-	data := make([]byte, 128<<10)
-	for i := range data {
-		data[i] = byte(i*17 + i/4096)
-	}
-	if _, err := cl.Put(ctx, "/f", bytes.NewReader(data), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := cl.Open(ctx, "/f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4096)
-	readAll := func(what string) {
-		for off := int64(0); off < int64(len(data)); off += 4096 {
-			if _, err := f.ReadAt(buf, off); err != nil {
-				t.Fatalf("%s: read at %d: %v", what, off, err)
-			}
-			if !bytes.Equal(buf, data[off:off+4096]) {
-				t.Fatalf("%s: read at %d: wrong bytes", what, off)
-			}
-		}
-	}
+	readAll := blockReader(t, cl, "/f", 128<<10, 17)
 	readAll("first")
 	n := sdk.ForgeRefs(cl, func(_ int, r *odafs.Ref) {
 		switch (r.Block / 4) % 4 { // one kind per store block
@@ -252,5 +209,35 @@ func TestForgedReferences(t *testing.T) {
 	readAll("relearnt") // fresh references from the fallbacks' replies
 	if s := cl.Stats(); s.Optimistic == after.Optimistic {
 		t.Fatal("no optimistic read after the references were learnt again")
+	}
+}
+
+// blockReader puts n bytes (seed's pattern) at path and returns a
+// function that reads the file back in 4 KiB ReadAt calls, checking each.
+func blockReader(t *testing.T, cl *sdk.Client, path string, n, seed int) func(what string) {
+	t.Helper()
+	ctx := context.Background()
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*seed + i/4096)
+	}
+	if _, err := cl.Put(ctx, path, bytes.NewReader(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	return func(what string) {
+		t.Helper()
+		for off := int64(0); off < int64(len(data)); off += 4096 {
+			if _, err := f.ReadAt(buf, off); err != nil {
+				t.Fatalf("%s: read at %d: %v", what, off, err)
+			}
+			if !bytes.Equal(buf, data[off:off+4096]) {
+				t.Fatalf("%s: read at %d: wrong bytes", what, off)
+			}
+		}
 	}
 }
