@@ -30,6 +30,7 @@ const (
 
 func odafsBench(ctx context.Context, r *runner) error {
 	rows := [][]string{{"experiment", "mode", "fabric", "size_bytes", "ops", "p50_us", "p99_us", "node_cpu_us_per_op", "optimistic_share"}}
+	pm := [][]string{{"experiment", "mode", "fabric", "hit_ratio", "reads", "reads_per_s", "node_cpu_us_per_op", "served_without_request"}}
 	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
 		fmt.Fprintf(r.cfg.Log, "   fabric %s\n", fm)
 		got, err := odafsOnce(ctx, r, fm)
@@ -37,9 +38,16 @@ func odafsBench(ctx context.Context, r *runner) error {
 			return fmt.Errorf("fabric %s: %w", fm, err)
 		}
 		rows = append(rows, got...)
+		if got, err = odafsPostmark(ctx, r, fm); err != nil {
+			return fmt.Errorf("fabric %s: postmark: %w", fm, err)
+		}
+		pm = append(pm, got...)
 	}
 	r.wrote = true
-	return writeCSV(filepath.Join(r.cfg.Out, "odafs.csv"), rows)
+	if err := writeCSV(filepath.Join(r.cfg.Out, "odafs.csv"), rows); err != nil {
+		return err
+	}
+	return writeCSV(filepath.Join(r.cfg.Out, "odafs-postmark.csv"), pm)
 }
 
 // odafsOnce runs the experiment with the client reaching the node by fm
@@ -164,6 +172,100 @@ func odafsOnce(ctx context.Context, r *runner, fm fabric.Fabric) ([][]string, er
 		rows = append(rows, []string{"odafs", m.name, string(fm), strconv.Itoa(odafsBlock), strconv.Itoa(n),
 			strconv.FormatFloat(float64(p.P50.Nanoseconds())/1e3, 'f', 1, 64), strconv.FormatFloat(float64(p.P99.Nanoseconds())/1e3, 'f', 1, 64),
 			strconv.FormatFloat(cpuPer, 'f', 2, 64), sh})
+	}
+	return rows, nil
+}
+
+// odafsPostmark is the thesis' read-only PostMark (§4.5.1.2, Fig. 16) on
+// one machine: files of 4 KiB, each opened once (open delegations), read
+// whole at random by a client whose block cache holds a share of them
+// (the hit ratio), the misses by request (DAFS, a cache but no
+// references) or optimistically through the node's exported cache
+// (ODAFS); reads per second and the node's CPU per read.
+func odafsPostmark(ctx context.Context, r *runner, fm fabric.Fabric) ([][]string, error) {
+	c, err := startCluster(ctx, &r.cfg, 1, []string{"--fabric", "auto", "--export-cache", "64MiB", "--export-block", "4KiB"})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	var nodePid int
+	for _, p := range c.nodes {
+		nodePid = p.Pid()
+	}
+	files, reads := 2000, 20000
+	switch {
+	case r.repsGiven > 0:
+		files, reads = 200, r.repsGiven
+	case r.cfg.Quick:
+		files, reads = 200, 2000
+	}
+	setup, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, Fabric: fm})
+	if err != nil {
+		return nil, err
+	}
+	defer setup.Close()
+	if err := prepare(ctx, setup, "/pm", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
+		return nil, err
+	}
+	data := randomData(odafsBlock)
+	for i := range files {
+		if _, err := setup.Put(ctx, fmt.Sprintf("/pm/%d", i), bytes.NewReader(data), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	var rows [][]string
+	fmt.Fprintf(r.cfg.Log, "   postmark, %d files of 4 KiB: %-6s %6s %10s %12s\n", files, "mode", "hits", "reads/s", "node CPU/op")
+	for _, hit := range []float64{0.25, 0.5, 0.75} {
+		cache := int64(hit * float64(files) * odafsBlock)
+		for _, mode := range []string{"dafs", "odafs"} {
+			o := &odafs.Options{CacheBytes: cache, BlockSize: odafsBlock}
+			if mode == "dafs" {
+				o.Entries = -1
+			}
+			cl, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, Fabric: fm, ODAFS: o})
+			if err != nil {
+				return nil, err
+			}
+			fs := make([]*sdk.File, files)
+			buf := make([]byte, odafsBlock)
+			for i := range fs {
+				if fs[i], err = cl.Open(ctx, fmt.Sprintf("/pm/%d", i)); err != nil {
+					cl.Close()
+					return nil, err
+				}
+				if _, err := fs[i].ReadAt(buf, 0); err != nil { // warm: references, and the cache
+					cl.Close()
+					return nil, err
+				}
+			}
+			rng := rand.New(rand.NewPCG(7, uint64(hit*100)))
+			before := cl.Stats()
+			c0, err := procCPU(nodePid)
+			if err != nil {
+				cl.Close()
+				return nil, err
+			}
+			start := time.Now()
+			for range reads {
+				if _, err := fs[rng.IntN(files)].ReadAt(buf, 0); err != nil {
+					cl.Close()
+					return nil, err
+				}
+			}
+			el := time.Since(start)
+			c1, err := procCPU(nodePid)
+			after := cl.Stats()
+			cl.Close()
+			if err != nil {
+				return nil, err
+			}
+			perSec := float64(reads) / el.Seconds()
+			cpuPer := float64((c1 - c0).Microseconds()) / float64(reads)
+			opt := float64(after.Optimistic-before.Optimistic) / float64(reads)
+			fmt.Fprintf(r.cfg.Log, "   %-6s %-6s %5.0f%% %10.0f %10.1fµs  (%.0f%% from cache or optimistic)\n", fm, mode, 100*hit, perSec, cpuPer, 100*opt)
+			rows = append(rows, []string{"odafs-postmark", mode, string(fm), strconv.FormatFloat(hit, 'f', 2, 64), strconv.Itoa(reads),
+				strconv.FormatFloat(perSec, 'f', 0, 64), strconv.FormatFloat(cpuPer, 'f', 2, 64), strconv.FormatFloat(opt, 'f', 3, 64)})
+		}
 	}
 	return rows, nil
 }

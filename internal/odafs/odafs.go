@@ -36,7 +36,9 @@ type BlockID struct {
 
 // Options size a client's caches.
 type Options struct {
-	// Entries bounds the directory's references (default 65,536).
+	// Entries bounds the directory's references (default 65,536;
+	// negative: none — a cache of blocks only, as a DAFS client with a
+	// cache on top, for comparison).
 	Entries int
 	// CacheBytes bounds the cached blocks' bytes (default 16 MiB; 0
 	// with Entries set: references only).
@@ -49,7 +51,7 @@ type Options struct {
 }
 
 func (o *Options) defaults() {
-	if o.Entries <= 0 {
+	if o.Entries == 0 {
 		o.Entries = 1 << 16
 	}
 	if o.CacheBytes < 0 {
@@ -207,6 +209,9 @@ func (c *Client) Epoch(n ids.NodeID) uint64 {
 // reference of a new run of its node drops those of the node's earlier
 // runs (which fail, their regions gone).
 func (c *Client) Learn(id BlockID, r Ref) {
+	if c.opts.Entries < 0 {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.epochs[r.Node]; !ok || old != r.Epoch {

@@ -44,6 +44,23 @@ func (c *Client) learnExport(r metaapi.Replica, l *metaapi.ChunkLayout, rep *wir
 	}
 }
 
+// keepBlocks puts the whole export blocks of data, chunk l's bytes from
+// off at version (as a read request returned them), in the client's
+// block cache, if it has one.
+func (c *Client) keepBlocks(l *metaapi.ChunkLayout, version uint64, off int64, data []byte, chunkLen int64) {
+	if c.od == nil || c.od.Options().CacheBytes <= 0 {
+		return
+	}
+	eb := int64(c.od.Options().BlockSize)
+	for b := (off + eb - 1) / eb; ; b++ {
+		lo, hi := b*eb, min((b+1)*eb, chunkLen)
+		if lo >= hi || hi > off+int64(len(data)) {
+			return
+		}
+		c.od.Keep(odafs.BlockID{Chunk: l.Chunk, Block: uint64(b)}, version, append([]byte(nil), data[lo-off:hi-off]...))
+	}
+}
+
 // readOptimistic reads [off, off+n) of chunk l from the client's cache
 // and through references, if every block it covers is one or the other;
 // ok false says to read it by request.

@@ -192,6 +192,7 @@ func (c *Client) readCopy(ctx context.Context, r metaapi.Replica, l *metaapi.Chu
 	}
 	if len(bad) == 0 {
 		c.learnExport(r, l, &rep)
+		c.keepBlocks(l, rep.Version, off, data, int64(rep.ChunkLen))
 	}
 	ok = true
 	return piece{region: region, data: data, off: off, version: rep.Version, length: int64(rep.ChunkLen), bad: bad}, nil
