@@ -2,12 +2,10 @@ package policy_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/capability"
-	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/expcache"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
@@ -29,20 +27,10 @@ func BenchmarkRead4K(b *testing.B) {
 }
 
 func benchRead4K(b *testing.B, fm fabric.Fabric) {
-	dir := b.TempDir()
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		dir, _ = os.MkdirTemp("/dev/shm", "sluice-bench-")
-		b.Cleanup(func() { os.RemoveAll(dir) })
-	}
 	const eb = 4096
-	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 1, MetaListen: "127.0.0.1:0", ExportCache: 1 << 20, ExportBlock: eb,
-		Fabric: fabric.Options{Fabric: fabric.FabricAuto}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ep, _ := fabric.NewEndpoint(fabric.Options{Fabric: fm})
-	b.Cleanup(func() { ep.Close(); c.Close() })
-	e := &env{c: c, keys: c.Meta.Keyring(), pool: fabric.NewPool(ep, 4)}
+	e := newExportEnv(b, 1<<20, fm, 4)
+	c := e.c
+	ep := e.pool.Endpoint()
 	n := c.Nodes[0]
 	const chunk = ids.ChunkID(61)
 	capRW := e.mint(chunk, capability.Write|capability.Read, time.Now().Add(time.Hour), n)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/capability"
-	"github.com/sluicefs/sluice/internal/cluster"
 	"github.com/sluicefs/sluice/internal/expcache"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
@@ -36,19 +35,10 @@ func TestOptimisticReadsUnderWrites(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_OPTIMISTIC_READS")); err == nil && v > 0 {
 		reads = v
 	}
-	dir := t.TempDir()
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		dir, _ = os.MkdirTemp("/dev/shm", "sluice-policy-")
-		t.Cleanup(func() { os.RemoveAll(dir) })
-	}
 	const eb, blocks = 4096, 64 // 64 blocks of a 16-block cache
-	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 1, MetaListen: "127.0.0.1:0", ExportCache: 16 * (expcache.HeaderSize + eb), ExportBlock: eb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep, _ := fabric.NewEndpoint(fabric.Options{})
-	t.Cleanup(func() { ep.Close(); c.Close() })
-	e := &env{c: c, keys: c.Meta.Keyring(), pool: fabric.NewPool(ep, 8)}
+	e := newExportEnv(t, 16*(expcache.HeaderSize+eb), fabric.FabricTCP, 8)
+	c := e.c
+	ep := e.pool.Endpoint()
 	n := c.Nodes[0]
 	const chunk = ids.ChunkID(71)
 	capRW := e.mint(chunk, capability.Write|capability.Read, time.Now().Add(time.Hour), n)

@@ -25,19 +25,10 @@ import (
 // request served; once the chunk is written again, the references fail
 // (the store's change drops the chunk's blocks).
 func TestReadRepliesCarryExportRefs(t *testing.T) {
-	dir := t.TempDir()
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		dir, _ = os.MkdirTemp("/dev/shm", "sluice-policy-")
-		t.Cleanup(func() { os.RemoveAll(dir) })
-	}
 	const eb = 4096
-	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 1, MetaListen: "127.0.0.1:0", ExportCache: 1 << 20, ExportBlock: eb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep, _ := fabric.NewEndpoint(fabric.Options{})
-	t.Cleanup(func() { ep.Close(); c.Close() })
-	e := &env{c: c, keys: c.Meta.Keyring(), pool: fabric.NewPool(ep, 4)}
+	e := newExportEnv(t, 1<<20, fabric.FabricTCP, 4)
+	c := e.c
+	ep := e.pool.Endpoint()
 	n := c.Nodes[0]
 	one := []*node.Node{n}
 	const chunk = ids.ChunkID(51)
@@ -125,4 +116,27 @@ func TestReadRepliesCarryExportRefs(t *testing.T) {
 			t.Fatalf("block %d after an overwrite: %v, want ErrStale", i, err)
 		}
 	}
+}
+
+// newExportEnv starts one node with an exported cache of cacheBytes in
+// blocks of 4 KiB (serving TCP and shared memory) and a client endpoint
+// reaching it by fm, with a pool of poolSize connections.
+func newExportEnv(tb testing.TB, cacheBytes int64, fm fabric.Fabric, poolSize int) *env {
+	tb.Helper()
+	dir := tb.TempDir()
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		dir, _ = os.MkdirTemp("/dev/shm", "sluice-policy-")
+		tb.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	c, err := cluster.Start(context.Background(), cluster.Options{Dir: dir, Nodes: 1, MetaListen: "127.0.0.1:0", ExportCache: cacheBytes, ExportBlock: 4096,
+		Fabric: fabric.Options{Fabric: fabric.FabricAuto}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ep, err := fabric.NewEndpoint(fabric.Options{Fabric: fm})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ep.Close(); c.Close() })
+	return &env{c: c, keys: c.Meta.Keyring(), pool: fabric.NewPool(ep, poolSize)}
 }
