@@ -23,11 +23,18 @@ import (
 // bytes sent to the node at a fixed rate (replies flow freely). Nodes
 // advertise the proxy, so clients and upstream replicas go through it:
 // a write message then takes long enough to kill its sender mid-message.
+//
+// A proxy can also hold each connection after a number of bytes (hold)
+// and later cut the held connections: the node then sees its peer vanish
+// at a known byte of a message, whatever the kernel's socket buffers let
+// the sender write ahead.
 type throttle struct {
 	ln        net.Listener
 	rate      int64 // bytes per second toward the node
 	target    chan string
 	forwarded atomic.Int64
+	hold      atomic.Int64 // bytes after which a connection waits; 0: none
+	cut       atomic.Bool  // held connections are closed
 
 	mu    sync.Mutex
 	conns []net.Conn
@@ -93,7 +100,18 @@ func (p *throttle) pipe(c net.Conn, target string) {
 	start := time.Now()
 	var sent int64
 	for {
-		k, err := c.Read(buf)
+		chunk := buf
+		if h := p.hold.Load(); h > 0 {
+			if sent >= h {
+				if p.cut.Load() {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			chunk = buf[:min(int64(len(buf)), h-sent)]
+		}
+		k, err := c.Read(chunk)
 		if k > 0 {
 			if _, werr := n.Write(buf[:k]); werr != nil {
 				break
@@ -147,13 +165,17 @@ func TestClientKilledMidPut(t *testing.T) {
 	keep := randomBytes(t, 100<<10)
 	mustRun(t, conf, bytes.NewReader(keep), "put", "-", "/keep")
 
-	// 200 MiB piped into put, killed in the middle of its second 16 MiB
-	// write message: each message crosses the three proxies (client to
-	// head, head to rank 1, rank 1 to rank 2), so once 60 MiB have passed
-	// them the first message is committed on every replica and about
-	// 4 MiB of the second are on each hop, which at 16 MiB/s per proxy
-	// still needs most of a second.
+	// 200 MiB piped into put, killed in the middle of a write message
+	// (22 MiB is inside one whether they are 4 or 16 MiB): every proxy
+	// holds each connection there until the head is known, the head's
+	// proxy then keeps holding the client's connection, and once every
+	// replica has what the head was given, the client is killed and its
+	// connection cut at that byte.
 	const total = 200 << 20
+	const hold = 22 << 20
+	for _, p := range proxies {
+		p.hold.Store(hold)
+	}
 	block := randomBytes(t, 1<<20)
 	put := startProcStdin(t, dir, "put-x", "--conf", conf, "put", "-", "/x")
 	fed := make(chan int64, 1)
@@ -170,25 +192,46 @@ func TestClientKilledMidPut(t *testing.T) {
 		put.stdin.Close()
 	}()
 	before := forwarded()
-	waitForwarded := func(n int64) {
+	waitForwarded := func(what string, done func() bool) {
 		t.Helper()
 		eventually(t, 30*time.Second, 2*time.Millisecond, func() (bool, string) {
 			if put.exited() {
 				t.Fatalf("put exited early: %v\n%s", put.waitErr, put.stderrText())
 			}
-			return forwarded()-before >= n, fmt.Sprintf("%d bytes forwarded to nodes", forwarded()-before)
+			return done(), fmt.Sprintf("%s: %d bytes forwarded to nodes", what, forwarded()-before)
 		})
 	}
 	// Once data flows, the file being written is a hidden temporary.
-	waitForwarded(1 << 20)
+	waitForwarded("data flows", func() bool { return forwarded()-before >= 1<<20 })
 	ls := string(mustRun(t, conf, nil, "ls", "/").stdout)
 	tmpRe := regexp.MustCompile(`(?m)^\.x\.sluice-put-[0-9a-f]+$`)
 	if !tmpRe.MatchString(ls) || strings.Contains(ls, "\nx\n") || strings.HasPrefix(ls, "x\n") {
 		t.Errorf("during the put, ls / = %q: want a hidden temporary and no x", ls)
 	}
-	waitForwarded(60 << 20)
+	var head *throttle
+	if tmp := tmpRe.FindString(ls); tmp != "" {
+		_, layout := layoutOf(t, mc, "/"+tmp)
+		if len(layout) > 0 && len(layout[0].Replicas) > 0 {
+			for _, p := range proxies {
+				if p.addr() == layout[0].Replicas[0].Addr {
+					head = p
+				}
+			}
+		}
+	}
+	if head == nil {
+		t.Fatalf("cannot tell which proxy the put's head is behind (ls / = %q)", ls)
+	}
+	for _, p := range proxies {
+		if p != head {
+			p.hold.Store(0)
+		}
+	}
+	// Every replica has what the head was given, up to a packet.
+	waitForwarded("held at 22 MiB", func() bool { return forwarded()-before >= 3*hold-(1<<20) })
 	put.cmd.Process.Kill()
 	<-put.done
+	head.cut.Store(true)
 	n := <-fed
 	t.Logf("killed put after feeding %d MiB; %.1f MiB had reached the nodes", n>>20, float64(forwarded()-before)/(1<<20))
 	if put.cmd.ProcessState.ExitCode() == 0 {
@@ -266,7 +309,7 @@ func TestClientKilledMidPut(t *testing.T) {
 				}
 				return true, ""
 			})
-			// The first message committed; the second was rolled back.
+			// Whole messages committed; the one cut off was rolled back.
 			t.Logf("temporary's chunk %v: %d bytes committed on every replica", l.Chunk, length)
 			if length < 1<<20 || length%(1<<20) != 0 {
 				t.Errorf("temporary's chunk %v holds %d bytes after the abort, want the committed first write message", l.Chunk, length)
