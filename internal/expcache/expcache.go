@@ -242,3 +242,25 @@ func (c *Cache) body(i uint32) []byte {
 	off := int(i)*(HeaderSize+c.blockSize) + HeaderSize
 	return c.mem[off : off+c.blockSize]
 }
+
+// Admit is the node's check of a guarded optimistic read (one the node
+// serves itself, over a network): it must read a whole slot from its
+// header, with the slot's generation word as its word, and the slot
+// must still hold the fill gen names. It returns the generation the
+// word must still hold once the bytes are copied.
+func (c *Cache) Admit(off, n, wordOff, gen uint64) (uint64, error) {
+	size := uint64(HeaderSize + c.blockSize)
+	i := off / size
+	switch {
+	case off%size != 0 || i >= uint64(len(c.slots)):
+		return 0, fmt.Errorf("expcache: offset %d is not a slot's", off)
+	case n == 0 || n > size:
+		return 0, fmt.Errorf("expcache: %d bytes of a %d-byte slot", n, size)
+	case wordOff != off+offGen:
+		return 0, fmt.Errorf("expcache: word at %d is not slot %d's generation", wordOff, i)
+	}
+	if got := c.header(uint32(i)).gen().Load(); got != gen || gen&1 != 0 {
+		return 0, fmt.Errorf("expcache: stale: slot %d holds generation %d, not %d", i, got, gen)
+	}
+	return gen, nil
+}

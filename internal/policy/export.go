@@ -1,8 +1,12 @@
 package policy
 
 import (
+	"fmt"
+	"time"
+
 	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/expcache"
+	"github.com/sluicefs/sluice/internal/regionmac"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -11,10 +15,54 @@ import (
 // operations. Small reads fill it, and their replies carry references to
 // the blocks (wire.Export); the store's OnChange drops a chunk's blocks
 // when it changes.
+//
+// Over a network the node serves each optimistic read itself (Guard),
+// so it checks them: a reference carries a key of its own (RefKey), and
+// a read must be signed with it, recent and not replayed, and find the
+// slot still holding the fill the reference names. A client that read
+// one block can therefore read that block's fill and nothing else of
+// the arena — not the blocks other clients' reads put beside it.
 type Export struct {
 	Cache  *expcache.Cache
 	Region uint64 // the arena's region key
 	Epoch  uint64 // this run of the node
+	// Secret is this run's (regionmac.SecretSize random bytes): the
+	// references' keys derive from it.
+	Secret []byte
+	// Replays refuses an optimistic read's tag seen before.
+	Replays *regionmac.Verifier
+	// Now is the node's clock (Unix nanoseconds).
+	Now func() int64
+}
+
+// ReplayWindow is how far an optimistic read's timestamp may be from the
+// node's clock (clients' and nodes' clocks must agree to within it, or
+// optimistic reads fall back to requests), and MaxReplayTags bounds the
+// tags remembered within it (past it, reads fall back).
+const (
+	ReplayWindow  = 2 * time.Second
+	MaxReplayTags = 1 << 19
+)
+
+// RefKey is the key of the reference to slot's fill under gen.
+func (e *Export) RefKey(slot uint32, gen uint64) regionmac.Tag {
+	return regionmac.RefKey(e.Secret, e.Region, uint64(slot)*uint64(expcache.HeaderSize+e.Cache.BlockSize()), gen)
+}
+
+// Guard admits an optimistic read of the arena (a fabric.Guard).
+func (e *Export) Guard(key, off, n, wordOff uint64, auth []byte) (uint64, error) {
+	a, err := regionmac.ParseAuth(auth)
+	if err != nil {
+		return 0, err
+	}
+	k := regionmac.RefKey(e.Secret, key, off, a.Gen)
+	if n > 1<<32-1 {
+		return 0, fmt.Errorf("export: read of %d bytes", n)
+	}
+	if err := e.Replays.Verify(k[:], regionmac.Op{Region: key, Off: off, Len: uint32(n), Time: a.Time}, a.Tag, e.Now()); err != nil {
+		return 0, err
+	}
+	return e.Cache.Admit(off, n, wordOff, a.Gen)
 }
 
 // maxExportSpan bounds the reads whose blocks are exported: small reads
@@ -54,7 +102,7 @@ func (x *reader) exportRefs(sp *span) wire.Export {
 				break
 			}
 		}
-		list = append(list, wire.ExportRef{Slot: r.Slot, Gen: r.Gen})
+		list = append(list, wire.ExportRef{Slot: r.Slot, Gen: r.Gen, Key: e.RefKey(r.Slot, r.Gen)})
 	}
 	if len(list) == 0 {
 		return wire.Export{}

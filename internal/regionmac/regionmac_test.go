@@ -68,8 +68,8 @@ func TestBoundedWindow(t *testing.T) {
 				t.Fatalf("op %d past the bound: %v, want ErrBusy", i, err)
 			}
 		}
-		if len(v.seen) > 10 {
-			t.Fatalf("%d tags remembered, bound 10", len(v.seen))
+		if v.n > 10 {
+			t.Fatalf("%d tags remembered, bound 10", v.n)
 		}
 	}
 	later := now + int64(1500*time.Millisecond)
