@@ -85,6 +85,7 @@ type slot struct {
 	used   bool
 	ref    bool // the clock's second-chance bit
 	refVal Ref
+	until  int64 // Expire drops the slot after it (0: never)
 }
 
 // New makes a cache of the slots that fit in mem, blocks of blockSize
@@ -241,6 +242,32 @@ func (c *Cache) header(i uint32) header {
 func (c *Cache) body(i uint32) []byte {
 	off := int(i)*(HeaderSize+c.blockSize) + HeaderSize
 	return c.mem[off : off+c.blockSize]
+}
+
+// Extend keeps slot's fill gen at least until (Unix nanoseconds; see
+// Expire). A node caching blocks for one client sets it to the expiry of
+// the capability each block was read under.
+func (c *Cache) Extend(slot uint32, gen uint64, until int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := &c.slots[slot]; s.used && s.refVal.Gen == gen && s.until < until {
+		s.until = until
+	}
+}
+
+// Expire drops every slot whose Extend time is before now, and returns
+// how many it dropped. Slots never extended stay.
+func (c *Cache) Expire(now int64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for i := range c.slots {
+		if s := &c.slots[i]; s.used && s.until != 0 && s.until < now {
+			c.dropLocked(uint32(i))
+			n++
+		}
+	}
+	return n
 }
 
 // Admit is the node's check of a guarded optimistic read (one the node

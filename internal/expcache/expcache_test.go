@@ -237,3 +237,38 @@ func TestAdmit(t *testing.T) {
 		t.Error("an invalidated fill: admitted")
 	}
 }
+
+// TestExpire: slots extended to a time are dropped after it (their
+// references fail); slots never extended stay; a refill forgets the old
+// fill's time.
+func TestExpire(t *testing.T) {
+	c, err := New(arena(4), bs, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := c.Fill(1, 0, 3, pattern(0, 3, bs))
+	b, _ := c.Fill(1, 1, 3, pattern(1, 3, bs))
+	k, _ := c.Fill(2, 0, 3, pattern(0, 3, bs))
+	c.Extend(a.Slot, a.Gen, 100)
+	c.Extend(a.Slot, a.Gen, 50) // never shortens
+	c.Extend(b.Slot, b.Gen, 200)
+	c.Extend(k.Slot, k.Gen+2, 10) // another fill's: ignored
+	if n := c.Expire(150); n != 1 {
+		t.Fatalf("expired %d at 150, want 1", n)
+	}
+	if _, err := read(c, a); !errors.Is(err, ErrStale) {
+		t.Fatalf("expired slot: %v", err)
+	}
+	for _, r := range []Ref{b, k} {
+		if _, err := read(c, r); err != nil {
+			t.Fatalf("slot %d: %v", r.Slot, err)
+		}
+	}
+	b2, _ := c.Fill(1, 1, 4, pattern(1, 4, bs))
+	if n := c.Expire(1 << 40); n != 0 {
+		t.Fatalf("a refill kept the old fill's time: %d expired", n)
+	}
+	if _, err := read(c, b2); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -55,6 +55,19 @@ func (n *Node) startExport() error {
 		Replays: regionmac.NewVerifier(policy.ReplayWindow, policy.MaxReplayTags),
 		Now:     func() int64 { return time.Now().UnixNano() }}
 	x.Region = n.ep.RegisterGuarded(arena, x.Guard).Key()
+	if cs := n.opts.ExportClientCache; cs >= 0 {
+		if cs == 0 {
+			cs = min(DefaultExportClientCache, size)
+		}
+		if cs < int64(expcache.HeaderSize+bs) {
+			return fmt.Errorf("node: a client's export cache of %d bytes holds no %d-byte block", cs, bs)
+		}
+		ce := &clientExports{ep: n.ep, size: int(cs), block: bs, epoch: x.Epoch, now: x.Now, m: map[ids.ClientID]*clientCache{}}
+		x.Clients = ce
+		n.exportStop = make(chan struct{})
+		n.wg.Add(1)
+		go ce.run(n.exportStop, n.wg.Done)
+	}
 	n.export.Store(x)
 	n.log.Info("exported cache", "bytes", size, "block", bs, "slots", c.Slots())
 	return nil
@@ -64,5 +77,8 @@ func (n *Node) startExport() error {
 func (n *Node) exportChanged(id ids.ChunkID) {
 	if e := n.export.Load(); e != nil {
 		e.Cache.InvalidateChunk(id)
+		if e.Clients != nil {
+			e.Clients.InvalidateChunk(id)
+		}
 	}
 }

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/expcache"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/regionmac"
 	"github.com/sluicefs/sluice/internal/wire"
 )
@@ -33,6 +36,23 @@ type Export struct {
 	Replays *regionmac.Verifier
 	// Now is the node's clock (Unix nanoseconds).
 	Now func() int64
+	// Clients, if set, gives each client on the node's host a cache of
+	// its own in shared memory (the thesis' zero-CPU case): the client
+	// maps it and reads its slots with no work by the node, and since
+	// only blocks that client was allowed to read are ever put in it, it
+	// needs no per-read check. Nil in a client's own Export.
+	Clients ClientExports
+}
+
+// ClientExports are per-client exported caches in shared memory.
+type ClientExports interface {
+	// For returns client's cache (made if need be), with connection c
+	// allowed to map it, to be filled under a capability good until
+	// (Unix nanoseconds), and done, to call once the caller has filled
+	// it; nil if it has none. Until done the cache is not revoked.
+	For(client ids.ClientID, c *fabric.Conn, until int64) (x *Export, done func())
+	// InvalidateChunk drops chunk's blocks from every client's cache.
+	InvalidateChunk(chunk ids.ChunkID)
 }
 
 // ReplayWindow is how far an optimistic read's timestamp may be from the
@@ -44,8 +64,12 @@ const (
 	MaxReplayTags = 1 << 19
 )
 
-// RefKey is the key of the reference to slot's fill under gen.
+// RefKey is the key of the reference to slot's fill under gen (none in a
+// client's own cache, which is read without the node's check).
 func (e *Export) RefKey(slot uint32, gen uint64) regionmac.Tag {
+	if e.Secret == nil {
+		return regionmac.Tag{}
+	}
 	return regionmac.RefKey(e.Secret, e.Region, uint64(slot)*uint64(expcache.HeaderSize+e.Cache.BlockSize()), gen)
 }
 
@@ -70,13 +94,23 @@ func (e *Export) Guard(key, off, n, wordOff uint64, auth []byte) (uint64, error)
 const maxExportSpan = 64 << 10
 
 // exportRefs fills the exported cache with the blocks of sp that its
-// first piece holds — export blocks whole, or ending at the chunk's end
-// — whose store blocks pass their checksums, and returns the references
-// for the reply (Block 0: none).
-func (x *reader) exportRefs(sp *span) wire.Export {
+// first piece holds — export blocks whole, or ending at the chunk's end,
+// within the range cp allows — whose store blocks pass their checksums,
+// and returns the references for the reply (Block 0: none). A client on
+// the node's host (conn shared) gets references to its own cache.
+func (x *reader) exportRefs(sp *span, conn *fabric.Conn, cp *capability.Capability) wire.Export {
 	e := x.d.Export
 	if e == nil || sp.end-sp.start > maxExportSpan || int64(len(sp.first)) < sp.end-sp.start || sp.end == sp.start {
 		return wire.Export{}
+	}
+	var until int64
+	if e.Clients != nil && conn.Shared() {
+		ce, done := e.Clients.For(cp.Client, conn, cp.Expiry)
+		if ce == nil {
+			return wire.Export{}
+		}
+		defer done()
+		e, until = ce, cp.Expiry
 	}
 	// Only intact data is exported: the client checks the slot's CRC,
 	// which the cache computes over what it is given.
@@ -88,19 +122,29 @@ func (x *reader) exportRefs(sp *span) wire.Export {
 		}
 	}
 	eb := int64(e.Cache.BlockSize())
-	first := (sp.start + eb - 1) / eb
+	lo, hi := sp.start, min(sp.end, sp.info.Length)
+	if capEnd := cp.Off + cp.Len; capEnd >= cp.Off && uint64(hi) > capEnd {
+		hi = int64(capEnd)
+	}
+	if uint64(lo) < cp.Off {
+		lo = int64(min(cp.Off, uint64(hi)))
+	}
+	first := (lo + eb - 1) / eb
 	var list []wire.ExportRef
 	for b := first; len(list) < wire.MaxExportRefs; b++ {
-		lo, hi := b*eb, min((b+1)*eb, sp.info.Length)
-		if hi > sp.end || lo >= hi {
+		blo, bhi := b*eb, min((b+1)*eb, sp.info.Length)
+		if bhi > hi || blo >= bhi {
 			break
 		}
 		r, ok := e.Cache.Get(sp.chunk, uint64(b), sp.info.Version)
 		if !ok || r.Version != sp.info.Version {
 			var err error
-			if r, err = e.Cache.Fill(sp.chunk, uint64(b), sp.info.Version, sp.first[lo-sp.start:hi-sp.start]); err != nil {
+			if r, err = e.Cache.Fill(sp.chunk, uint64(b), sp.info.Version, sp.first[blo-sp.start:bhi-sp.start]); err != nil {
 				break
 			}
+		}
+		if until != 0 {
+			e.Cache.Extend(r.Slot, r.Gen, until)
 		}
 		list = append(list, wire.ExportRef{Slot: r.Slot, Gen: r.Gen, Key: e.RefKey(r.Slot, r.Gen)})
 	}

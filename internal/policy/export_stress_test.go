@@ -28,7 +28,15 @@ import (
 // byte that was not committed: every read that passes its checks is one
 // write's whole block. SLUICE_OPTIMISTIC_READS sets how many (default
 // 200,000; the million was run by hand: docs/architecture.md).
+// Over TCP the node checks each read against its shared cache; over
+// shared memory the client copies from a cache of its own, unchecked.
 func TestOptimisticReadsUnderWrites(t *testing.T) {
+	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
+		t.Run(map[fabric.Fabric]string{fabric.FabricTCP: "tcp", fabric.FabricShm: "shm"}[fm], func(t *testing.T) { testOptimisticReadsUnderWrites(t, fm) })
+	}
+}
+
+func testOptimisticReadsUnderWrites(t *testing.T, fm fabric.Fabric) {
 	reads := 200_000
 	if testing.Short() {
 		reads = 20_000
@@ -37,7 +45,7 @@ func TestOptimisticReadsUnderWrites(t *testing.T) {
 		reads = v
 	}
 	const eb, blocks = 4096, 64 // 64 blocks of a 16-block cache
-	e := newExportEnv(t, 16*(expcache.HeaderSize+eb), fabric.FabricTCP, 8)
+	e := newExportEnv(t, 16*(expcache.HeaderSize+eb), fm, 8)
 	c := e.c
 	ep := e.pool.Endpoint()
 	n := c.Nodes[0]

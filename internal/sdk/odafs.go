@@ -140,11 +140,16 @@ func (c *Client) fetchSlot(ctx context.Context, l *metaapi.ChunkLayout, id odafs
 	// One round trip: the slot, then its generation read after it; a
 	// refusal (a stale region key, a node restarted) is this read's alone.
 	// Signed with the reference's key: the node serves only the fill it
-	// names.
+	// names. A reference without one is to this client's own cache in
+	// shared memory, which it copies itself.
 	off := uint64(ref.Off(eb))
-	a := regionmac.NewAuth(ref.Key[:], ref.Region, off, uint32(len(slot)), ref.Gen, time.Now().UnixNano())
-	var ab [regionmac.AuthSize]byte
-	gen, err := pc.ReadOptimistic(ctx, ref.Region, off, slot, uint64(ref.GenOff(eb)), a.Append(ab[:0]))
+	var auth []byte
+	if ref.Key != ([16]byte{}) {
+		a := regionmac.NewAuth(ref.Key[:], ref.Region, off, uint32(len(slot)), ref.Gen, time.Now().UnixNano())
+		var ab [regionmac.AuthSize]byte
+		auth = a.Append(ab[:0])
+	}
+	gen, err := pc.ReadOptimistic(ctx, ref.Region, off, slot, uint64(ref.GenOff(eb)), auth)
 	var re *fabric.RemoteError
 	switch {
 	case errors.As(err, &re):

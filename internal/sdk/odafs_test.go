@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/odafs"
 	"github.com/sluicefs/sluice/internal/plan"
@@ -20,11 +21,19 @@ import (
 // bytes; after another client overwrites a block, the next read of it
 // falls back to a request (its slot was dropped when the write
 // committed) and returns the new bytes. With no client cache, nothing
-// stale is ever returned.
+// stale is ever returned. Over TCP the nodes check each optimistic read
+// against the shared exported cache; over shared memory the client
+// copies from a cache of its own.
 func TestOptimisticReads(t *testing.T) {
-	c := startClusterWith(t, cluster.Options{Nodes: 3, ExportCache: 4 << 20, ExportBlock: 4096})
+	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
+		t.Run(map[fabric.Fabric]string{fabric.FabricTCP: "tcp", fabric.FabricShm: "shm"}[fm], func(t *testing.T) { testOptimisticReads(t, fm) })
+	}
+}
+
+func testOptimisticReads(t *testing.T, fm fabric.Fabric) {
+	c := startClusterWith(t, cluster.Options{Nodes: 3, ExportCache: 4 << 20, ExportBlock: 4096, Fabric: fabric.Options{Fabric: fabric.FabricAuto}})
 	ctx := context.Background()
-	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{CacheBytes: -1}})
+	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{CacheBytes: -1}, Fabric: fm})
 	other := newClient(t, c, sdk.Options{})
 	for _, k := range []int{1, 3} {
 		dir := "/r" + string(rune('0'+k))
