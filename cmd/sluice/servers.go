@@ -116,7 +116,7 @@ func (a *app) upCmd() *cobra.Command {
 				return err
 			}
 			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, NodeListen: nodeListen, Fabric: fo, Engine: eo, Accumulators: ef.accumulators,
-				MinFreeBytes: minFree, MinFreePercent: minFreePct, FabricTLS: a.fabricTLS, ExportCache: int64(xf.cache), ExportBlock: int(xf.block), Logger: a.logger()})
+				MinFreeBytes: minFree, MinFreePercent: minFreePct, FabricTLS: a.fabricTLS, ExportCache: int64(xf.cache), ExportBlock: int(xf.block), ExportClientCache: int64(xf.client), Logger: a.logger()})
 			if err != nil {
 				return err
 			}
@@ -377,7 +377,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, ID: ids.NodeID(nodeID), FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
 				ScrubInterval: scrubEvery, ScrubRate: scrubRate, InventoryInterval: inventoryEvery,
-				ExportCache: int64(xf.cache), ExportBlock: int(xf.block),
+				ExportCache: int64(xf.cache), ExportBlock: int(xf.block), ExportClientCache: int64(xf.client),
 			})
 			if err != nil {
 				return err

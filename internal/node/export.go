@@ -59,6 +59,9 @@ func (n *Node) startExport() error {
 		if cs == 0 {
 			cs = min(DefaultExportClientCache, size)
 		}
+		if cs > size {
+			return fmt.Errorf("node: a client's export cache of %d bytes is larger than the export cache (%d)", cs, size)
+		}
 		if cs < int64(expcache.HeaderSize+bs) {
 			return fmt.Errorf("node: a client's export cache of %d bytes holds no %d-byte block", cs, bs)
 		}
