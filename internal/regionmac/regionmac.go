@@ -39,18 +39,39 @@ type Op struct {
 	Time   int64 // Unix nanoseconds, the initiator's clock
 }
 
-// Sign returns op's tag under secret.
+// Sign returns op's tag under secret (at most 64 bytes: a SecretSize
+// secret, or a Tag used as a reference's key). It allocates nothing: a
+// node signs or checks two per optimistic read.
 func Sign(secret []byte, op Op) Tag {
-	m := hmac.New(sha256.New, secret)
 	var b [28]byte
 	binary.LittleEndian.PutUint64(b[0:], op.Region)
 	binary.LittleEndian.PutUint64(b[8:], op.Off)
 	binary.LittleEndian.PutUint32(b[16:], op.Len)
 	binary.LittleEndian.PutUint64(b[20:], uint64(op.Time))
-	m.Write(b[:])
+	sum := hmacSHA256(secret, &b)
 	var t Tag
-	copy(t[:], m.Sum(nil))
+	copy(t[:], sum[:])
 	return t
+}
+
+// hmacSHA256 is HMAC-SHA256 (RFC 2104) of a 28-byte message under a key
+// of at most one block, on the stack.
+func hmacSHA256(key []byte, msg *[28]byte) [sha256.Size]byte {
+	if len(key) > sha256.BlockSize {
+		panic("regionmac: key longer than a SHA-256 block")
+	}
+	var in [sha256.BlockSize + 28]byte
+	var out [sha256.BlockSize + sha256.Size]byte
+	copy(in[:], key)
+	copy(out[:], key)
+	for i := range sha256.BlockSize {
+		in[i] ^= 0x36
+		out[i] ^= 0x5c
+	}
+	copy(in[sha256.BlockSize:], msg[:])
+	inner := sha256.Sum256(in[:])
+	copy(out[sha256.BlockSize:], inner[:])
+	return sha256.Sum256(out[:])
 }
 
 // Errors of Verify; each refuses the operation alone.
