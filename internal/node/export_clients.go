@@ -27,7 +27,7 @@ const maxClientCaches = 64
 
 // DefaultExportClientCache is a client's own cache unless set (at most
 // the node's export cache).
-const DefaultExportClientCache = 2 << 20
+const DefaultExportClientCache = 16 << 20
 
 // clientExports implements policy.ClientExports.
 type clientExports struct {
