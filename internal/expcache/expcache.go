@@ -270,14 +270,15 @@ func (c *Cache) Expire(now int64) int {
 	return n
 }
 
-// Admit is the node's check of a guarded optimistic read (one the node
-// serves itself, over a network): it must read a whole slot from its
-// header, with the slot's generation word as its word, and the slot
-// must still hold the fill gen names. It returns the generation the
-// word must still hold once the bytes are copied.
-func (c *Cache) Admit(off, n, wordOff, gen uint64) (uint64, error) {
+// ReadSlot serves a guarded optimistic read (one the node serves itself,
+// over a network): it must read a whole slot from its header (len(dst)
+// bytes at off), with the slot's generation word as its word, and the
+// slot must still hold the fill gen names. The copy is taken under the
+// cache's lock, so it is one fill's bytes whole, and ReadSlot returns
+// the generation.
+func (c *Cache) ReadSlot(dst []byte, off, wordOff, gen uint64) (uint64, error) {
 	size := uint64(HeaderSize + c.blockSize)
-	i := off / size
+	i, n := off/size, uint64(len(dst))
 	switch {
 	case off%size != 0 || i >= uint64(len(c.slots)):
 		return 0, fmt.Errorf("expcache: offset %d is not a slot's", off)
@@ -286,8 +287,11 @@ func (c *Cache) Admit(off, n, wordOff, gen uint64) (uint64, error) {
 	case wordOff != off+offGen:
 		return 0, fmt.Errorf("expcache: word at %d is not slot %d's generation", wordOff, i)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if got := c.header(uint32(i)).gen().Load(); got != gen || gen&1 != 0 {
 		return 0, fmt.Errorf("expcache: stale: slot %d holds generation %d, not %d", i, got, gen)
 	}
+	copy(dst, c.mem[off:off+n])
 	return gen, nil
 }

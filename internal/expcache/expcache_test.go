@@ -202,10 +202,10 @@ func FuzzCheck(f *testing.F) {
 	})
 }
 
-// TestAdmit: the node serves a guarded read only of a whole slot from its
-// header, with the slot's generation as its word, while the slot holds
-// the fill the reader names.
-func TestAdmit(t *testing.T) {
+// TestReadSlot: the node serves a guarded read only of a whole slot from
+// its header, with the slot's generation as its word, while the slot
+// holds the fill the reader names — and then the slot's bytes.
+func TestReadSlot(t *testing.T) {
 	c, err := New(arena(4), bs, 100)
 	if err != nil {
 		t.Fatal(err)
@@ -215,10 +215,14 @@ func TestAdmit(t *testing.T) {
 		t.Fatal(err)
 	}
 	off, size := uint64(r.Off(bs)), uint64(HeaderSize+bs)
-	if g, err := c.Admit(off, size, off, r.Gen); err != nil || g != r.Gen {
+	dst := make([]byte, size)
+	if g, err := c.ReadSlot(dst, off, off, r.Gen); err != nil || g != r.Gen {
 		t.Fatalf("a whole slot: %d, %v", g, err)
 	}
-	bad := map[string][4]uint64{
+	if got, err := Check(r, dst, r.Gen, bs); err != nil || !bytes.Equal(got, pattern(0, 3, bs)) {
+		t.Fatalf("the slot's bytes: %v", err)
+	}
+	bad := map[string][4]uint64{ // off, n, word, gen
 		"inside a slot":       {off + 8, size - 8, off, r.Gen},
 		"past the last slot":  {4 * size, size, 4 * size, r.Gen},
 		"longer than a slot":  {off, size + 1, off, r.Gen},
@@ -228,13 +232,13 @@ func TestAdmit(t *testing.T) {
 		"an odd generation":   {off, size, off, r.Gen - 1},
 	}
 	for name, a := range bad {
-		if _, err := c.Admit(a[0], a[1], a[2], a[3]); err == nil {
-			t.Errorf("%s: admitted", name)
+		if _, err := c.ReadSlot(make([]byte, a[1]), a[0], a[2], a[3]); err == nil {
+			t.Errorf("%s: served", name)
 		}
 	}
 	c.InvalidateChunk(1)
-	if _, err := c.Admit(off, size, off, r.Gen); err == nil {
-		t.Error("an invalidated fill: admitted")
+	if _, err := c.ReadSlot(dst, off, off, r.Gen); err == nil {
+		t.Error("an invalidated fill: served")
 	}
 }
 

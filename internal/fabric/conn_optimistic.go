@@ -33,14 +33,20 @@ const oreadPayload = 32
 // MaxAuth bounds an optimistic operation's authenticator.
 const MaxAuth = 64
 
-// Guard admits optimistic READs of a region registered with
+// Guard serves the optimistic READs of a region registered with
 // RegisterGuarded (seed 004 §4.1's protection over a network): given the
-// region's key, the range, the word and the initiator's authenticator,
-// it returns the value the word must hold for the read to be served —
-// the target checks it again after copying the range, so bytes that changed under
-// the copy never leave — or why not (a refusal of that read alone). It
-// runs on the connection's reader: it must be quick and must not block.
-type Guard func(key, off, n, wordOff uint64, auth []byte) (word uint64, err error)
+// region's key, the offset, the word's offset and the initiator's
+// authenticator, it decides whether the read may be served and, if so,
+// copies the range into dst and returns the word — one consistent
+// snapshot of both, taken under the owner's own synchronisation, so the
+// bytes sent never mix two states (or reveal what replaced the ones the
+// initiator may see). A refusal is of that read alone. It runs on the
+// connection's reader: it must be quick and must not block.
+type Guard func(key, off, wordOff uint64, auth, dst []byte) (word uint64, err error)
+
+// maxGuardedRead bounds a guarded read's copy (what the target buffers
+// before sending).
+const maxGuardedRead = 1<<20 + 4096
 
 // ReadOptimistic fills dst from offset off of the peer's region key, then
 // reads the 8-byte little-endian word at wordOff of the same region (8-byte
@@ -128,13 +134,11 @@ func (c *Conn) recvOReadReq(h header) error {
 		r.unuse()
 		return c.softDenied(h.id, aerr)
 	}
-	var want uint64
 	if r.guard != nil {
-		if want, aerr = r.guard(key, off, n, wordOff, auth); aerr != nil {
-			r.unuse()
-			rw.unuse()
-			return c.softDenied(h.id, aerr)
-		}
+		err := c.serveGuarded(h.id, r, key, off, n, wordOff, auth)
+		r.unuse() // the guard's copy is done
+		rw.unuse()
+		return err
 	}
 	select {
 	case c.readSem <- struct{}{}:
@@ -147,10 +151,6 @@ func (c *Conn) recvOReadReq(h header) error {
 		defer func() { <-c.readSem }()
 		defer r.unuse()
 		defer rw.unuse()
-		if r.guard != nil {
-			c.sendGuarded(h.id, src, (*atomic.Uint64)(unsafe.Pointer(&word[0])), want)
-			return
-		}
 		if err := c.sendStreamLast(KindReadResp, h.id, src, false); err != nil {
 			c.fail(err)
 			return
@@ -166,36 +166,45 @@ func (c *Conn) recvOReadReq(h header) error {
 	return nil
 }
 
-// sendGuarded answers a guarded optimistic READ: the range is copied
-// first and sent only if the word still holds what the guard admitted —
-// the initiator may not be allowed to see what replaced the bytes, so it
-// must never get them, even torn.
-func (c *Conn) sendGuarded(id uint64, src []byte, word *atomic.Uint64, want uint64) {
+// serveGuarded answers an optimistic READ of a guarded region: the
+// guard copies the range (or refuses), and the copy is sent.
+func (c *Conn) serveGuarded(id uint64, r *Region, key, off, n, wordOff uint64, auth []byte) error {
+	if n > maxGuardedRead {
+		return c.softDenied(id, fmt.Errorf("%w: guarded read of %d bytes, at most %d", ErrBounds, n, maxGuardedRead))
+	}
+	select {
+	case c.readSem <- struct{}{}:
+	default:
+		return c.softDenied(id, errors.New("too many outstanding remote reads"))
+	}
 	bp, _ := c.ep.guardBufs.Get().(*[]byte)
 	if bp == nil {
 		bp = new([]byte)
 	}
-	defer c.ep.guardBufs.Put(bp)
-	if cap(*bp) < len(src) {
-		*bp = make([]byte, len(src))
+	if uint64(cap(*bp)) < n {
+		*bp = make([]byte, n)
 	}
-	buf := (*bp)[:len(src)]
-	copy(buf, src)
-	if word.Load() != want {
-		if err := c.softDenied(id, errors.New("stale: the memory changed during the read")); err != nil {
+	buf := (*bp)[:n]
+	word, err := r.guard(key, off, wordOff, auth, buf)
+	if err != nil {
+		c.ep.guardBufs.Put(bp)
+		<-c.readSem
+		return c.softDenied(id, err)
+	}
+	go func() {
+		defer func() { <-c.readSem }()
+		defer c.ep.guardBufs.Put(bp)
+		if err := c.sendStreamLast(KindReadResp, id, buf, false); err != nil {
+			c.fail(err)
+			return
+		}
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], word)
+		if err := c.sendOne(KindReadResp, FlagLast, id, w[:]); err != nil {
 			c.fail(err)
 		}
-		return
-	}
-	if err := c.sendStreamLast(KindReadResp, id, buf, false); err != nil {
-		c.fail(err)
-		return
-	}
-	var w [8]byte
-	binary.LittleEndian.PutUint64(w[:], want)
-	if err := c.sendOne(KindReadResp, FlagLast, id, w[:]); err != nil {
-		c.fail(err)
-	}
+	}()
+	return nil
 }
 
 // softDenied refuses an optimistic operation: the initiator hears why,

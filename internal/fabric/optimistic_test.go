@@ -77,11 +77,10 @@ func TestOReadRequestMalformed(t *testing.T) {
 }
 
 // TestReadOptimisticGuarded: a guarded region is read only by optimistic
-// READs its guard admits — the authenticator reaches the guard, a refusal
-// is soft, bytes whose word is not what the guard admitted (changed under
-// the copy) are refused rather than sent, and the target serves every
-// read itself (a shared-memory peer never maps it). A plain READ of it is
-// an access error.
+// READs its guard serves — the authenticator reaches the guard, which
+// copies the range; a refusal is soft and sends no byte, even of a copy
+// begun; the target serves every read itself (a shared-memory peer never
+// maps it). A plain READ of it is an access error.
 func TestReadOptimisticGuarded(t *testing.T) {
 	backends(t, func(t *testing.T, tr transport) {
 		ctx := context.Background()
@@ -93,15 +92,17 @@ func TestReadOptimisticGuarded(t *testing.T) {
 		binary.LittleEndian.PutUint64(mem[64:], 42)
 		var calls atomic.Int32 // the guard runs on the target's goroutine
 		var lie atomic.Bool
-		r := srv.RegisterGuarded(mem, func(key, off, n, wordOff uint64, auth []byte) (uint64, error) {
+		r := srv.RegisterGuarded(mem, func(key, off, wordOff uint64, auth, dst []byte) (uint64, error) {
 			calls.Add(1)
 			if string(auth) != "let me in" {
 				return 0, errors.New("bad authenticator")
 			}
 			if lie.Load() {
-				return 44, nil // as if the word changed after admission
+				dst[0] = 1 // partly copied, then found changed
+				return 0, errors.New("stale")
 			}
-			return 42, nil
+			copy(dst, mem[off:])
+			return binary.LittleEndian.Uint64(mem[wordOff:]), nil
 		})
 		got := make([]byte, 4096)
 		w, err := pc.ReadOptimistic(ctx, r.Key(), 1000, got, 64, []byte("let me in"))

@@ -73,20 +73,20 @@ func (e *Export) RefKey(slot uint32, gen uint64) regionmac.Tag {
 	return regionmac.RefKey(e.Secret, e.Region, uint64(slot)*uint64(expcache.HeaderSize+e.Cache.BlockSize()), gen)
 }
 
-// Guard admits an optimistic read of the arena (a fabric.Guard).
-func (e *Export) Guard(key, off, n, wordOff uint64, auth []byte) (uint64, error) {
+// Guard serves an optimistic read of the arena (a fabric.Guard).
+func (e *Export) Guard(key, off, wordOff uint64, auth, dst []byte) (uint64, error) {
 	a, err := regionmac.ParseAuth(auth)
 	if err != nil {
 		return 0, err
 	}
 	k := regionmac.RefKey(e.Secret, key, off, a.Gen)
-	if n > 1<<32-1 {
-		return 0, fmt.Errorf("export: read of %d bytes", n)
+	if len(dst) > 1<<32-1 {
+		return 0, fmt.Errorf("export: read of %d bytes", len(dst))
 	}
-	if err := e.Replays.Verify(k[:], regionmac.Op{Region: key, Off: off, Len: uint32(n), Time: a.Time}, a.Tag, e.Now()); err != nil {
+	if err := e.Replays.Verify(k[:], regionmac.Op{Region: key, Off: off, Len: uint32(len(dst)), Time: a.Time}, a.Tag, e.Now()); err != nil {
 		return 0, err
 	}
-	return e.Cache.Admit(off, n, wordOff, a.Gen)
+	return e.Cache.ReadSlot(dst, off, wordOff, a.Gen)
 }
 
 // maxExportSpan bounds the reads whose blocks are exported: small reads

@@ -27,7 +27,7 @@ import (
 // blocks and a cache too small for them keeps evicting, never return a
 // byte that was not committed: every read that passes its checks is one
 // write's whole block. SLUICE_OPTIMISTIC_READS sets how many (default
-// 200,000; the million was run by hand: docs/architecture.md).
+// 200,000, 20,000 with -short or -race; the million was run by hand: docs/architecture.md).
 // Over TCP the node checks each read against its shared cache; over
 // shared memory the client copies from a cache of its own, unchecked.
 func TestOptimisticReadsUnderWrites(t *testing.T) {
@@ -38,7 +38,7 @@ func TestOptimisticReadsUnderWrites(t *testing.T) {
 
 func testOptimisticReadsUnderWrites(t *testing.T, fm fabric.Fabric) {
 	reads := 200_000
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		reads = 20_000
 	}
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_OPTIMISTIC_READS")); err == nil && v > 0 {

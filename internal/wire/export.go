@@ -45,11 +45,19 @@ const (
 	MaxExportBlock = 1 << 20
 )
 
-// N is the number of references decoded.
-func (e *Export) N() int { return len(e.refs) / exportRef }
+// N is the number of references decoded (or in List, once detached).
+func (e *Export) N() int {
+	if e.refs == nil {
+		return len(e.List)
+	}
+	return len(e.refs) / exportRef
+}
 
 // Ref returns decoded reference i.
 func (e *Export) Ref(i int) ExportRef {
+	if e.refs == nil {
+		return e.List[i]
+	}
 	b := e.refs[exportRef*i:]
 	r := ExportRef{Slot: binary.LittleEndian.Uint32(b), Gen: binary.LittleEndian.Uint64(b[4:])}
 	copy(r.Key[:], b[12:28])
@@ -114,9 +122,9 @@ func (e *Export) Detach() {
 	if e.refs == nil {
 		return
 	}
-	e.List = make([]ExportRef, e.N())
-	for i := range e.List {
-		e.List[i] = e.Ref(i)
+	list := make([]ExportRef, len(e.refs)/exportRef)
+	for i := range list {
+		list[i] = e.Ref(i)
 	}
-	e.refs = nil
+	e.List, e.refs = list, nil
 }
