@@ -1,0 +1,278 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/odafs"
+	"github.com/sluicefs/sluice/internal/sdk"
+)
+
+// The odafs experiment's server-throughput part (seed 004 §4.5, issue
+// 19: "two clients, 4 to 64 KiB reads, +32% at 4 KiB"): two SDK clients
+// in this process, each with several reads outstanding, read a file at
+// random for a fixed time per run. The file fits the node's exported
+// cache and the clients keep no blocks of their own (no client block
+// cache), so every read is served by the node: by a read request
+// (DAFS: odafs.Options.Entries negative, no references) or through the
+// references of the node's exported cache (ODAFS). Per read size and
+// mode: reads a second (the median of the runs), the node process's CPU
+// per read and ODAFS/DAFS (the median of the runs' ratios; the modes
+// take turns run by run, so each ratio is of neighbouring runs).
+
+const (
+	odafsTPClients     = 2
+	odafsTPOutstanding = 4 // reads in flight per client
+)
+
+var odafsTPSizes = []int{4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10}
+
+var odafsTPHeader = []string{"experiment", "mode", "fabric", "size_bytes", "clients", "outstanding_per_client", "seconds_per_run", "runs",
+	"reads_per_s", "mb_per_s", "node_cpu_us_per_op", "optimistic_share", "odafs_over_dafs"}
+
+// odafsDuration is the length of one throughput run.
+func (r *runner) odafsDuration() time.Duration {
+	switch {
+	case r.cfg.Duration > 0:
+		return r.cfg.Duration
+	case r.cfg.Quick:
+		return time.Second
+	}
+	return 2 * time.Second
+}
+
+// odafsTPFile is the size of the file the throughput part reads: well
+// within the node's exported cache of 64 MiB.
+func (r *runner) odafsTPFile() int64 {
+	if r.cfg.Quick || r.repsGiven > 0 {
+		return 4 << 20
+	}
+	return 16 << 20
+}
+
+// odafsTPRuns is the runs per point and mode.
+func (r *runner) odafsTPRuns() int {
+	if r.cfg.Quick || r.repsGiven > 0 {
+		return 3
+	}
+	return 5
+}
+
+// loadAverage is /proc/loadavg's first three fields, for the log: the
+// machine is shared.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// tpMode is one way of reading: its clients and their open files.
+type tpMode struct {
+	name  string
+	cls   []*sdk.Client
+	files []*sdk.File
+}
+
+// tpRun is what one run measured.
+type tpRun struct {
+	reads      int64
+	elapsed    time.Duration
+	cpu        time.Duration
+	optimistic uint64
+}
+
+// odafsThroughput runs the throughput part with the clients reaching the
+// node by fm; data is /od/tp's content.
+func odafsThroughput(ctx context.Context, r *runner, c *procCluster, nodePid int, fm fabric.Fabric, data []byte) ([][]string, error) {
+	var modes []*tpMode
+	defer func() {
+		for _, m := range modes {
+			for _, cl := range m.cls {
+				cl.Close()
+			}
+		}
+	}()
+	for _, name := range []string{"dafs", "odafs"} {
+		m := &tpMode{name: name}
+		modes = append(modes, m)
+		for range odafsTPClients {
+			o := &odafs.Options{CacheBytes: -1, BlockSize: odafsBlock} // references only
+			if name == "dafs" {
+				o.Entries = -1 // and none of them: every read a request
+			}
+			cl, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, Fabric: fm, ODAFS: o})
+			if err != nil {
+				return nil, err
+			}
+			m.cls = append(m.cls, cl)
+			f, err := cl.Open(ctx, "/od/tp")
+			if err != nil {
+				return nil, err
+			}
+			m.files = append(m.files, f)
+			if err := tpWarm(f, int64(len(data))); err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	}
+	runs, d := r.odafsTPRuns(), r.odafsDuration()
+	fmt.Fprintf(r.cfg.Log, "   throughput, %d clients x %d outstanding, %s file, %d runs of %s: %-5s %8s %12s %10s %12s %6s\n",
+		odafsTPClients, odafsTPOutstanding, sizeLabel(int64(len(data))), runs, d, "mode", "size", "reads/s", "MB/s", "node CPU/op", "ratio")
+	var rows [][]string
+	for _, size := range odafsTPSizes {
+		got := map[string][]tpRun{}
+		var ratios []float64
+		for run := range runs {
+			var perSec [2]float64
+			for j := range modes {
+				i := (run + j) % len(modes) // the modes take turns going first
+				m := modes[i]
+				x, err := m.run(ctx, nodePid, data, size, d, uint64(run))
+				if err != nil {
+					return nil, fmt.Errorf("%s, %s reads: %w", m.name, sizeLabel(int64(size)), err)
+				}
+				got[m.name] = append(got[m.name], x)
+				perSec[i] = float64(x.reads) / x.elapsed.Seconds()
+			}
+			ratios = append(ratios, perSec[1]/perSec[0])
+		}
+		for _, m := range modes {
+			var ps []float64
+			var reads int64
+			var cpu time.Duration
+			var opt uint64
+			for _, x := range got[m.name] {
+				ps = append(ps, float64(x.reads)/x.elapsed.Seconds())
+				reads += x.reads
+				cpu += x.cpu
+				opt += x.optimistic
+			}
+			perSec := median(ps)
+			cpuPer := float64(cpu.Microseconds()) / float64(reads)
+			share := float64(opt) / float64(reads)
+			ratio := ""
+			if m.name == "odafs" {
+				ratio = strconv.FormatFloat(median(ratios), 'f', 2, 64)
+			}
+			fmt.Fprintf(r.cfg.Log, "   %-5s %-5s %8s %12.0f %10.1f %10.1fµs %6s  (%.0f%% optimistic)\n",
+				fm, m.name, sizeLabel(int64(size)), perSec, perSec*float64(size)/1e6, cpuPer, ratio, 100*share)
+			ff := func(v float64, p int) string { return strconv.FormatFloat(v, 'f', p, 64) }
+			rows = append(rows, []string{"odafs-throughput", m.name, string(fm), strconv.Itoa(size), strconv.Itoa(odafsTPClients),
+				strconv.Itoa(odafsTPOutstanding), ff(d.Seconds(), 3), strconv.Itoa(runs), ff(perSec, 0), ff(perSec*float64(size)/1e6, 1),
+				ff(cpuPer, 2), ff(share, 3), ratio})
+		}
+	}
+	return rows, nil
+}
+
+// tpWarm reads every export span (the largest read references cover) of
+// f, of size bytes, once: it fills the exported cache and gives an ODAFS
+// client its references. The reads are odafsTPOutstanding at a time, so
+// the client's connection pool holds a connection for each reader before
+// anything is measured.
+func tpWarm(f *sdk.File, size int64) error {
+	const span = 64 << 10
+	var wg sync.WaitGroup
+	errs := make([]error, odafsTPOutstanding)
+	for g := range odafsTPOutstanding {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, span)
+			for off := int64(g) * span; off < size; off += odafsTPOutstanding * span {
+				if _, err := f.ReadAt(buf, off); err != nil {
+					errs[g] = fmt.Errorf("warming at %d: %w", off, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// run reads size bytes at random offsets (multiples of size) of the
+// file, odafsTPOutstanding at a time per client, for d; the node's CPU
+// time is read before and after.
+func (m *tpMode) run(ctx context.Context, nodePid int, data []byte, size int, d time.Duration, seed uint64) (tpRun, error) {
+	var before uint64
+	for _, cl := range m.cls {
+		before += cl.Stats().Optimistic
+	}
+	c0, err := procCPU(nodePid)
+	if err != nil {
+		return tpRun{}, err
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		reads int64
+		first error
+	)
+	start := time.Now()
+	deadline := start.Add(d)
+	for w := range len(m.files) * odafsTPOutstanding {
+		f := m.files[w%len(m.files)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			buf := make([]byte, size)
+			var n int64
+			var err error
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				off := rng.Int64N(int64(len(data)/size)) * int64(size)
+				if _, err = f.ReadAt(buf, off); err != nil {
+					err = fmt.Errorf("read at %d: %w", off, err)
+					break
+				}
+				if n%61 == 0 && !bytes.Equal(buf, data[off:off+int64(size)]) {
+					err = fmt.Errorf("read at %d: wrong bytes", off)
+					break
+				}
+				n++
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			reads += n
+			if first == nil {
+				first = err
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	c1, err := procCPU(nodePid)
+	if first == nil {
+		first = err
+	}
+	if first == nil {
+		first = ctx.Err()
+	}
+	if first != nil {
+		return tpRun{}, first
+	}
+	if reads == 0 {
+		return tpRun{}, fmt.Errorf("no read finished in %s", d)
+	}
+	var after uint64
+	for _, cl := range m.cls {
+		after += cl.Stats().Optimistic
+	}
+	return tpRun{reads: reads, elapsed: el, cpu: c1 - c0, optimistic: after - before}, nil
+}
