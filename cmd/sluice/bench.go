@@ -96,6 +96,7 @@ Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 	cmd.Flags().StringSliceVar(&links, "link", nil, "link settings to run (repeatable; default none, 10Gbit+5us and, for replication and goodput, 1Gbit+5us)")
 	cmd.Flags().IntVar(&cfg.MTU, "mtu", 0, "MTU of the client (nodes use their default)")
 	cmd.Flags().StringSliceVar(&cfg.Parts, "part", nil, "odafs: the parts to run: "+strings.Join(bench.OdafsParts, ", ")+" (default all)")
+	cmd.Flags().StringSliceVar(&cfg.Fabrics, "fabric", nil, "odafs: the fabrics the clients use: tcp, shm (default both)")
 	cmd.Flags().DurationVar(&cfg.Duration, "duration", 0, "odafs: how long each server-throughput run lasts (default 2s, 1s with --quick)")
 	cmd.Flags().StringVar(&cfg.NodeListen, "node-listen", cluster.DefaultNodeListen, "the storage nodes' address: HOST (ports the system picks) or HOST:PORT (node i on PORT+i-1)")
 	cmd.AddCommand(a.benchChaosCmd())

@@ -101,6 +101,9 @@ type Config struct {
 	// lasts (default 2 s, 1 s with Quick); the node's CPU at rest is
 	// measured over as long.
 	Duration time.Duration
+	// Fabrics are the fabrics the odafs experiment's clients use ("tcp",
+	// "shm"; default both).
+	Fabrics []string
 }
 
 // Point is one measured point: one CSV row.

@@ -64,9 +64,9 @@ func TestPlotsODAFS(t *testing.T) {
 		{"odafs-postmark", "dafs", "tcp", "0.25", "2000", "4870", "55.00", "0.235"},
 		{"odafs-postmark", "odafs", "shm", "0.25", "2000", "154367", "0.00", "1.000"}}
 	tp := [][]string{odafsTPHeader,
-		{"odafs-throughput", "dafs", "tcp", "4096", "2", "4", "2.000", "5", "10583", "43.3", "36.70", "0.000", ""},
-		{"odafs-throughput", "odafs", "tcp", "4096", "2", "4", "2.000", "5", "21674", "88.8", "13.40", "1.000", "2.31"},
-		{"odafs-throughput", "odafs", "shm", "65536", "2", "4", "2.000", "5", "48083", "3151.2", "0.00", "1.000", "7.52"}}
+		{"odafs-throughput", "dafs", "tcp", "4096", "2", "4", "2.000", "5", "10583", "43.3", "36.70", "0.000", "3.1", ""},
+		{"odafs-throughput", "odafs", "tcp", "4096", "2", "4", "2.000", "5", "21674", "88.8", "13.40", "1.000", "1.2", "2.31"},
+		{"odafs-throughput", "odafs", "shm", "65536", "2", "4", "2.000", "5", "48083", "3151.2", "0.00", "1.000", "0.4", "7.52"}}
 	if err := plotODAFSPostmark(filepath.Join(dir, "pm"), pm); err != nil {
 		t.Fatal(err)
 	}

@@ -89,7 +89,17 @@ func odafsBench(ctx context.Context, r *runner) error {
 	rows := [][]string{{"experiment", "mode", "fabric", "size_bytes", "ops", "p50_us", "p99_us", "node_cpu_us_per_op", "optimistic_share"}}
 	pm := [][]string{{"experiment", "mode", "fabric", "hit_ratio", "reads", "reads_per_s", "node_cpu_us_per_op", "served_without_request"}}
 	tp := [][]string{odafsTPHeader}
-	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
+	fabrics := []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm}
+	if len(r.cfg.Fabrics) > 0 {
+		fabrics = nil
+		for _, f := range r.cfg.Fabrics {
+			if f != string(fabric.FabricTCP) && f != string(fabric.FabricShm) {
+				return fmt.Errorf("fabric %q: tcp or shm", f)
+			}
+			fabrics = append(fabrics, fabric.Fabric(f))
+		}
+	}
+	for _, fm := range fabrics {
 		fmt.Fprintf(r.cfg.Log, "   fabric %s\n", fm)
 		if parts["latency"] {
 			got, err := odafsOnce(ctx, r, c, nodePid, fm, files.lat)
