@@ -226,7 +226,7 @@ func TestBenchODAFSTiny(t *testing.T) {
 	}
 
 	tp := readCSV(t, filepath.Join(out, "odafs-throughput.csv"))
-	if got := strings.Join(tp[0], ","); got != "experiment,mode,fabric,size_bytes,clients,outstanding_per_client,seconds_per_run,runs,reads_per_s,mb_per_s,node_cpu_us_per_op,optimistic_share,slowest_read_ms,odafs_over_dafs" {
+	if got := strings.Join(tp[0], ","); got != "experiment,mode,fabric,size_bytes,clients,outstanding_per_client,seconds_per_run,runs,reads_per_s,mb_per_s,node_cpu_us_per_op,optimistic_share,slowest_read_ms,stalled_reads,odafs_over_dafs" {
 		t.Fatalf("throughput header %q", got)
 	}
 	points := map[string]bool{}
@@ -236,14 +236,14 @@ func TestBenchODAFSTiny(t *testing.T) {
 			t.Errorf("row %v: reads/s %q", row, row[8])
 		}
 		share, err := strconv.ParseFloat(row[11], 64)
-		ratio, rerr := strconv.ParseFloat(row[13], 64)
+		ratio, rerr := strconv.ParseFloat(row[14], 64)
 		switch {
 		case err != nil:
 			t.Errorf("row %v: optimistic share %q", row, row[11])
-		case row[1] == "dafs" && (share != 0 || row[13] != ""):
+		case row[1] == "dafs" && (share != 0 || row[14] != ""):
 			t.Errorf("row %v: a DAFS read went optimistically, or a ratio on a DAFS row", row)
 		case row[1] == "odafs" && (share < 0.9 || rerr != nil || ratio <= 0):
-			t.Errorf("row %v: only %q of the ODAFS reads went optimistically, or ratio %q", row, row[11], row[13])
+			t.Errorf("row %v: only %q of the ODAFS reads went optimistically, or ratio %q", row, row[11], row[14])
 		}
 	}
 	for _, m := range []string{"dafs", "odafs"} {
