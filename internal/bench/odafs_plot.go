@@ -59,7 +59,7 @@ func plotODAFSThroughput(base string, rows [][]string) error {
 	mbs := newPanel("bytes read", "read size", "MB/s")
 	cpu := newPanel("node process CPU", "read size", "µs per read")
 	ratio := newPanel("ODAFS / DAFS, reads a second", "read size", "ratio")
-	cpu.logY, ratio.logY = false, false
+	cpu.logY = false
 	for _, p := range []*panel{ops, mbs, cpu, ratio} {
 		p.sizeX = true
 	}
