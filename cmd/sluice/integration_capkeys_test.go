@@ -29,9 +29,10 @@ import (
 // client whose cached capabilities, minted under a key, are used after
 // the next one took over. No operation may fail.
 func TestCapKeysRotateUnderLoad(t *testing.T) {
-	// The client uses a cached capability until 30 s before it expires:
-	// a lifetime a little longer keeps some in use across each rotation.
-	const ttl, period = 36 * time.Second, 40 * time.Second
+	// The client uses a cached capability until a quarter of its
+	// lifetime before it expires (3 s): some stay in use across each
+	// rotation.
+	const ttl, period = 12 * time.Second, 14 * time.Second
 	// Nodes are not declared down for a slow heartbeat on a loaded
 	// machine: a put finding too few nodes up is not what this tests.
 	c := threeNodes(t, []string{"--cap-ttl", ttl.String(), "--cap-key-rotate", period.String(), "--node-timeout", "15s"}, nil)

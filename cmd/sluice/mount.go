@@ -24,6 +24,7 @@ type mountFlags struct {
 	writeBuffer           int
 	opTimeout             time.Duration
 	allowOther, debug     bool
+	od                    odafsFlags
 }
 
 func (m *mountFlags) add(cmd *cobra.Command) {
@@ -34,6 +35,7 @@ func (m *mountFlags) add(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&m.opTimeout, "op-timeout", time.Minute, "how long an operation retries (meta or nodes unreachable) before failing")
 	cmd.Flags().BoolVar(&m.allowOther, "allow-other", false, "let other users use the mount (always on when mounted by root)")
 	cmd.Flags().BoolVar(&m.debug, "fuse-debug", false, "log every FUSE request")
+	m.od.add(cmd)
 }
 
 // tune fits the mount's client to --op-timeout: a chunk that keeps
@@ -45,6 +47,7 @@ func (m *mountFlags) tune(o *sdk.Options) {
 		o.OpTimeout = m.opTimeout     // meta's calls retry within it too
 		o.BusyRetry = m.opTimeout / 4 // a flush may wait for two sends
 	}
+	m.od.tune(o)
 }
 
 func (a *app) mountOptions(m *mountFlags) fusefs.Options {
@@ -68,6 +71,7 @@ func (a *app) serveMount(ctx context.Context, cl *sdk.Client, dir string, m *mou
 	if err != nil {
 		return err
 	}
+	defer m.od.report(a.stdout, cl)() // says the counters on SIGUSR1, and once unmounted
 	fmt.Fprintf(a.stdout, "sluice: mounted at %s\n", dir)
 	done := make(chan struct{})
 	go func() { server.Wait(); close(done) }()
@@ -110,6 +114,9 @@ func (a *app) mountCmd() *cobra.Command {
 		Short: "Mount the cluster as a POSIX file system (FUSE), in the foreground until SIGINT/SIGTERM or `sluice umount`",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := m.od.check(cmd.Flags()); err != nil {
+				return err
+			}
 			return a.withClient(func(cl *sdk.Client) error {
 				return a.serveMount(cmd.Context(), cl, args[0], &m, func() error {
 					return writeReady(readyPath, readyfile.Info{Mount: args[0]})

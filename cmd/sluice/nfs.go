@@ -61,6 +61,7 @@ func (a *app) nfsCmd() *cobra.Command {
 	var exportLines []string
 	var fo fabricRPCFlags
 	var cf connFlags
+	var od odafsFlags
 	var cacheMiB, bufferMiB int64
 	var readyPath string
 	cmd := &cobra.Command{
@@ -95,6 +96,9 @@ read ahead. Write-behind and read-ahead share --buffer-mib.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			exports, err := exportsFrom(exportsFile, exportLines)
 			if err != nil {
+				return err
+			}
+			if err := od.check(cmd.Flags()); err != nil {
 				return err
 			}
 			var credential string
@@ -145,7 +149,7 @@ read ahead. Write-behind and read-ahead share --buffer-mib.`,
 					return err
 				}
 				return srv.Serve(cmd.Context())
-			}, func(o *sdk.Options) { credential = o.Conf.Credential })
+			}, func(o *sdk.Options) { credential = o.Conf.Credential }, od.tune)
 		},
 	}
 	cmd.Flags().StringArrayVar(&exportLines, "export", nil, "an export, as a line of /etc/exports: PATH CLIENT(OPTIONS)... (repeatable; see above)")
@@ -154,6 +158,7 @@ read ahead. Write-behind and read-ahead share --buffer-mib.`,
 	cmd.Flags().Int64Var(&cacheMiB, "cache-mib", 256, "MiB of file data the gateway caches for READ (0 for none); other clients' writes show within a second, the gateway's own at once")
 	cmd.Flags().Int64Var(&bufferMiB, "buffer-mib", 256, "MiB of memory for write-behind and read-ahead over all files (0 for none: every WRITE is durable when answered)")
 	cmd.Flags().StringVar(&fabricListen, "fabric-listen", "", "also serve NFS and MOUNT with RPC over the fabric transport on this address (for Sluice's NFS client: nfs-get/nfs-put --transport fabric)")
+	od.add(cmd)
 	addReadyFlag(cmd, &readyPath)
 	fo.add(cmd, "replies")
 	cf.add(cmd, fabricrpc.DefaultMaxConns, fabricrpc.DefaultMaxConnsPerHost, 0) // oncrpc's defaults too

@@ -89,6 +89,7 @@ func (a *app) upCmd() *cobra.Command {
 		mount  string
 		mf     mountFlags
 		sf     spaceFlags
+		xf     exportFlags
 		ready  string
 	)
 	var nodeListen string
@@ -105,8 +106,17 @@ func (a *app) upCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if mf.od.on && mount == "" {
+				return errors.New("--odafs goes with --mount")
+			}
+			if !cmd.Flags().Changed("odafs-block") {
+				mf.od.block = xf.block // the mount reads the nodes started here
+			}
+			if err := mf.od.check(cmd.Flags()); err != nil {
+				return err
+			}
 			c, err := cluster.Start(cmd.Context(), cluster.Options{Dir: dir, Nodes: nodes, MetaListen: listen, NodeListen: nodeListen, Fabric: fo, Engine: eo, Accumulators: ef.accumulators,
-				MinFreeBytes: minFree, MinFreePercent: minFreePct, FabricTLS: a.fabricTLS, Logger: a.logger()})
+				MinFreeBytes: minFree, MinFreePercent: minFreePct, FabricTLS: a.fabricTLS, ExportCache: int64(xf.cache), ExportBlock: int(xf.block), ExportClientCache: int64(xf.client), Logger: a.logger()})
 			if err != nil {
 				return err
 			}
@@ -153,6 +163,7 @@ func (a *app) upCmd() *cobra.Command {
 	ef.add(cmd)
 	mf.add(cmd)
 	sf.add(cmd)
+	xf.add(cmd)
 	daemonconf.Add(cmd)
 	return cmd
 }
@@ -335,7 +346,7 @@ func (a *app) nodeCmd() *cobra.Command {
 		inventoryEvery                                      time.Duration
 		nodeID                                              uint32
 		ready                                               string
-		exportCache, exportBlock                            sizeFlag
+		xf                                                  exportFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -366,7 +377,7 @@ func (a *app) nodeCmd() *cobra.Command {
 				DataDir: dir, MetaAddr: metaAddr, Join: joinToken, ID: ids.NodeID(nodeID), FabricTLS: a.fabricTLS, Listen: listen, Advertise: advertise,
 				Domain: domain, Fabric: fo, Engine: eo, Accumulators: ef.accumulators, AllowRaw: allowRaw, Logger: a.logger(),
 				ScrubInterval: scrubEvery, ScrubRate: scrubRate, InventoryInterval: inventoryEvery,
-				ExportCache: int64(exportCache), ExportBlock: int(exportBlock),
+				ExportCache: int64(xf.cache), ExportBlock: int(xf.block), ExportClientCache: int64(xf.client),
 			})
 			if err != nil {
 				return err
@@ -400,9 +411,7 @@ func (a *app) nodeCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", 24*time.Hour, "re-read every chunk against its checksums this often (0: never)")
 	cmd.Flags().Int64Var(&scrubRate, "scrub-rate", 32<<20, "scrub at most this many bytes a second (0: unlimited)")
 	cmd.Flags().DurationVar(&inventoryEvery, "inventory-interval", node.DefaultInventoryInterval, "list this node's chunks to meta this often, to collect copies no file needs (negative: only when meta asks)")
-	exportBlock = node.DefaultExportBlock
-	cmd.Flags().Var(&exportCache, "export-cache", "memory for the exported cache, which clients read small blocks from with one-sided operations and no request (0: none; e.g. 64MiB). Experimental: a client allowed to read any file can read every block in this cache (docs/architecture.md#optimistic-reads-odafs)")
-	cmd.Flags().Var(&exportBlock, "export-block", "the exported cache's block size (a power of two, 512 bytes to 1MiB)")
+	xf.add(cmd)
 	cmd.Flags().BoolVar(&allowRaw, "bench-allow-raw", false, "accept unauthenticated writes (only for `sluice bench`'s raw protocol)")
 	cmd.Flags().MarkHidden("bench-allow-raw")
 	ef.add(cmd)

@@ -74,9 +74,10 @@ type Options struct {
 	Fabric    fabric.Options
 	Engine    engine.Options
 	// ExportCache and ExportBlock of each node (node.Options).
-	ExportCache int64
-	ExportBlock int
-	Logger      *slog.Logger
+	ExportCache       int64
+	ExportBlock       int
+	ExportClientCache int64
+	Logger            *slog.Logger
 }
 
 // DefaultMetaListen is where `sluice up` and `sluice meta` listen unless told otherwise.
@@ -168,6 +169,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			InventoryInterval: opts.InventoryInterval,
 			ExportCache:       opts.ExportCache,
 			ExportBlock:       opts.ExportBlock,
+			ExportClientCache: opts.ExportClientCache,
 			Logger:            opts.Logger.With("svc", "node"+strconv.Itoa(i)),
 		})
 		if err != nil {

@@ -85,6 +85,7 @@ type slot struct {
 	used   bool
 	ref    bool // the clock's second-chance bit
 	refVal Ref
+	until  int64 // Expire drops the slot after it (0: never)
 }
 
 // New makes a cache of the slots that fit in mem, blocks of blockSize
@@ -241,4 +242,52 @@ func (c *Cache) header(i uint32) header {
 func (c *Cache) body(i uint32) []byte {
 	off := int(i)*(HeaderSize+c.blockSize) + HeaderSize
 	return c.mem[off : off+c.blockSize]
+}
+
+// Extend keeps slot's fill gen at least until (Unix nanoseconds; see
+// Expire). A node caching blocks for one client sets it to the expiry of
+// the capability each block was read under.
+func (c *Cache) Extend(slot uint32, gen uint64, until int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := &c.slots[slot]; s.used && s.refVal.Gen == gen && s.until < until {
+		s.until = until
+	}
+}
+
+// Expire drops every slot whose Extend time is before now, and returns
+// how many it dropped. Slots never extended stay.
+func (c *Cache) Expire(now int64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for i := range c.slots {
+		if s := &c.slots[i]; s.used && s.until != 0 && s.until < now {
+			c.dropLocked(uint32(i))
+			n++
+		}
+	}
+	return n
+}
+
+// Admit is the node's check of a guarded optimistic read (one the node
+// serves itself, over a network): it must read a whole slot from its
+// header, with the slot's generation word as its word, and the slot
+// must still hold the fill gen names. It returns the generation the
+// word must still hold once the bytes are copied.
+func (c *Cache) Admit(off, n, wordOff, gen uint64) (uint64, error) {
+	size := uint64(HeaderSize + c.blockSize)
+	i := off / size
+	switch {
+	case off%size != 0 || i >= uint64(len(c.slots)):
+		return 0, fmt.Errorf("expcache: offset %d is not a slot's", off)
+	case n == 0 || n > size:
+		return 0, fmt.Errorf("expcache: %d bytes of a %d-byte slot", n, size)
+	case wordOff != off+offGen:
+		return 0, fmt.Errorf("expcache: word at %d is not slot %d's generation", wordOff, i)
+	}
+	if got := c.header(uint32(i)).gen().Load(); got != gen || gen&1 != 0 {
+		return 0, fmt.Errorf("expcache: stale: slot %d holds generation %d, not %d", i, got, gen)
+	}
+	return gen, nil
 }

@@ -201,3 +201,74 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// TestAdmit: the node serves a guarded read only of a whole slot from its
+// header, with the slot's generation as its word, while the slot holds
+// the fill the reader names.
+func TestAdmit(t *testing.T) {
+	c, err := New(arena(4), bs, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Fill(1, 0, 3, pattern(0, 3, bs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, size := uint64(r.Off(bs)), uint64(HeaderSize+bs)
+	if g, err := c.Admit(off, size, off, r.Gen); err != nil || g != r.Gen {
+		t.Fatalf("a whole slot: %d, %v", g, err)
+	}
+	bad := map[string][4]uint64{
+		"inside a slot":       {off + 8, size - 8, off, r.Gen},
+		"past the last slot":  {4 * size, size, 4 * size, r.Gen},
+		"longer than a slot":  {off, size + 1, off, r.Gen},
+		"nothing":             {off, 0, off, r.Gen},
+		"another slot's word": {off, size, off + size, r.Gen},
+		"another fill":        {off, size, off, r.Gen + 2},
+		"an odd generation":   {off, size, off, r.Gen - 1},
+	}
+	for name, a := range bad {
+		if _, err := c.Admit(a[0], a[1], a[2], a[3]); err == nil {
+			t.Errorf("%s: admitted", name)
+		}
+	}
+	c.InvalidateChunk(1)
+	if _, err := c.Admit(off, size, off, r.Gen); err == nil {
+		t.Error("an invalidated fill: admitted")
+	}
+}
+
+// TestExpire: slots extended to a time are dropped after it (their
+// references fail); slots never extended stay; a refill forgets the old
+// fill's time.
+func TestExpire(t *testing.T) {
+	c, err := New(arena(4), bs, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := c.Fill(1, 0, 3, pattern(0, 3, bs))
+	b, _ := c.Fill(1, 1, 3, pattern(1, 3, bs))
+	k, _ := c.Fill(2, 0, 3, pattern(0, 3, bs))
+	c.Extend(a.Slot, a.Gen, 100)
+	c.Extend(a.Slot, a.Gen, 50) // never shortens
+	c.Extend(b.Slot, b.Gen, 200)
+	c.Extend(k.Slot, k.Gen+2, 10) // another fill's: ignored
+	if n := c.Expire(150); n != 1 {
+		t.Fatalf("expired %d at 150, want 1", n)
+	}
+	if _, err := read(c, a); !errors.Is(err, ErrStale) {
+		t.Fatalf("expired slot: %v", err)
+	}
+	for _, r := range []Ref{b, k} {
+		if _, err := read(c, r); err != nil {
+			t.Fatalf("slot %d: %v", r.Slot, err)
+		}
+	}
+	b2, _ := c.Fill(1, 1, 4, pattern(1, 4, bs))
+	if n := c.Expire(1 << 40); n != 0 {
+		t.Fatalf("a refill kept the old fill's time: %d expired", n)
+	}
+	if _, err := read(c, b2); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -195,6 +195,11 @@ func (c *Conn) NewID() uint64 { return c.nextID.Add(1) }
 // MTU is the largest packet payload this connection sends.
 func (c *Conn) MTU() int { return c.sendMTU }
 
+// Shared reports whether the peer reaches this endpoint's memory itself
+// (the shared-memory transport): what it is granted of a region in
+// shared memory (Alloc) it copies without this endpoint's CPU.
+func (c *Conn) Shared() bool { return c.direct != nil }
+
 // PeerQuota is the number of receive buffers (each of MTU bytes) the peer
 // posted for this connection, from its hello: an upper layer keeps the
 // messages it has outstanding at the peer within it, as credits.

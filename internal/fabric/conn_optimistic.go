@@ -26,17 +26,34 @@ type RemoteError struct{ Reason string }
 
 func (e *RemoteError) Error() string { return "fabric: optimistic access refused: " + e.Reason }
 
-// oreadPayload is an optimistic READ request's payload.
+// oreadPayload is an optimistic READ request's payload before its
+// authenticator, which is at most MaxAuth bytes.
 const oreadPayload = 32
+
+// MaxAuth bounds an optimistic operation's authenticator.
+const MaxAuth = 64
+
+// Guard admits optimistic READs of a region registered with
+// RegisterGuarded (seed 004 §4.1's protection over a network): given the
+// region's key, the range, the word and the initiator's authenticator,
+// it returns the value the word must hold for the read to be served —
+// the target checks it again after copying the range, so bytes that changed under
+// the copy never leave — or why not (a refusal of that read alone). It
+// runs on the connection's reader: it must be quick and must not block.
+type Guard func(key, off, n, wordOff uint64, auth []byte) (word uint64, err error)
 
 // ReadOptimistic fills dst from offset off of the peer's region key, then
 // reads the 8-byte little-endian word at wordOff of the same region (8-byte
-// aligned), after dst's bytes were copied, and returns it. A refusal is a
+// aligned), after dst's bytes were copied, and returns it. auth (at most
+// MaxAuth bytes) goes to the region's Guard if it has one. A refusal is a
 // *RemoteError and leaves the connection up; other errors are the
 // connection's, as for Read.
-func (c *Conn) ReadOptimistic(ctx context.Context, key, off uint64, dst []byte, wordOff uint64) (uint64, error) {
+func (c *Conn) ReadOptimistic(ctx context.Context, key, off uint64, dst []byte, wordOff uint64, auth []byte) (uint64, error) {
 	if wordOff%8 != 0 {
 		return 0, &RemoteError{Reason: fmt.Sprintf("word offset %d is not 8-byte aligned", wordOff)}
+	}
+	if len(auth) > MaxAuth {
+		return 0, &RemoteError{Reason: fmt.Sprintf("authenticator of %d bytes, at most %d", len(auth), MaxAuth)}
 	}
 	if c.direct != nil {
 		if err := c.Err(); err != nil {
@@ -70,12 +87,13 @@ func (c *Conn) ReadOptimistic(ctx context.Context, key, off uint64, dst []byte, 
 	if err != nil {
 		return 0, err
 	}
-	var req [oreadPayload]byte
+	var req [oreadPayload + MaxAuth]byte
 	binary.LittleEndian.PutUint64(req[:], key)
 	binary.LittleEndian.PutUint64(req[8:], off)
 	binary.LittleEndian.PutUint64(req[16:], uint64(len(dst)))
 	binary.LittleEndian.PutUint64(req[24:], wordOff)
-	if err := c.sendOne(KindOReadReq, 0, id, req[:]); err != nil {
+	k := copy(req[oreadPayload:], auth)
+	if err := c.sendOne(KindOReadReq, 0, id, req[:oreadPayload+k]); err != nil {
 		return 0, err
 	}
 	if err := c.wait(ctx, o); err != nil {
@@ -87,20 +105,21 @@ func (c *Conn) ReadOptimistic(ctx context.Context, key, off uint64, dst []byte, 
 
 // recvOReadReq serves an optimistic READ, or refuses it softly.
 func (c *Conn) recvOReadReq(h header) error {
-	if h.length != oreadPayload {
+	if h.length < oreadPayload || h.length > oreadPayload+MaxAuth {
 		return fmt.Errorf("%w: optimistic read request of %d bytes", ErrProtocol, h.length)
 	}
-	pre, err := c.readPrefix(h, oreadPayload)
+	pre, err := c.readPrefix(h, int(h.length))
 	if err != nil {
 		return err
 	}
 	key, off, n := binary.LittleEndian.Uint64(pre), binary.LittleEndian.Uint64(pre[8:]), binary.LittleEndian.Uint64(pre[16:])
 	wordOff := binary.LittleEndian.Uint64(pre[24:])
-	r, src, aerr := c.ep.regions.access(c, key, off, n, RemoteRead)
+	auth := pre[oreadPayload:]
+	r, src, aerr := c.ep.regions.access(c, key, off, n, permOptimistic)
 	if aerr != nil {
 		return c.softDenied(h.id, aerr)
 	}
-	rw, word, aerr := c.ep.regions.access(c, key, wordOff, 8, RemoteRead)
+	rw, word, aerr := c.ep.regions.access(c, key, wordOff, 8, permOptimistic)
 	if aerr == nil && (wordOff%8 != 0 || uintptr(unsafe.Pointer(&word[0]))%8 != 0) {
 		rw.unuse()
 		aerr = fmt.Errorf("%w: word at %d is not 8-byte aligned", ErrBounds, wordOff)
@@ -108,6 +127,14 @@ func (c *Conn) recvOReadReq(h header) error {
 	if aerr != nil {
 		r.unuse()
 		return c.softDenied(h.id, aerr)
+	}
+	var want uint64
+	if r.guard != nil {
+		if want, aerr = r.guard(key, off, n, wordOff, auth); aerr != nil {
+			r.unuse()
+			rw.unuse()
+			return c.softDenied(h.id, aerr)
+		}
 	}
 	select {
 	case c.readSem <- struct{}{}:
@@ -120,6 +147,10 @@ func (c *Conn) recvOReadReq(h header) error {
 		defer func() { <-c.readSem }()
 		defer r.unuse()
 		defer rw.unuse()
+		if r.guard != nil {
+			c.sendGuarded(h.id, src, (*atomic.Uint64)(unsafe.Pointer(&word[0])), want)
+			return
+		}
 		if err := c.sendStreamLast(KindReadResp, h.id, src, false); err != nil {
 			c.fail(err)
 			return
@@ -133,6 +164,38 @@ func (c *Conn) recvOReadReq(h header) error {
 		}
 	}()
 	return nil
+}
+
+// sendGuarded answers a guarded optimistic READ: the range is copied
+// first and sent only if the word still holds what the guard admitted —
+// the initiator may not be allowed to see what replaced the bytes, so it
+// must never get them, even torn.
+func (c *Conn) sendGuarded(id uint64, src []byte, word *atomic.Uint64, want uint64) {
+	bp, _ := c.ep.guardBufs.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	defer c.ep.guardBufs.Put(bp)
+	if cap(*bp) < len(src) {
+		*bp = make([]byte, len(src))
+	}
+	buf := (*bp)[:len(src)]
+	copy(buf, src)
+	if word.Load() != want {
+		if err := c.softDenied(id, errors.New("stale: the memory changed during the read")); err != nil {
+			c.fail(err)
+		}
+		return
+	}
+	if err := c.sendStreamLast(KindReadResp, id, buf, false); err != nil {
+		c.fail(err)
+		return
+	}
+	var w [8]byte
+	binary.LittleEndian.PutUint64(w[:], want)
+	if err := c.sendOne(KindReadResp, FlagLast, id, w[:]); err != nil {
+		c.fail(err)
+	}
 }
 
 // softDenied refuses an optimistic operation: the initiator hears why,

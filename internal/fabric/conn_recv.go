@@ -160,7 +160,7 @@ func (c *Conn) readPrefix(h header, n int) ([]byte, error) {
 	if int(h.length) < n {
 		return nil, fmt.Errorf("%w: %s packet of %d bytes, need %d", ErrProtocol, h.kind, h.length, n)
 	}
-	var b [oreadPayload]byte // the longest prefix (escapes no further than this frame)
+	var b [oreadPayload + MaxAuth]byte // the longest prefix (escapes no further than this frame)
 	if _, err := io.ReadFull(c.br, b[:n]); err != nil {
 		return nil, err
 	}

@@ -158,6 +158,8 @@ type Endpoint struct {
 	tr      transport
 	regions regions
 	mems    shmMems // shared memory from Alloc
+	// guardBufs hold guarded optimistic reads' copies (*[]byte).
+	guardBufs sync.Pool
 
 	// admit counts inbound connections, from their accept to their end.
 	admit *connlimit.Limiter
@@ -248,14 +250,31 @@ func (e *Endpoint) Options() Options { return e.opts }
 
 // Register makes buf accessible to peers with perm.
 func (e *Endpoint) Register(buf []byte, perm Perm) *Region {
-	return e.regions.register(buf, perm, nil, e.mems.lookup(buf))
+	return e.regions.register(&Region{buf: buf, perm: perm, mem: e.mems.lookup(buf)})
+}
+
+// RegisterGuarded registers buf for optimistic READs alone, each admitted
+// by guard (which checks the initiator's authenticator): peers cannot
+// READ or WRITE it with plain one-sided operations, and a shared-memory
+// peer is never given its memory (it reads it by packets, through the
+// guard).
+func (e *Endpoint) RegisterGuarded(buf []byte, guard Guard) *Region {
+	return e.regions.register(&Region{buf: buf, guard: guard})
+}
+
+// RegisterAllowed registers buf for the connections later passed to the
+// region's Allow alone; others are refused it even with its key. A
+// storage node gives each shared-memory client a region of its own this
+// way, allowing the connections that showed it a capability.
+func (e *Endpoint) RegisterAllowed(buf []byte, perm Perm) *Region {
+	return e.regions.register(&Region{buf: buf, perm: perm, mem: e.mems.lookup(buf), restricted: true, allowed: map[*Conn]struct{}{}})
 }
 
 // RegisterFor registers buf for the peer of connection c alone: other
 // connections of the endpoint are refused it even with its key (as an
 // RDMA memory window bound to one queue pair).
 func (e *Endpoint) RegisterFor(c *Conn, buf []byte, perm Perm) *Region {
-	return e.regions.register(buf, perm, c, e.mems.lookup(buf))
+	return e.regions.register(&Region{buf: buf, perm: perm, conn: c, mem: e.mems.lookup(buf)})
 }
 
 // Deregister revokes a region: later accesses fail with an access error.

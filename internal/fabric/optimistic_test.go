@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"sync/atomic"
 	"testing"
 )
 
@@ -23,7 +24,7 @@ func TestReadOptimistic(t *testing.T) {
 		binary.LittleEndian.PutUint64(mem[64:], 0x1122334455667788)
 		r := srv.Register(mem, RemoteRead)
 		got := make([]byte, 4096)
-		w, err := pc.ReadOptimistic(ctx, r.Key(), 1000, got, 64)
+		w, err := pc.ReadOptimistic(ctx, r.Key(), 1000, got, 64, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,12 +34,12 @@ func TestReadOptimistic(t *testing.T) {
 		wo := regBuf(t, tr, srv, 64)
 		wonly := srv.Register(wo, RemoteWrite)
 		refusals := map[string]func() error{
-			"unknown key":       func() error { _, err := pc.ReadOptimistic(ctx, r.Key()^0x55, 0, got, 64); return err },
-			"range out":         func() error { _, err := pc.ReadOptimistic(ctx, r.Key(), 8000, got, 64); return err },
-			"range overflow":    func() error { _, err := pc.ReadOptimistic(ctx, r.Key(), 1<<64-10, got, 64); return err },
-			"word out":          func() error { _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 8192); return err },
-			"word not aligned":  func() error { _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 65); return err },
-			"write-only region": func() error { _, err := pc.ReadOptimistic(ctx, wonly.Key(), 0, got[:8], 0); return err },
+			"unknown key":       func() error { _, err := pc.ReadOptimistic(ctx, r.Key()^0x55, 0, got, 64, nil); return err },
+			"range out":         func() error { _, err := pc.ReadOptimistic(ctx, r.Key(), 8000, got, 64, nil); return err },
+			"range overflow":    func() error { _, err := pc.ReadOptimistic(ctx, r.Key(), 1<<64-10, got, 64, nil); return err },
+			"word out":          func() error { _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 8192, nil); return err },
+			"word not aligned":  func() error { _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 65, nil); return err },
+			"write-only region": func() error { _, err := pc.ReadOptimistic(ctx, wonly.Key(), 0, got[:8], 0, nil); return err },
 		}
 		for name, f := range refusals {
 			err := f()
@@ -54,7 +55,7 @@ func TestReadOptimistic(t *testing.T) {
 		if err := pc.Read(ctx, r.Key(), 0, got[:100]); err != nil || !bytes.Equal(got[:100], mem[:100]) {
 			t.Fatalf("read after refusals: %v", err)
 		}
-		if w, err := pc.ReadOptimistic(ctx, r.Key(), 0, got[:8], 64); err != nil || w != 0x1122334455667788 {
+		if w, err := pc.ReadOptimistic(ctx, r.Key(), 0, got[:8], 64, nil); err != nil || w != 0x1122334455667788 {
 			t.Fatalf("optimistic read after refusals: %#x %v", w, err)
 		}
 	})
@@ -73,4 +74,102 @@ func TestOReadRequestMalformed(t *testing.T) {
 	if _, err := parseHeader(b, 1024); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("kind past the last: %v", err)
 	}
+}
+
+// TestReadOptimisticGuarded: a guarded region is read only by optimistic
+// READs its guard admits — the authenticator reaches the guard, a refusal
+// is soft, bytes whose word is not what the guard admitted (changed under
+// the copy) are refused rather than sent, and the target serves every
+// read itself (a shared-memory peer never maps it). A plain READ of it is
+// an access error.
+func TestReadOptimisticGuarded(t *testing.T) {
+	backends(t, func(t *testing.T, tr transport) {
+		ctx := context.Background()
+		srv, _, pc := pair(t, Options{transport: tr}, newCollector())
+		mem := regBuf(t, tr, srv, 8192)
+		for i := range mem {
+			mem[i] = byte(i * 7)
+		}
+		binary.LittleEndian.PutUint64(mem[64:], 42)
+		var calls atomic.Int32 // the guard runs on the target's goroutine
+		var lie atomic.Bool
+		r := srv.RegisterGuarded(mem, func(key, off, n, wordOff uint64, auth []byte) (uint64, error) {
+			calls.Add(1)
+			if string(auth) != "let me in" {
+				return 0, errors.New("bad authenticator")
+			}
+			if lie.Load() {
+				return 44, nil // as if the word changed after admission
+			}
+			return 42, nil
+		})
+		got := make([]byte, 4096)
+		w, err := pc.ReadOptimistic(ctx, r.Key(), 1000, got, 64, []byte("let me in"))
+		if err != nil || w != 42 || !bytes.Equal(got, mem[1000:5096]) {
+			t.Fatalf("admitted read: word %d, %v, bytes equal %v", w, err, bytes.Equal(got, mem[1000:5096]))
+		}
+		var re *RemoteError
+		if _, err := pc.ReadOptimistic(ctx, r.Key(), 1000, got, 64, []byte("let me out")); !errors.As(err, &re) {
+			t.Fatalf("wrong authenticator: %v, want a RemoteError", err)
+		}
+		lie.Store(true)
+		clear(got)
+		if _, err := pc.ReadOptimistic(ctx, r.Key(), 1000, got, 64, []byte("let me in")); !errors.As(err, &re) || !bytes.Equal(got, make([]byte, len(got))) {
+			t.Fatalf("changed under the copy: %v, want a RemoteError and no bytes", err)
+		}
+		if _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 64, make([]byte, MaxAuth+1)); !errors.As(err, &re) {
+			t.Fatalf("oversized authenticator: %v", err)
+		}
+		if calls.Load() != 3 {
+			t.Fatalf("the guard saw %d reads, want 3: the target serves each itself", calls.Load())
+		}
+		if pc.Err() != nil {
+			t.Fatalf("connection failed: %v", pc.Err())
+		}
+		if err := pc.Read(ctx, r.Key(), 0, got[:8]); err == nil {
+			t.Fatalf("a plain READ of a guarded region succeeded")
+		}
+	})
+}
+
+// TestRegisterAllowed: a region registered for allowed connections is
+// refused to every other connection even with its key — by packets and,
+// over shared memory, for a mapping — and served to a connection once
+// allowed (over shared memory by the initiator's own copy).
+func TestRegisterAllowed(t *testing.T) {
+	backends(t, func(t *testing.T, tr transport) {
+		ctx := context.Background()
+		conns := make(connOf, 2)
+		srv, cli, pc := pair(t, Options{transport: tr}, conns)
+		mem := regBuf(t, tr, srv, 4096)
+		for i := range mem {
+			mem[i] = byte(i)
+		}
+		r := srv.RegisterAllowed(mem, RemoteRead)
+		// A message makes the server see the connection.
+		if err := pc.Send(1, []byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		sc := <-conns
+		got := make([]byte, 100)
+		var re *RemoteError
+		if _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 0, nil); !errors.As(err, &re) {
+			t.Fatalf("before Allow: %v, want a refusal", err)
+		}
+		r.Allow(sc)
+		if _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 0, nil); err != nil || !bytes.Equal(got, mem[:100]) {
+			t.Fatalf("after Allow: %v", err)
+		}
+		if sc.Shared() != (tr != nil) {
+			t.Fatalf("Shared() = %v over %T", sc.Shared(), tr)
+		}
+		// Another connection of the same peer endpoint is not allowed.
+		other, err := NewPool(cli, 4).Get(ctx, pc.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.ReadOptimistic(ctx, r.Key(), 0, got, 0, nil); !errors.As(err, &re) {
+			t.Fatalf("a connection not allowed: %v, want a refusal", err)
+		}
+	})
 }

@@ -14,6 +14,9 @@ type Perm uint8
 const (
 	RemoteRead  Perm = 1 << 0
 	RemoteWrite Perm = 1 << 1
+	// permOptimistic asks access for an optimistic READ: allowed by
+	// RemoteRead, or by the region's Guard (which then decides alone).
+	permOptimistic Perm = 1 << 7
 )
 
 // Region is memory registered with an endpoint so peers can READ or WRITE
@@ -28,7 +31,15 @@ type Region struct {
 	key  uint64
 	buf  []byte
 	perm Perm
-	conn *Conn // if set, the only connection that may access it
+	// guard, if set, admits each optimistic READ (RegisterGuarded); the
+	// region then allows no plain one-sided operation and is never
+	// mapped by a shared-memory peer.
+	guard Guard
+	conn  *Conn // if set, the only connection that may access it
+	// restricted: only the connections in allowed may access it
+	// (RegisterAllowed); allowed is guarded by mu.
+	restricted bool
+	allowed    map[*Conn]struct{}
 	// mem is the shared memory buf is, if an Alloc whole: a
 	// shared-memory peer is granted it to copy itself (shm_direct.go).
 	mem *shmMem
@@ -111,6 +122,36 @@ func (r *Region) revoke(idle func()) {
 	}
 }
 
+// Allow lets connection c access a region registered with
+// RegisterAllowed (and forgets connections that have closed).
+func (r *Region) Allow(c *Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.allowed[c]; ok {
+		return
+	}
+	for o := range r.allowed {
+		if o.Err() != nil {
+			delete(r.allowed, o)
+		}
+	}
+	r.allowed[c] = struct{}{}
+}
+
+// sees reports whether connection c may see the region.
+func (r *Region) sees(c *Conn) bool {
+	if r.conn != nil && r.conn != c {
+		return false
+	}
+	if !r.restricted {
+		return true
+	}
+	r.mu.Lock()
+	_, ok := r.allowed[c]
+	r.mu.Unlock()
+	return ok
+}
+
 // Key names the region to peers.
 func (r *Region) Key() uint64 { return r.key }
 
@@ -139,7 +180,9 @@ type regions struct {
 	m  map[uint64]*Region
 }
 
-func (t *regions) register(buf []byte, perm Perm, conn *Conn, mem *shmMem) *Region {
+// register gives r (its memory and rules set, not yet seen by anyone) a
+// fresh random key and enters it in the table.
+func (t *regions) register(r *Region) *Region {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.m == nil {
@@ -151,11 +194,11 @@ func (t *regions) register(buf []byte, perm Perm, conn *Conn, mem *shmMem) *Regi
 			panic(fmt.Sprintf("fabric: reading random region key: %v", err))
 		}
 		k := binary.LittleEndian.Uint64(b[:]) &^ keyShared
-		if mem != nil {
+		if r.mem != nil {
 			k |= keyShared
 		}
 		if _, dup := t.m[k]; k != 0 && !dup {
-			r := &Region{key: k, buf: buf, perm: perm, conn: conn, mem: mem}
+			r.key = k
 			t.m[k] = r
 			return r
 		}
@@ -178,7 +221,7 @@ func (t *regions) lookup(c *Conn, key uint64) *Region {
 	t.mu.RLock()
 	r := t.m[key]
 	t.mu.RUnlock()
-	if r == nil || r.conn != nil && r.conn != c {
+	if r == nil || !r.sees(c) {
 		return nil
 	}
 	return r
@@ -191,10 +234,13 @@ func (t *regions) access(c *Conn, key, off, n uint64, perm Perm) (*Region, []byt
 	t.mu.RLock()
 	r := t.m[key]
 	t.mu.RUnlock()
-	if r == nil || r.conn != nil && r.conn != c || !r.use() {
+	if r == nil || !r.sees(c) || !r.use() {
 		return nil, nil, fmt.Errorf("%w %#x", ErrNoRegion, key)
 	}
-	if r.perm&perm != perm {
+	if perm == permOptimistic && (r.guard != nil || r.perm&RemoteRead != 0) {
+		perm = r.perm & RemoteRead
+	}
+	if perm == permOptimistic || r.perm&perm != perm {
 		r.unuse()
 		return nil, nil, ErrPerm
 	}

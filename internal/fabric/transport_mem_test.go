@@ -182,6 +182,9 @@ func (e *memEnd) copyRegion(ctx context.Context, key, off uint64, b []byte, perm
 	if t.Err() != nil {
 		return ErrClosed // the target's side is gone: no more access
 	}
+	if r := t.ep.regions.lookup(t, key); r != nil && r.guard != nil {
+		return errNotDirect // guarded: the target admits each read
+	}
 	r, mem, err := t.ep.regions.access(t, key, off, uint64(len(b)), perm)
 	if err != nil {
 		return err

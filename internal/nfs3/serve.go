@@ -44,6 +44,9 @@ type Stats struct {
 	Fabric fabricrpc.Stats `json:"fabric"`
 	// The read cache: block lookups that hit and missed, bytes held.
 	CacheHits, CacheMisses, CacheBytes int64
+	// The gateway's client's optimistic reads (sluice nfs --odafs):
+	// served, and fallen back to a request (sdk.Stats).
+	Optimistic, OptimisticFallbacks uint64
 }
 
 // Server is a gateway listening on its transports (Listen).
@@ -103,13 +106,16 @@ func (s *Server) Serve(ctx context.Context) error {
 	return err
 }
 
-// Stats returns the transports' and the read cache's counters.
+// Stats returns the transports', the read cache's and the optimistic
+// reads' counters.
 func (s *Server) Stats() Stats {
 	st := Stats{TCP: s.rpc.Stats()}
 	if s.fab != nil {
 		st.Fabric = s.fab.Stats()
 	}
 	st.CacheHits, st.CacheMisses, st.CacheBytes = s.gw.CacheStats()
+	cs := s.gw.cl.Stats()
+	st.Optimistic, st.OptimisticFallbacks = cs.Optimistic, cs.OptimisticFallbacks
 	return st
 }
 

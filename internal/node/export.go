@@ -8,20 +8,21 @@ import (
 	"unsafe"
 
 	"github.com/sluicefs/sluice/internal/expcache"
-	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/policy"
+	"github.com/sluicefs/sluice/internal/regionmac"
 )
 
 // DefaultExportBlock is the exported cache's block size unless set.
 const DefaultExportBlock = 4 << 10
 
 // startExport sets up the exported cache (Options.ExportCache): an arena
-// registered read-only with the fabric, its slots filled by small reads
-// and read by clients with one-sided operations. Every run of the node
-// has a new epoch and starts its generations above the last run's (the
-// clock's), so no reference of an earlier run is ever taken for one of
-// this run's.
+// registered with the fabric for optimistic reads alone, each checked
+// by the export's Guard (a reference's key, a fresh timestamp, the slot
+// still holding the fill), its slots filled by small reads. Every run of
+// the node has a new epoch and secret and starts its generations above
+// the last run's (the clock's), so no reference of an earlier run is
+// ever taken for one of this run's.
 func (n *Node) startExport() error {
 	size := n.opts.ExportCache
 	if size <= 0 {
@@ -37,26 +38,40 @@ func (n *Node) startExport() error {
 	if size < int64(expcache.HeaderSize+bs) {
 		return fmt.Errorf("node: export cache of %d bytes holds no %d-byte block", size, bs)
 	}
-	// Shared memory (a peer on this host reaching the node over the
-	// shm fabric copies slots itself, and the node's CPU does nothing),
-	// else the heap; 8-byte aligned either way (a page; a []uint64's
-	// memory): the slots' generations are read and written atomically.
-	arena, err := n.ep.Alloc(int(size))
-	if err != nil {
-		n.log.Warn("exported cache in private memory: peers on this host read it by packets", "err", err)
-		words := make([]uint64, size/8)
-		arena = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*8)
-	}
+	// 8-byte aligned (a []uint64's memory): the slots' generations are
+	// read and written atomically. Not shared memory: a peer mapping it
+	// would read every slot, whoever's reads filled them.
+	words := make([]uint64, size/8)
+	arena := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*8)
 	c, err := expcache.New(arena, bs, uint64(time.Now().UnixNano())<<1)
 	if err != nil {
 		return fmt.Errorf("node: export cache: %w", err)
 	}
-	var epoch [8]byte
-	if _, err := rand.Read(epoch[:]); err != nil {
-		return fmt.Errorf("node: export epoch: %w", err)
+	var rnd [8 + regionmac.SecretSize]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return fmt.Errorf("node: export epoch and secret: %w", err)
 	}
-	region := n.ep.Register(arena, fabric.RemoteRead)
-	n.export.Store(&policy.Export{Cache: c, Region: region.Key(), Epoch: binary.LittleEndian.Uint64(epoch[:]) | 1})
+	x := &policy.Export{Cache: c, Epoch: binary.LittleEndian.Uint64(rnd[:]) | 1, Secret: rnd[8:],
+		Replays: regionmac.NewVerifier(policy.ReplayWindow, policy.MaxReplayTags),
+		Now:     func() int64 { return time.Now().UnixNano() }}
+	x.Region = n.ep.RegisterGuarded(arena, x.Guard).Key()
+	if cs := n.opts.ExportClientCache; cs >= 0 {
+		if cs == 0 {
+			cs = min(DefaultExportClientCache, size)
+		}
+		if cs > size {
+			return fmt.Errorf("node: a client's export cache of %d bytes is larger than the export cache (%d)", cs, size)
+		}
+		if cs < int64(expcache.HeaderSize+bs) {
+			return fmt.Errorf("node: a client's export cache of %d bytes holds no %d-byte block", cs, bs)
+		}
+		ce := &clientExports{ep: n.ep, size: int(cs), block: bs, epoch: x.Epoch, now: x.Now, m: map[ids.ClientID]*clientCache{}}
+		x.Clients = ce
+		n.exportStop = make(chan struct{})
+		n.wg.Add(1)
+		go ce.run(n.exportStop, n.wg.Done)
+	}
+	n.export.Store(x)
 	n.log.Info("exported cache", "bytes", size, "block", bs, "slots", c.Slots())
 	return nil
 }
@@ -65,5 +80,8 @@ func (n *Node) startExport() error {
 func (n *Node) exportChanged(id ids.ChunkID) {
 	if e := n.export.Load(); e != nil {
 		e.Cache.InvalidateChunk(id)
+		if e.Clients != nil {
+			e.Clients.InvalidateChunk(id)
+		}
 	}
 }

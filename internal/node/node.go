@@ -73,10 +73,12 @@ type Options struct {
 	// which answers the copies no file needs (inventory.go); 0:
 	// DefaultInventoryInterval, negative: only when meta asks.
 	InventoryInterval time.Duration
-	// ExportCache: bytes of exported cache (0: none), blocks of ExportBlock (export.go).
-	ExportCache int64
-	ExportBlock int
-	Logger      *slog.Logger
+	// ExportCache: bytes of exported cache (0: none), blocks of ExportBlock (export.go);
+	// ExportClientCache: of each same-host client's own (export_clients.go).
+	ExportCache       int64
+	ExportBlock       int
+	ExportClientCache int64
+	Logger            *slog.Logger
 }
 
 // Node is a running storage node.
@@ -116,6 +118,7 @@ type Node struct {
 	lastSweep    time.Time     // of expired tombstones (control loop only)
 	capKeysMu    sync.Mutex    // one change of the keyring (and its file) at a time
 	export       atomic.Pointer[policy.Export]
+	exportStop   chan struct{} // stops the per-client caches' sweeper
 }
 
 type identity struct {
@@ -269,19 +272,6 @@ func (n *Node) serve() error {
 	return nil
 }
 
-func (n *Node) onEvent(ev engine.Event) {
-	switch ev.Kind {
-	case engine.EventAborted:
-		n.log.Info("request aborted", "context", ev.Context, "peer", ev.Peer, "reason", ev.Reason)
-	case engine.EventRefused:
-		n.log.Debug("request refused", "context", ev.Context, "peer", ev.Peer, "reason", ev.Reason)
-	case engine.EventTableFull:
-		n.log.Debug("request table full", "peer", ev.Peer)
-	case engine.EventUnknownClass:
-		n.log.Warn("message of unknown class", "peer", ev.Peer, "reason", ev.Reason)
-	}
-}
-
 // PeerAddr resolves a node id with the node's latest cluster map; a miss
 // makes the node refresh the map from meta at once.
 func (n *Node) PeerAddr(id ids.NodeID) (string, bool) {
@@ -350,6 +340,9 @@ func (n *Node) Close() error {
 func (n *Node) close() error {
 	if n.cancel != nil {
 		n.cancel()
+	}
+	if n.exportStop != nil {
+		close(n.exportStop)
 	}
 	n.wg.Wait()
 	if n.ep != nil {

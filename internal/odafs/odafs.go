@@ -25,6 +25,8 @@ type Ref struct {
 	Node   ids.NodeID
 	Epoch  uint64
 	Region uint64 // the exported cache's region key
+	// Key authenticates optimistic reads of this reference (regionmac).
+	Key [16]byte
 	expcache.Ref
 }
 

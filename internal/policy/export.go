@@ -1,8 +1,15 @@
 package policy
 
 import (
+	"fmt"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/capability"
 	"github.com/sluicefs/sluice/internal/crc32c"
 	"github.com/sluicefs/sluice/internal/expcache"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/regionmac"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -11,10 +18,75 @@ import (
 // operations. Small reads fill it, and their replies carry references to
 // the blocks (wire.Export); the store's OnChange drops a chunk's blocks
 // when it changes.
+//
+// Over a network the node serves each optimistic read itself (Guard),
+// so it checks them: a reference carries a key of its own (RefKey), and
+// a read must be signed with it, recent and not replayed, and find the
+// slot still holding the fill the reference names. A client that read
+// one block can therefore read that block's fill and nothing else of
+// the arena — not the blocks other clients' reads put beside it.
 type Export struct {
 	Cache  *expcache.Cache
 	Region uint64 // the arena's region key
 	Epoch  uint64 // this run of the node
+	// Secret is this run's (regionmac.SecretSize random bytes): the
+	// references' keys derive from it.
+	Secret []byte
+	// Replays refuses an optimistic read's tag seen before.
+	Replays *regionmac.Verifier
+	// Now is the node's clock (Unix nanoseconds).
+	Now func() int64
+	// Clients, if set, gives each client on the node's host a cache of
+	// its own in shared memory (the thesis' zero-CPU case): the client
+	// maps it and reads its slots with no work by the node, and since
+	// only blocks that client was allowed to read are ever put in it, it
+	// needs no per-read check. Nil in a client's own Export.
+	Clients ClientExports
+}
+
+// ClientExports are per-client exported caches in shared memory.
+type ClientExports interface {
+	// For returns client's cache (made if need be), with connection c
+	// allowed to map it, to be filled under a capability good until
+	// (Unix nanoseconds), and done, to call once the caller has filled
+	// it; nil if it has none. Until done the cache is not revoked.
+	For(client ids.ClientID, c *fabric.Conn, until int64) (x *Export, done func())
+	// InvalidateChunk drops chunk's blocks from every client's cache.
+	InvalidateChunk(chunk ids.ChunkID)
+}
+
+// ReplayWindow is how far an optimistic read's timestamp may be from the
+// node's clock (clients' and nodes' clocks must agree to within it, or
+// optimistic reads fall back to requests), and MaxReplayTags bounds the
+// tags remembered within it (past it, reads fall back).
+const (
+	ReplayWindow  = 2 * time.Second
+	MaxReplayTags = 1 << 19
+)
+
+// RefKey is the key of the reference to slot's fill under gen (none in a
+// client's own cache, which is read without the node's check).
+func (e *Export) RefKey(slot uint32, gen uint64) regionmac.Tag {
+	if e.Secret == nil {
+		return regionmac.Tag{}
+	}
+	return regionmac.RefKey(e.Secret, e.Region, uint64(slot)*uint64(expcache.HeaderSize+e.Cache.BlockSize()), gen)
+}
+
+// Guard admits an optimistic read of the arena (a fabric.Guard).
+func (e *Export) Guard(key, off, n, wordOff uint64, auth []byte) (uint64, error) {
+	a, err := regionmac.ParseAuth(auth)
+	if err != nil {
+		return 0, err
+	}
+	k := regionmac.RefKey(e.Secret, key, off, a.Gen)
+	if n > 1<<32-1 {
+		return 0, fmt.Errorf("export: read of %d bytes", n)
+	}
+	if err := e.Replays.Verify(k[:], regionmac.Op{Region: key, Off: off, Len: uint32(n), Time: a.Time}, a.Tag, e.Now()); err != nil {
+		return 0, err
+	}
+	return e.Cache.Admit(off, n, wordOff, a.Gen)
 }
 
 // maxExportSpan bounds the reads whose blocks are exported: small reads
@@ -22,13 +94,23 @@ type Export struct {
 const maxExportSpan = 64 << 10
 
 // exportRefs fills the exported cache with the blocks of sp that its
-// first piece holds — export blocks whole, or ending at the chunk's end
-// — whose store blocks pass their checksums, and returns the references
-// for the reply (Block 0: none).
-func (x *reader) exportRefs(sp *span) wire.Export {
+// first piece holds — export blocks whole, or ending at the chunk's end,
+// within the range cp allows — whose store blocks pass their checksums,
+// and returns the references for the reply (Block 0: none). A client on
+// the node's host (conn shared) gets references to its own cache.
+func (x *reader) exportRefs(sp *span, conn *fabric.Conn, cp *capability.Capability) wire.Export {
 	e := x.d.Export
 	if e == nil || sp.end-sp.start > maxExportSpan || int64(len(sp.first)) < sp.end-sp.start || sp.end == sp.start {
 		return wire.Export{}
+	}
+	var until int64
+	if e.Clients != nil && conn.Shared() {
+		ce, done := e.Clients.For(cp.Client, conn, cp.Expiry)
+		if ce == nil {
+			return wire.Export{}
+		}
+		defer done()
+		e, until = ce, cp.Expiry
 	}
 	// Only intact data is exported: the client checks the slot's CRC,
 	// which the cache computes over what it is given.
@@ -40,21 +122,31 @@ func (x *reader) exportRefs(sp *span) wire.Export {
 		}
 	}
 	eb := int64(e.Cache.BlockSize())
-	first := (sp.start + eb - 1) / eb
+	lo, hi := sp.start, min(sp.end, sp.info.Length)
+	if capEnd := cp.Off + cp.Len; capEnd >= cp.Off && uint64(hi) > capEnd {
+		hi = int64(capEnd)
+	}
+	if uint64(lo) < cp.Off {
+		lo = int64(min(cp.Off, uint64(hi)))
+	}
+	first := (lo + eb - 1) / eb
 	var list []wire.ExportRef
 	for b := first; len(list) < wire.MaxExportRefs; b++ {
-		lo, hi := b*eb, min((b+1)*eb, sp.info.Length)
-		if hi > sp.end || lo >= hi {
+		blo, bhi := b*eb, min((b+1)*eb, sp.info.Length)
+		if bhi > hi || blo >= bhi {
 			break
 		}
 		r, ok := e.Cache.Get(sp.chunk, uint64(b), sp.info.Version)
 		if !ok || r.Version != sp.info.Version {
 			var err error
-			if r, err = e.Cache.Fill(sp.chunk, uint64(b), sp.info.Version, sp.first[lo-sp.start:hi-sp.start]); err != nil {
+			if r, err = e.Cache.Fill(sp.chunk, uint64(b), sp.info.Version, sp.first[blo-sp.start:bhi-sp.start]); err != nil {
 				break
 			}
 		}
-		list = append(list, wire.ExportRef{Slot: r.Slot, Gen: r.Gen})
+		if until != 0 {
+			e.Cache.Extend(r.Slot, r.Gen, until)
+		}
+		list = append(list, wire.ExportRef{Slot: r.Slot, Gen: r.Gen, Key: e.RefKey(r.Slot, r.Gen)})
 	}
 	if len(list) == 0 {
 		return wire.Export{}

@@ -81,7 +81,7 @@ func benchRead4K(b *testing.B, fm fabric.Fabric) {
 	slot := make([]byte, expcache.HeaderSize+eb)
 	b.Run("optimistic", func(b *testing.B) {
 		for b.Loop() {
-			gen, err := pc.ReadOptimistic(context.Background(), x.Region, uint64(ref.Off(eb)), slot, uint64(ref.GenOff(eb)))
+			gen, err := readSlot(pc, x.Region, x.List[0].Key, ref, slot)
 			if err != nil {
 				b.Fatal(err)
 			}

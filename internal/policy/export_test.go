@@ -3,9 +3,9 @@ package policy_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/node"
 	"github.com/sluicefs/sluice/internal/plan"
+	"github.com/sluicefs/sluice/internal/regionmac"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -84,14 +85,11 @@ func TestReadRepliesCarryExportRefs(t *testing.T) {
 		}
 		defer e.pool.Put(pc)
 		slot := make([]byte, expcache.HeaderSize+eb)
-		if err := pc.Read(context.Background(), x.Region, uint64(ref.Off(eb)), slot); err != nil {
-			t.Fatal(err)
+		gen, err := readSlot(pc, x.Region, r.Key, ref, slot)
+		if err != nil {
+			return nil, err
 		}
-		var g [8]byte
-		if err := pc.Read(context.Background(), x.Region, uint64(ref.GenOff(eb)), g[:]); err != nil {
-			t.Fatal(err)
-		}
-		return expcache.Check(ref, slot, binary.LittleEndian.Uint64(g[:]), eb)
+		return expcache.Check(ref, slot, gen, eb)
 	}
 	for i := range refs {
 		got, err := optimistic(i)
@@ -102,6 +100,49 @@ func TestReadRepliesCarryExportRefs(t *testing.T) {
 			t.Fatalf("block %d: the exported bytes are not the chunk's", i)
 		}
 	}
+	// An attacker's reads: another reference's key, a replay, a stale
+	// timestamp, a read not of a whole slot, an authenticator of the
+	// wrong size — each refused softly, the connection still serving;
+	// a plain READ of the region is an access error.
+	pc, err := e.pool.Get(context.Background(), n.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := make([]byte, expcache.HeaderSize+eb)
+	slotOff := func(i int) uint64 { return uint64(refs[i].Slot) * uint64(expcache.HeaderSize+eb) }
+	now := time.Now().UnixNano()
+	replayed := regionmac.NewAuth(refs[0].Key[:], x.Region, slotOff(0), uint32(len(slot)), refs[0].Gen, now).Append(nil)
+	attacks := []struct {
+		name string
+		off  uint64
+		n    int
+		auth []byte
+	}{
+		{"another block's key", slotOff(1), len(slot), regionmac.NewAuth(refs[0].Key[:], x.Region, slotOff(1), uint32(len(slot)), refs[1].Gen, now).Append(nil)},
+		{"first use", slotOff(0), len(slot), replayed},
+		{"replayed", slotOff(0), len(slot), replayed},
+		{"an old timestamp", slotOff(0), len(slot), regionmac.NewAuth(refs[0].Key[:], x.Region, slotOff(0), uint32(len(slot)), refs[0].Gen, now-int64(time.Minute)).Append(nil)},
+		{"half a slot", slotOff(0) + 64, eb, regionmac.NewAuth(refs[0].Key[:], x.Region, slotOff(0)+64, uint32(eb), refs[0].Gen, now).Append(nil)},
+		{"no authenticator", slotOff(0), len(slot), nil},
+	}
+	for _, a := range attacks {
+		word := a.off - a.off%uint64(expcache.HeaderSize+eb) // the slot's generation
+		_, err := pc.ReadOptimistic(context.Background(), x.Region, a.off, slot[:a.n], word, a.auth)
+		var re *fabric.RemoteError
+		if a.name == "first use" {
+			if err != nil {
+				t.Fatalf("%s: %v", a.name, err)
+			}
+			continue
+		}
+		if !errors.As(err, &re) || pc.Err() != nil {
+			t.Fatalf("%s: %v (connection: %v), want a soft refusal", a.name, err, pc.Err())
+		}
+	}
+	if err := pc.Read(context.Background(), x.Region, slotOff(1), slot); err == nil {
+		t.Fatal("a plain READ of the exported cache was served")
+	}
+	pc.Close()
 	// A read at the chunk's end: its last export block is short.
 	tail := read(39000, 100)
 	if tail.Export.N() == 0 {
@@ -111,9 +152,11 @@ func TestReadRepliesCarryExportRefs(t *testing.T) {
 	if r := e.write(t, wire.WriteHeader{Strategy: plan.Ring, Chunk: chunk, Off: 0, Len: 10, Cap: capRW}, one, bytes.Repeat([]byte{1}, 10)); r.Status != wire.StatusOK {
 		t.Fatalf("overwrite: %v", r.Err())
 	}
+	// The node refuses them (it serves only the fill a reference names).
 	for i := range refs {
-		if _, err := optimistic(i); !errors.Is(err, expcache.ErrStale) {
-			t.Fatalf("block %d after an overwrite: %v, want ErrStale", i, err)
+		var re *fabric.RemoteError
+		if _, err := optimistic(i); !errors.As(err, &re) || !strings.Contains(re.Reason, "stale") {
+			t.Fatalf("block %d after an overwrite: %v, want a stale refusal", i, err)
 		}
 	}
 }
@@ -139,4 +182,14 @@ func newExportEnv(tb testing.TB, cacheBytes int64, fm fabric.Fabric, poolSize in
 	}
 	tb.Cleanup(func() { ep.Close(); c.Close() })
 	return &env{c: c, keys: c.Meta.Keyring(), pool: fabric.NewPool(ep, poolSize)}
+}
+
+// readSlot reads ref's slot of region optimistically, signed with the
+// reference's key as a client does, and returns the generation read
+// after it.
+func readSlot(pc *fabric.PeerConn, region uint64, key [16]byte, ref expcache.Ref, slot []byte) (uint64, error) {
+	eb := len(slot) - expcache.HeaderSize
+	off := uint64(ref.Off(eb))
+	a := regionmac.NewAuth(key[:], region, off, uint32(len(slot)), ref.Gen, time.Now().UnixNano())
+	return pc.ReadOptimistic(context.Background(), region, off, slot, uint64(ref.GenOff(eb)), a.Append(nil))
 }

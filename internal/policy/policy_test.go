@@ -108,6 +108,7 @@ func (e *env) reply(t testing.TB, pc *fabric.PeerConn, ch <-chan *fabric.Packet)
 		}
 		r.Msg = append([]byte(nil), r.Msg...)
 		r.CRCs = append([]byte(nil), r.CRCs...)
+		r.Export.Detach() // the packet is released on return
 		e.pool.Put(pc)
 		return r
 	case <-time.After(10 * time.Second):

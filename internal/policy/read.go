@@ -211,7 +211,7 @@ func (x *reader) read(r *engine.Request, h *wire.ReadHeader) ([]byte, error) {
 		return nil, err
 	}
 	rep := sp.reply(x.d.Store.BlockSize())
-	rep.Export = x.exportRefs(&sp)
+	rep.Export = x.exportRefs(&sp, r.Conn, &r.State.(*readState).cap)
 	reply := wire.AppendReply(nil, &rep, sp.crcs, "")
 	if h.RegionKey != 0 {
 		if err := x.place(r, &sp, h.RegionKey, h.RegionOff, buf); err != nil {

@@ -2,6 +2,9 @@ package regionmac
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
@@ -68,8 +71,8 @@ func TestBoundedWindow(t *testing.T) {
 				t.Fatalf("op %d past the bound: %v, want ErrBusy", i, err)
 			}
 		}
-		if len(v.seen) > 10 {
-			t.Fatalf("%d tags remembered, bound 10", len(v.seen))
+		if v.n > 10 {
+			t.Fatalf("%d tags remembered, bound 10", v.n)
 		}
 	}
 	later := now + int64(1500*time.Millisecond)
@@ -94,4 +97,27 @@ func FuzzVerify(f *testing.F) {
 			t.Fatal("accepted a tag that is not the operation's")
 		}
 	})
+}
+
+// TestSignIsHMAC: Sign is HMAC-SHA256 truncated, for keys of every
+// length up to a block, and allocates nothing.
+func TestSignIsHMAC(t *testing.T) {
+	op := Op{Region: 1 << 60, Off: 12345, Len: 4160, Time: -77}
+	var b [28]byte
+	binary.LittleEndian.PutUint64(b[0:], op.Region)
+	binary.LittleEndian.PutUint64(b[8:], op.Off)
+	binary.LittleEndian.PutUint32(b[16:], op.Len)
+	binary.LittleEndian.PutUint64(b[20:], uint64(op.Time))
+	for n := 0; n <= 64; n++ {
+		key := bytes.Repeat([]byte{byte(n + 1)}, n)
+		m := hmac.New(sha256.New, key)
+		m.Write(b[:])
+		want := m.Sum(nil)[:TagSize]
+		if got := Sign(key, op); !bytes.Equal(got[:], want) {
+			t.Fatalf("key of %d bytes: %x, want %x", n, got, want)
+		}
+	}
+	if a := testing.AllocsPerRun(100, func() { Sign(secret, op) }); a != 0 {
+		t.Errorf("Sign allocates %v times", a)
+	}
 }

@@ -11,8 +11,16 @@ import (
 )
 
 // capMargin: a cached capability is not used within this much of its
-// expiry, so it cannot expire on the way to the node.
+// expiry, so it cannot expire on the way to the node — or within a
+// quarter of its lifetime, if that is less (a cluster with short
+// capability lifetimes still caches them).
 const capMargin = 30 * time.Second
+
+// usableUntil is when a capability of this expiry, received at got, stops
+// being used from the cache.
+func usableUntil(got, expiry int64) int64 {
+	return expiry - min(int64(capMargin), max(expiry-got, 0)/4)
+}
 
 // maxCachedFiles bounds the layout cache; past it, the cache is reset.
 const maxCachedFiles = 4096
@@ -27,6 +35,7 @@ type layoutCache struct {
 type cached struct {
 	l     metaapi.ChunkLayout
 	write bool
+	until int64 // usableUntil
 }
 
 func newLayoutCache() *layoutCache { return &layoutCache{files: map[ids.Ino]map[int64]cached{}} }
@@ -35,7 +44,7 @@ func (lc *layoutCache) get(ino ids.Ino, idx int64, write bool) (metaapi.ChunkLay
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	e, ok := lc.files[ino][idx]
-	if !ok || (write && !e.write) || time.Now().Add(capMargin).UnixNano() > e.l.Expiry {
+	if !ok || (write && !e.write) || time.Now().UnixNano() > e.until {
 		return metaapi.ChunkLayout{}, false
 	}
 	return e.l, true
@@ -52,11 +61,12 @@ func (lc *layoutCache) put(ino ids.Ino, ls []metaapi.ChunkLayout, write bool) {
 		m = map[int64]cached{}
 		lc.files[ino] = m
 	}
+	now := time.Now().UnixNano()
 	for _, l := range ls {
 		if old, ok := m[l.Index]; ok && old.write && !write && old.l.Chunk == l.Chunk && old.l.Expiry > l.Expiry {
 			continue // keep the stronger capability
 		}
-		m[l.Index] = cached{l: l, write: write}
+		m[l.Index] = cached{l: l, write: write, until: usableUntil(now, l.Expiry)}
 	}
 }
 

@@ -3,12 +3,14 @@ package sdk
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/sluicefs/sluice/internal/expcache"
 	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/odafs"
+	"github.com/sluicefs/sluice/internal/regionmac"
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
@@ -39,7 +41,7 @@ func (c *Client) learnExport(r metaapi.Replica, l *metaapi.ChunkLayout, rep *wir
 			break
 		}
 		n := min(eb, rep.ChunkLen-b*eb)
-		c.od.Learn(odafs.BlockID{Chunk: l.Chunk, Block: b}, odafs.Ref{Node: r.Node, Epoch: x.Epoch, Region: x.Region,
+		c.od.Learn(odafs.BlockID{Chunk: l.Chunk, Block: b}, odafs.Ref{Node: r.Node, Epoch: x.Epoch, Region: x.Region, Key: ref.Key,
 			Ref: expcache.Ref{Slot: ref.Slot, Gen: ref.Gen, Chunk: l.Chunk, Block: b, Version: rep.Version, Len: uint32(n)}})
 	}
 }
@@ -137,7 +139,17 @@ func (c *Client) fetchSlot(ctx context.Context, l *metaapi.ChunkLayout, id odafs
 	}
 	// One round trip: the slot, then its generation read after it; a
 	// refusal (a stale region key, a node restarted) is this read's alone.
-	gen, err := pc.ReadOptimistic(ctx, ref.Region, uint64(ref.Off(eb)), slot, uint64(ref.GenOff(eb)))
+	// Signed with the reference's key: the node serves only the fill it
+	// names. A reference without one is to this client's own cache in
+	// shared memory, which it copies itself.
+	off := uint64(ref.Off(eb))
+	var auth []byte
+	if ref.Key != ([16]byte{}) {
+		a := regionmac.NewAuth(ref.Key[:], ref.Region, off, uint32(len(slot)), ref.Gen, time.Now().UnixNano())
+		var ab [regionmac.AuthSize]byte
+		auth = a.Append(ab[:0])
+	}
+	gen, err := pc.ReadOptimistic(ctx, ref.Region, off, slot, uint64(ref.GenOff(eb)), auth)
 	var re *fabric.RemoteError
 	switch {
 	case errors.As(err, &re):

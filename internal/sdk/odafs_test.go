@@ -3,11 +3,13 @@ package sdk_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/cluster"
+	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/metaapi"
 	"github.com/sluicefs/sluice/internal/odafs"
 	"github.com/sluicefs/sluice/internal/plan"
@@ -20,11 +22,19 @@ import (
 // bytes; after another client overwrites a block, the next read of it
 // falls back to a request (its slot was dropped when the write
 // committed) and returns the new bytes. With no client cache, nothing
-// stale is ever returned.
+// stale is ever returned. Over TCP the nodes check each optimistic read
+// against the shared exported cache; over shared memory the client
+// copies from a cache of its own.
 func TestOptimisticReads(t *testing.T) {
-	c := startClusterWith(t, cluster.Options{Nodes: 3, ExportCache: 4 << 20, ExportBlock: 4096})
+	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
+		t.Run(map[fabric.Fabric]string{fabric.FabricTCP: "tcp", fabric.FabricShm: "shm"}[fm], func(t *testing.T) { testOptimisticReads(t, fm) })
+	}
+}
+
+func testOptimisticReads(t *testing.T, fm fabric.Fabric) {
+	c := startClusterWith(t, cluster.Options{Nodes: 3, ExportCache: 4 << 20, ExportBlock: 4096, Fabric: fabric.Options{Fabric: fabric.FabricAuto}})
 	ctx := context.Background()
-	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{CacheBytes: -1}})
+	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{CacheBytes: -1}, Fabric: fm})
 	other := newClient(t, c, sdk.Options{})
 	for _, k := range []int{1, 3} {
 		dir := "/r" + string(rune('0'+k))
@@ -97,37 +107,39 @@ func TestOptimisticReads(t *testing.T) {
 // BenchmarkRead4KODAFS: 4 KiB reads through File.ReadAt of blocks a node
 // holds, by request and optimistically (replicas 1, in-process cluster).
 func BenchmarkRead4KODAFS(b *testing.B) {
-	c := startClusterWith(b, cluster.Options{Nodes: 1, ExportCache: 16 << 20, ExportBlock: 4096})
+	c := startClusterWith(b, cluster.Options{Nodes: 1, ExportCache: 16 << 20, ExportBlock: 4096, Fabric: fabric.Options{Fabric: fabric.FabricAuto}})
 	ctx := context.Background()
-	for _, mode := range []string{"request", "optimistic"} {
-		b.Run(mode, func(b *testing.B) {
-			opts := sdk.Options{}
-			if mode == "optimistic" {
-				opts.ODAFS = &odafs.Options{CacheBytes: -1}
-			}
-			cl := newClient(b, c, opts)
-			name := "/b-" + mode
-			data := make([]byte, 1<<20)
-			if _, err := cl.Put(ctx, name, bytes.NewReader(data), 0o644); err != nil {
-				b.Fatal(err)
-			}
-			f, err := cl.Open(ctx, name)
-			if err != nil {
-				b.Fatal(err)
-			}
-			buf := make([]byte, 4096)
-			for off := int64(0); off < 1<<20; off += 4096 {
-				f.ReadAt(buf, off)
-			}
-			i := 0
-			for b.Loop() {
-				if _, err := f.ReadAt(buf, int64(i%256)*4096); err != nil {
+	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
+		for _, mode := range []string{"request", "dafs-cache", "optimistic"} {
+			b.Run(map[fabric.Fabric]string{fabric.FabricTCP: "tcp", fabric.FabricShm: "shm"}[fm]+"/"+mode, func(b *testing.B) {
+				opts := sdk.Options{Fabric: fm}
+				if mode == "optimistic" {
+					opts.ODAFS = &odafs.Options{CacheBytes: -1}
+				}
+				cl := newClient(b, c, opts)
+				name := fmt.Sprintf("/b-%v-%s", fm, mode)
+				data := make([]byte, 1<<20)
+				if _, err := cl.Put(ctx, name, bytes.NewReader(data), 0o644); err != nil {
 					b.Fatal(err)
 				}
-				i++
-			}
-			b.ReportMetric(float64(cl.Stats().Optimistic)/float64(b.N), "optimistic/op")
-		})
+				f, err := cl.Open(ctx, name)
+				if err != nil {
+					b.Fatal(err)
+				}
+				buf := make([]byte, 4096)
+				for off := int64(0); off < 1<<20; off += 4096 {
+					f.ReadAt(buf, off)
+				}
+				i := 0
+				for b.Loop() {
+					if _, err := f.ReadAt(buf, int64(i%256)*4096); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+				b.ReportMetric(float64(cl.Stats().Optimistic)/float64(b.N), "optimistic/op")
+			})
+		}
 	}
 }
 

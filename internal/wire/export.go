@@ -17,15 +17,18 @@ type Export struct {
 	Block  uint32 // the export block size
 	First  uint64 // the export block index of the first reference
 	// List holds the references to encode (AppendReply); refs those
-	// decoded (ParseReply), 12 bytes each, aliasing the packet.
+	// decoded (ParseReply), 28 bytes each, aliasing the packet.
 	List []ExportRef
 	refs []byte
 }
 
-// ExportRef is one block's reference: its slot and generation.
+// ExportRef is one block's reference: its slot and generation, and the
+// key of that fill (regionmac.RefKey: the node derives it again to check
+// a read; the client holds it like a capability).
 type ExportRef struct {
 	Slot uint32
 	Gen  uint64
+	Key  [16]byte
 }
 
 // MaxExportRefs bounds the references a reply carries.
@@ -33,7 +36,7 @@ const MaxExportRefs = 32
 
 const (
 	exportFixed = 8 + 8 + 4 + 2 + 2 + 8
-	exportRef   = 12
+	exportRef   = 4 + 8 + 16
 )
 
 // MinExportBlock and MaxExportBlock bound an export block's size.
@@ -48,7 +51,9 @@ func (e *Export) N() int { return len(e.refs) / exportRef }
 // Ref returns decoded reference i.
 func (e *Export) Ref(i int) ExportRef {
 	b := e.refs[exportRef*i:]
-	return ExportRef{Slot: binary.LittleEndian.Uint32(b), Gen: binary.LittleEndian.Uint64(b[4:])}
+	r := ExportRef{Slot: binary.LittleEndian.Uint32(b), Gen: binary.LittleEndian.Uint64(b[4:])}
+	copy(r.Key[:], b[12:28])
+	return r
 }
 
 func exportSize(e *Export) int {
@@ -69,6 +74,7 @@ func appendExport(b []byte, e *Export) []byte {
 	for _, r := range list {
 		b = binary.LittleEndian.AppendUint32(b, r.Slot)
 		b = binary.LittleEndian.AppendUint64(b, r.Gen)
+		b = append(b, r.Key[:]...)
 	}
 	return b
 }

@@ -7,7 +7,7 @@ import (
 )
 
 func TestReplyExportRoundTrip(t *testing.T) {
-	want := Export{Epoch: 7, Region: 1<<63 | 5, Block: 4096, First: 3, List: []ExportRef{{Slot: 1, Gen: 10}, {Slot: 9, Gen: 1 << 40}}}
+	want := Export{Epoch: 7, Region: 1<<63 | 5, Block: 4096, First: 3, List: []ExportRef{{Slot: 1, Gen: 10, Key: [16]byte{1, 2, 3}}, {Slot: 9, Gen: 1 << 40, Key: [16]byte{15: 9}}}}
 	b := AppendReply(nil, &Reply{Version: 4, Skipped: 1, DataOff: 12288, DataLen: 8192, BlockSize: 4096, Export: want}, []uint32{1, 2}, "x")
 	var got Reply
 	if err := ParseReply(b, &got); err != nil {
@@ -35,7 +35,7 @@ func TestReplyExportRoundTrip(t *testing.T) {
 }
 
 func TestReplyExportMalformed(t *testing.T) {
-	good := AppendReply(nil, &Reply{Version: 4, Export: Export{Epoch: 1, Region: 2, Block: 4096, First: 0, List: []ExportRef{{1, 2}}}}, nil, "")
+	good := AppendReply(nil, &Reply{Version: 4, Export: Export{Epoch: 1, Region: 2, Block: 4096, First: 0, List: []ExportRef{{Slot: 1, Gen: 2}}}}, nil, "")
 	at := replyFixed // the trailer's start (no Skipped)
 	cases := map[string]func(b []byte) []byte{
 		"block not a power of two": func(b []byte) []byte { binary.LittleEndian.PutUint32(b[at+16:], 4097); return b },
@@ -58,7 +58,7 @@ func TestReplyExportMalformed(t *testing.T) {
 }
 
 func TestParseReplyExportAllocatesNothing(t *testing.T) {
-	b := AppendReply(nil, &Reply{Version: 4, Export: Export{Epoch: 1, Region: 2, Block: 4096, List: []ExportRef{{1, 2}, {3, 4}}}}, []uint32{9}, "")
+	b := AppendReply(nil, &Reply{Version: 4, Export: Export{Epoch: 1, Region: 2, Block: 4096, List: []ExportRef{{Slot: 1, Gen: 2}, {Slot: 3, Gen: 4}}}}, []uint32{9}, "")
 	var r Reply
 	if n := testing.AllocsPerRun(100, func() {
 		if err := ParseReply(b, &r); err != nil {

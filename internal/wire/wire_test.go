@@ -260,7 +260,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(w)
 	f.Add(r)
 	f.Add(AppendReply(nil, &Reply{}, []uint32{1}, "x"))
-	f.Add(AppendReply(nil, &Reply{Version: 3, Skipped: 1, Export: Export{Epoch: 1, Region: 2, Block: 4096, First: 5, List: []ExportRef{{1, 2}, {3, 4}}}}, []uint32{1, 2}, "m"))
+	f.Add(AppendReply(nil, &Reply{Version: 3, Skipped: 1, Export: Export{Epoch: 1, Region: 2, Block: 4096, First: 5, List: []ExportRef{{Slot: 1, Gen: 2}, {Slot: 3, Gen: 4, Key: [16]byte{7}}}}}, []uint32{1, 2}, "m"))
 	f.Add(AppendForward(w[:0:0], mustParse(f, w), 1, 9, 5))
 	f.Add(SealForward(AppendForward(nil, mustParse(f, w), 1, 9, 8), func([]byte) [SealSize]byte { return [SealSize]byte{1, 2} }))
 	f.Add(AppendReply(nil, &Reply{Status: StatusReplica, Partial: true, Version: 9, Skipped: 3}, []uint32{1}, "x"))

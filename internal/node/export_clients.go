@@ -1,0 +1,172 @@
+package node
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicefs/sluice/internal/expcache"
+	"github.com/sluicefs/sluice/internal/fabric"
+	"github.com/sluicefs/sluice/internal/ids"
+	"github.com/sluicefs/sluice/internal/policy"
+)
+
+// Per-client exported caches (issue 19 item 6, over shared memory). A
+// client on the node's host maps what it is granted and copies it with no
+// check by the node, so a cache it maps must hold nothing it may not
+// read: each such client gets a cache of its own, in shared memory, that
+// only its reads fill (with blocks its capability allowed) and only the
+// connections that showed one of its capabilities may map. A slot lasts
+// until that capability expires; a cache is revoked — its region
+// deregistered, the node never writing it again, its memory freed — once
+// all its slots have expired, when the node needs room for another
+// client's, or when the node stops.
+
+// maxClientCaches bounds the clients with a cache of their own at once.
+const maxClientCaches = 64
+
+// DefaultExportClientCache is a client's own cache unless set (at most
+// the node's export cache).
+const DefaultExportClientCache = 16 << 20
+
+// clientExports implements policy.ClientExports.
+type clientExports struct {
+	ep    *fabric.Endpoint
+	size  int
+	block int
+	epoch uint64
+	now   func() int64
+
+	mu sync.Mutex
+	m  map[ids.ClientID]*clientCache
+	bg sync.WaitGroup // revocations under way
+}
+
+type clientCache struct {
+	x      *policy.Export
+	region *fabric.Region
+	mem    []byte
+	until  atomic.Int64 // the latest expiry of a capability it was filled under
+	used   atomic.Int64 // when it was last filled (for eviction)
+
+	// Fills hold fill shared; revocation takes it alone and sets gone,
+	// so no fill writes the memory once it is revoked.
+	fill sync.RWMutex
+	gone bool
+}
+
+// For implements policy.ClientExports.
+func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (*policy.Export, func()) {
+	cs.mu.Lock()
+	cc := cs.m[client]
+	if cc == nil {
+		cc = cs.newLocked()
+		if cc == nil {
+			cs.mu.Unlock()
+			return nil, nil
+		}
+		cs.m[client] = cc
+	}
+	cs.mu.Unlock()
+	cc.fill.RLock()
+	if cc.gone {
+		cc.fill.RUnlock()
+		return nil, nil
+	}
+	cc.region.Allow(c)
+	cc.used.Store(cs.now())
+	for u := cc.until.Load(); u < until && !cc.until.CompareAndSwap(u, until); u = cc.until.Load() {
+	}
+	return cc.x, func() { cc.fill.RUnlock() }
+}
+
+// newLocked makes a client's cache, evicting the least recently filled
+// one if there are too many; nil if shared memory cannot be had.
+func (cs *clientExports) newLocked() *clientCache {
+	if len(cs.m) >= maxClientCaches {
+		var oldest ids.ClientID
+		var at int64 = 1<<63 - 1
+		for id, cc := range cs.m {
+			if u := cc.used.Load(); u < at {
+				oldest, at = id, u
+			}
+		}
+		cs.revokeLocked(oldest)
+	}
+	mem, err := cs.ep.Alloc(cs.size)
+	if err != nil {
+		return nil
+	}
+	c, err := expcache.New(mem, cs.block, uint64(cs.now())<<1)
+	if err != nil {
+		cs.ep.Free(mem)
+		return nil
+	}
+	r := cs.ep.RegisterAllowed(mem, fabric.RemoteRead)
+	return &clientCache{x: &policy.Export{Cache: c, Region: r.Key(), Epoch: cs.epoch}, region: r, mem: mem}
+}
+
+// revokeLocked revokes client's cache: no fill writes it after this, its
+// region is refused to everyone, and its memory is freed once no peer is
+// inside a copy of it (in the background: that can take a while).
+func (cs *clientExports) revokeLocked(client ids.ClientID) {
+	cc := cs.m[client]
+	if cc == nil {
+		return
+	}
+	delete(cs.m, client)
+	cc.fill.Lock()
+	cc.gone = true
+	cc.fill.Unlock()
+	cs.bg.Add(1)
+	go func() {
+		defer cs.bg.Done()
+		cs.ep.Deregister(cc.region)
+		cs.ep.Free(cc.mem)
+	}()
+}
+
+// InvalidateChunk implements policy.ClientExports.
+func (cs *clientExports) InvalidateChunk(chunk ids.ChunkID) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, cc := range cs.m {
+		cc.x.Cache.InvalidateChunk(chunk)
+	}
+}
+
+// sweep drops expired slots, and revokes the caches whose every slot has
+// expired.
+func (cs *clientExports) sweep() {
+	now := cs.now()
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for id, cc := range cs.m {
+		if cc.until.Load() < now {
+			cs.revokeLocked(id)
+			continue
+		}
+		cc.x.Cache.Expire(now)
+	}
+}
+
+// run sweeps every second until stop is closed, then revokes every cache.
+func (cs *clientExports) run(stop <-chan struct{}, done func()) {
+	defer done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			cs.sweep()
+		case <-stop:
+			cs.mu.Lock()
+			for id := range cs.m {
+				cs.revokeLocked(id)
+			}
+			cs.mu.Unlock()
+			cs.bg.Wait()
+			return
+		}
+	}
+}
