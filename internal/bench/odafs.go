@@ -59,7 +59,10 @@ func odafsBench(ctx context.Context, r *runner) error {
 			parts[p] = true
 		}
 	}
-	c, err := startCluster(ctx, &r.cfg, 1, []string{"--fabric", "auto", "--export-cache", "64MiB", "--export-block", "4KiB"})
+	// A client over shared memory gets an exported cache of its own:
+	// 32 MiB holds the throughput part's file.
+	c, err := startCluster(ctx, &r.cfg, 1, []string{"--fabric", "auto", "--export-cache", "64MiB", "--export-block", "4KiB",
+		"--export-client-cache", "32MiB"})
 	if err != nil {
 		return err
 	}
