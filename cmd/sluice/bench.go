@@ -53,6 +53,13 @@ Run by name only (not by "all"):
                  that through a sluice mount process (skipped without fio or /dev/fuse); medians
                  of --reps runs (default 5, 3 with --quick) after one warm-up; writes
                  OUT/users.csv with ratios to TCP
+  odafs          seed 004's optimistic reads against a node process with an exported cache, over
+                 TCP and shared memory, in parts (--part): latency (4 KiB reads by request and
+                 optimistically, the node's CPU per read; OUT/odafs.csv), postmark (read-only
+                 PostMark at client cache hit ratios of 25-75%, DAFS against ODAFS;
+                 OUT/odafs-postmark.csv) and throughput (two clients reading 4-64 KiB at random,
+                 4 reads outstanding each, for --duration per run: reads/s, MB/s, the node's CPU
+                 per read, ODAFS/DAFS; OUT/odafs-throughput.csv)
 
 Also: sluice bench chaos (fault injection; see its --help).
 
@@ -71,8 +78,8 @@ Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 				}
 				cfg.Links = append(cfg.Links, l)
 			}
-			if cfg.Reps < 0 || cfg.Warmup < 0 {
-				return fmt.Errorf("--reps and --warmup must not be negative")
+			if cfg.Reps < 0 || cfg.Warmup < 0 || cfg.Duration < 0 {
+				return fmt.Errorf("--reps, --warmup and --duration must not be negative")
 			}
 			if sizeMiB < 1 || sizeMiB > 1<<20 {
 				return fmt.Errorf("--size-mib %d: must be 1 to 1048576", sizeMiB)
@@ -88,6 +95,9 @@ Links: "none" (loopback as it is) or RATE[+DELAY], e.g. 10Gbit+5us.`,
 	cmd.Flags().IntVar(&cfg.Warmup, "warmup", 0, "unmeasured operations per point (default 5)")
 	cmd.Flags().StringSliceVar(&links, "link", nil, "link settings to run (repeatable; default none, 10Gbit+5us and, for replication and goodput, 1Gbit+5us)")
 	cmd.Flags().IntVar(&cfg.MTU, "mtu", 0, "MTU of the client (nodes use their default)")
+	cmd.Flags().StringSliceVar(&cfg.Parts, "part", nil, "odafs: the parts to run: "+strings.Join(bench.OdafsParts, ", ")+" (default all)")
+	cmd.Flags().StringSliceVar(&cfg.Fabrics, "fabric", nil, "odafs: the fabrics the clients use: tcp, shm (default both)")
+	cmd.Flags().DurationVar(&cfg.Duration, "duration", 0, "odafs: how long each server-throughput run lasts (default 2s, 1s with --quick)")
 	cmd.Flags().StringVar(&cfg.NodeListen, "node-listen", cluster.DefaultNodeListen, "the storage nodes' address: HOST (ports the system picks) or HOST:PORT (node i on PORT+i-1)")
 	cmd.AddCommand(a.benchChaosCmd())
 	return cmd

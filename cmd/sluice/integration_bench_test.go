@@ -193,13 +193,15 @@ func readCSV(t *testing.T, path string) [][]string {
 // process with an exported cache, 4 KiB reads by request and
 // optimistically over TCP and shared memory, each with a latency, the
 // node's CPU per read, and (optimistic) the share of reads that went
-// optimistically.
+// optimistically; and the server-throughput part in runs of 20 ms: for
+// each fabric, read size and mode a rate, DAFS never optimistic, ODAFS
+// always, and ODAFS/DAFS.
 func TestBenchODAFSTiny(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
 	}
 	out := filepath.Join(t.TempDir(), "results")
-	r := run(t, "", nil, "bench", "--reps", "300", "--out", out, "odafs")
+	r := run(t, "", nil, "bench", "--reps", "300", "--duration", "20ms", "--out", out, "odafs")
 	if r.code != 0 {
 		t.Fatalf("bench odafs failed: %s", r)
 	}
@@ -221,5 +223,44 @@ func TestBenchODAFSTiny(t *testing.T) {
 	}
 	if !modes["request/tcp"] || !modes["optimistic/tcp"] || !modes["request/shm"] || !modes["optimistic/shm"] || len(rows) != 5 {
 		t.Fatalf("rows %v", rows)
+	}
+
+	tp := readCSV(t, filepath.Join(out, "odafs-throughput.csv"))
+	if got := strings.Join(tp[0], ","); got != "experiment,mode,fabric,size_bytes,clients,outstanding_per_client,seconds_per_run,runs,reads_per_s,mb_per_s,node_cpu_us_per_op,optimistic_share,slowest_read_ms,stalled_reads,odafs_over_dafs" {
+		t.Fatalf("throughput header %q", got)
+	}
+	points := map[string]bool{}
+	for _, row := range tp[1:] {
+		points[row[1]+"/"+row[2]+"/"+row[3]] = true
+		if v, err := strconv.ParseFloat(row[8], 64); err != nil || v <= 0 {
+			t.Errorf("row %v: reads/s %q", row, row[8])
+		}
+		share, err := strconv.ParseFloat(row[11], 64)
+		ratio, rerr := strconv.ParseFloat(row[14], 64)
+		switch {
+		case err != nil:
+			t.Errorf("row %v: optimistic share %q", row, row[11])
+		case row[1] == "dafs" && (share != 0 || row[14] != ""):
+			t.Errorf("row %v: a DAFS read went optimistically, or a ratio on a DAFS row", row)
+		case row[1] == "odafs" && (share < 0.9 || rerr != nil || ratio <= 0):
+			t.Errorf("row %v: only %q of the ODAFS reads went optimistically, or ratio %q", row, row[11], row[14])
+		}
+	}
+	for _, m := range []string{"dafs", "odafs"} {
+		for _, fm := range []string{"tcp", "shm"} {
+			for _, size := range []string{"4096", "65536"} {
+				if !points[m+"/"+fm+"/"+size] {
+					t.Errorf("no throughput point %s/%s/%s in %v", m, fm, size, tp)
+				}
+			}
+		}
+	}
+	if len(tp) != 21 {
+		t.Errorf("%d throughput rows, want 20", len(tp)-1)
+	}
+	for _, f := range []string{"odafs-throughput.svg", "odafs-postmark.svg"} {
+		if fi, err := os.Stat(filepath.Join(out, f)); err != nil || fi.Size() < 1000 {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }

@@ -94,6 +94,16 @@ type Config struct {
 	// Size is the users experiment's file size (default
 	// DefaultUsersSize; fio's file is twice that).
 	Size int64
+	// Parts are the odafs experiment's parts to run (OdafsParts; default
+	// all).
+	Parts []string
+	// Duration is how long each run of the odafs server-throughput part
+	// lasts (default 2 s, 1 s with Quick); the node's CPU at rest is
+	// measured over as long.
+	Duration time.Duration
+	// Fabrics are the fabrics the odafs experiment's clients use ("tcp",
+	// "shm"; default both).
+	Fabrics []string
 }
 
 // Point is one measured point: one CSV row.

@@ -55,3 +55,34 @@ func TestPlotsEveryExperiment(t *testing.T) {
 		}
 	}
 }
+
+// TestPlotsODAFS draws the odafs figures from CSV rows shaped like a
+// real run's, a node CPU of 0 among them (shared memory, optimistic).
+func TestPlotsODAFS(t *testing.T) {
+	dir := t.TempDir()
+	pm := [][]string{{"experiment", "mode", "fabric", "hit_ratio", "reads", "reads_per_s", "node_cpu_us_per_op", "served_without_request"},
+		{"odafs-postmark", "dafs", "tcp", "0.25", "2000", "4870", "55.00", "0.235"},
+		{"odafs-postmark", "odafs", "shm", "0.25", "2000", "154367", "0.00", "1.000"}}
+	tp := [][]string{odafsTPHeader,
+		{"odafs-throughput", "dafs", "tcp", "4096", "2", "4", "2.000", "5", "10583", "43.3", "36.70", "0.000", "3.1", "0", ""},
+		{"odafs-throughput", "odafs", "tcp", "4096", "2", "4", "2.000", "5", "21674", "88.8", "13.40", "1.000", "1.2", "0", "2.31"},
+		{"odafs-throughput", "odafs", "shm", "65536", "2", "4", "2.000", "5", "48083", "3151.2", "0.00", "1.000", "0.4", "0", "7.52"}}
+	if err := plotODAFSPostmark(filepath.Join(dir, "pm"), pm); err != nil {
+		t.Fatal(err)
+	}
+	if err := plotODAFSThroughput(filepath.Join(dir, "tp"), tp); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"pm.svg", "pm.png", "tp.svg", "tp.png"} {
+		fi, err := os.Stat(filepath.Join(dir, f))
+		if err != nil || fi.Size() < 1000 {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	svg, _ := os.ReadFile(filepath.Join(dir, "tp.svg"))
+	for _, want := range []string{"reads/s", "µs per read", "odafs, shm", "4KiB"} {
+		if !strings.Contains(string(svg), want) {
+			t.Errorf("tp.svg lacks %q", want)
+		}
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicefs/sluice/internal/fabric"
@@ -16,52 +18,181 @@ import (
 	"github.com/sluicefs/sluice/internal/sdk"
 )
 
-// The odafs experiment (issue 19; seed 004's Table 7 and its claim that
-// optimistic reads leave the server's CPU idle): 4 KiB reads of blocks a
-// node holds, by read request and optimistically through the node's
-// exported cache, one at a time, the ways taking turns op by op; for
-// each its latency and the node process's CPU time per read (from
-// /proc). The node runs as a process of its own with --export-cache.
+// The odafs experiment (issue 19; seed 004's Table 7, Fig. 16 and its
+// server throughput, and its claim that optimistic reads leave the
+// server's CPU idle), in three parts against one node process of its own
+// with --export-cache, which serves both fabrics (--fabric auto):
+//   - latency: 4 KiB reads of blocks the node holds, by read request and
+//     optimistically through the node's exported cache, one at a time,
+//     the ways taking turns op by op; for each its latency and the node
+//     process's CPU time per read (from /proc);
+//   - postmark: the thesis' read-only PostMark (odafsPostmark);
+//   - throughput: two clients reading 4-64 KiB at random
+//     (odafsThroughput, odafs_throughput.go).
 
 const (
 	odafsBlock = 4 << 10
 	odafsFile  = 4 << 20 // the blocks read: all within the exported cache
 )
 
-func odafsBench(ctx context.Context, r *runner) error {
-	rows := [][]string{{"experiment", "mode", "fabric", "size_bytes", "ops", "p50_us", "p99_us", "node_cpu_us_per_op", "optimistic_share"}}
-	pm := [][]string{{"experiment", "mode", "fabric", "hit_ratio", "reads", "reads_per_s", "node_cpu_us_per_op", "served_without_request"}}
-	for _, fm := range []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm} {
-		fmt.Fprintf(r.cfg.Log, "   fabric %s\n", fm)
-		got, err := odafsOnce(ctx, r, fm)
-		if err != nil {
-			return fmt.Errorf("fabric %s: %w", fm, err)
-		}
-		rows = append(rows, got...)
-		if got, err = odafsPostmark(ctx, r, fm); err != nil {
-			return fmt.Errorf("fabric %s: postmark: %w", fm, err)
-		}
-		pm = append(pm, got...)
-	}
-	r.wrote = true
-	if err := writeCSV(filepath.Join(r.cfg.Out, "odafs.csv"), rows); err != nil {
-		return err
-	}
-	return writeCSV(filepath.Join(r.cfg.Out, "odafs-postmark.csv"), pm)
+// OdafsParts are the parts of the odafs experiment (Config.Parts).
+var OdafsParts = []string{"latency", "postmark", "throughput"}
+
+// odafsFiles are the files the parts read, written once for both
+// fabrics.
+type odafsFiles struct {
+	lat     []byte // /od/f
+	pmFiles int    // /pm/0 ... of 4 KiB each
+	tp      []byte // /od/tp
 }
 
-// odafsOnce runs the experiment with the client reaching the node by fm
-// (the node serves both).
-func odafsOnce(ctx context.Context, r *runner, fm fabric.Fabric) ([][]string, error) {
-	c, err := startCluster(ctx, &r.cfg, 1, []string{"--fabric", "auto", "--export-cache", "64MiB", "--export-block", "4KiB"})
+func odafsBench(ctx context.Context, r *runner) error {
+	parts := map[string]bool{}
+	for _, p := range r.cfg.Parts {
+		if !slices.Contains(OdafsParts, p) {
+			return fmt.Errorf("unknown part %q (known: %s)", p, strings.Join(OdafsParts, ", "))
+		}
+		parts[p] = true
+	}
+	if len(parts) == 0 {
+		for _, p := range OdafsParts {
+			parts[p] = true
+		}
+	}
+	// A client over shared memory gets an exported cache of its own:
+	// 32 MiB holds the throughput part's file.
+	c, err := startCluster(ctx, &r.cfg, 1, []string{"--fabric", "auto", "--export-cache", "64MiB", "--export-block", "4KiB",
+		"--export-client-cache", "32MiB"})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer c.Close()
 	var nodePid int
 	for _, p := range c.nodes {
 		nodePid = p.Pid()
 	}
+	files, err := odafsSetup(ctx, r, c, parts)
+	if err != nil {
+		return err
+	}
+	// The node's CPU time at rest, to tell it from what the reads cost.
+	idle0, err := procCPU(nodePid)
+	if err != nil {
+		return err
+	}
+	idleStart := time.Now()
+	time.Sleep(r.odafsDuration())
+	idle1, err := procCPU(nodePid)
+	if err != nil {
+		return err
+	}
+	idleRate := float64(idle1-idle0) / float64(time.Since(idleStart))
+	fmt.Fprintf(r.cfg.Log, "   node at rest: %.1f%% of a core; load average %s\n", 100*idleRate, loadAverage())
+
+	rows := [][]string{{"experiment", "mode", "fabric", "size_bytes", "ops", "p50_us", "p99_us", "node_cpu_us_per_op", "optimistic_share"}}
+	pm := [][]string{{"experiment", "mode", "fabric", "hit_ratio", "reads", "reads_per_s", "node_cpu_us_per_op", "served_without_request"}}
+	tp := [][]string{odafsTPHeader}
+	fabrics := []fabric.Fabric{fabric.FabricTCP, fabric.FabricShm}
+	if len(r.cfg.Fabrics) > 0 {
+		fabrics = nil
+		for _, f := range r.cfg.Fabrics {
+			if f != string(fabric.FabricTCP) && f != string(fabric.FabricShm) {
+				return fmt.Errorf("fabric %q: tcp or shm", f)
+			}
+			fabrics = append(fabrics, fabric.Fabric(f))
+		}
+	}
+	for _, fm := range fabrics {
+		fmt.Fprintf(r.cfg.Log, "   fabric %s\n", fm)
+		if parts["latency"] {
+			got, err := odafsOnce(ctx, r, c, nodePid, fm, files.lat)
+			if err != nil {
+				return fmt.Errorf("fabric %s: %w", fm, err)
+			}
+			rows = append(rows, got...)
+		}
+		if parts["postmark"] {
+			got, err := odafsPostmark(ctx, r, c, nodePid, fm, files.pmFiles)
+			if err != nil {
+				return fmt.Errorf("fabric %s: postmark: %w", fm, err)
+			}
+			pm = append(pm, got...)
+		}
+		if parts["throughput"] {
+			got, err := odafsThroughput(ctx, r, c, nodePid, fm, files.tp)
+			if err != nil {
+				return fmt.Errorf("fabric %s: throughput: %w", fm, err)
+			}
+			tp = append(tp, got...)
+		}
+	}
+	fmt.Fprintf(r.cfg.Log, "   load average after: %s\n", loadAverage())
+	r.wrote = true
+	if parts["latency"] {
+		if err := writeCSV(filepath.Join(r.cfg.Out, "odafs.csv"), rows); err != nil {
+			return err
+		}
+	}
+	if parts["postmark"] {
+		if err := writeCSV(filepath.Join(r.cfg.Out, "odafs-postmark.csv"), pm); err != nil {
+			return err
+		}
+		if err := plotODAFSPostmark(filepath.Join(r.cfg.Out, "odafs-postmark"), pm); err != nil {
+			return err
+		}
+	}
+	if parts["throughput"] {
+		if err := writeCSV(filepath.Join(r.cfg.Out, "odafs-throughput.csv"), tp); err != nil {
+			return err
+		}
+		return plotODAFSThroughput(filepath.Join(r.cfg.Out, "odafs-throughput"), tp)
+	}
+	return nil
+}
+
+// odafsSetup writes the files the parts read.
+func odafsSetup(ctx context.Context, r *runner, c *procCluster, parts map[string]bool) (*odafsFiles, error) {
+	cl, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	f := &odafsFiles{}
+	for _, dir := range []string{"/od", "/pm"} {
+		if err := prepare(ctx, cl, dir, metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
+			return nil, err
+		}
+	}
+	if parts["latency"] {
+		f.lat = randomData(odafsFile)
+		if _, err := cl.Put(ctx, "/od/f", bytes.NewReader(f.lat), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	if parts["postmark"] {
+		f.pmFiles = 2000
+		if r.repsGiven > 0 || r.cfg.Quick {
+			f.pmFiles = 200
+		}
+		data := randomData(odafsBlock)
+		for i := range f.pmFiles {
+			if _, err := cl.Put(ctx, fmt.Sprintf("/pm/%d", i), bytes.NewReader(data), 0o644); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if parts["throughput"] {
+		f.tp = randomData(r.odafsTPFile())
+		if _, err := cl.Put(ctx, "/od/tp", bytes.NewReader(f.tp), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// odafsOnce runs the latency part with the client reaching the node by
+// fm; data is /od/f's content.
+func odafsOnce(ctx context.Context, r *runner, c *procCluster, nodePid int, fm fabric.Fabric, data []byte) ([][]string, error) {
 	req, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, Fabric: fm})
 	if err != nil {
 		return nil, err
@@ -72,13 +203,6 @@ func odafsOnce(ctx context.Context, r *runner, fm fabric.Fabric) ([][]string, er
 		return nil, err
 	}
 	defer opt.Close()
-	if err := prepare(ctx, req, "/od", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
-		return nil, err
-	}
-	data := randomData(odafsFile)
-	if _, err := req.Put(ctx, "/od/f", bytes.NewReader(data), 0o644); err != nil {
-		return nil, err
-	}
 	fr, err := req.Open(ctx, "/od/f")
 	if err != nil {
 		return nil, err
@@ -109,19 +233,6 @@ func odafsOnce(ctx context.Context, r *runner, fm fabric.Fabric) ([][]string, er
 		cpu  time.Duration
 	}
 	modes := []*mode{{name: "request", f: fr}, {name: "optimistic", f: fo}}
-	// The node's CPU time at rest, to tell it from what the reads cost.
-	idle0, err := procCPU(nodePid)
-	if err != nil {
-		return nil, err
-	}
-	idleStart := time.Now()
-	time.Sleep(2 * time.Second)
-	idle1, err := procCPU(nodePid)
-	if err != nil {
-		return nil, err
-	}
-	idleRate := float64(idle1-idle0) / float64(time.Since(idleStart))
-	fmt.Fprintf(r.cfg.Log, "   node at rest: %.1f%% of a core\n", 100*idleRate)
 	// The ways take turns in blocks of ops, each block's node CPU time
 	// read before and after (the kernel counts it in 10 ms ticks).
 	const block = 2500
@@ -182,36 +293,13 @@ func odafsOnce(ctx context.Context, r *runner, fm fabric.Fabric) ([][]string, er
 // (the hit ratio), the misses by request (DAFS, a cache but no
 // references) or optimistically through the node's exported cache
 // (ODAFS); reads per second and the node's CPU per read.
-func odafsPostmark(ctx context.Context, r *runner, fm fabric.Fabric) ([][]string, error) {
-	c, err := startCluster(ctx, &r.cfg, 1, []string{"--fabric", "auto", "--export-cache", "64MiB", "--export-block", "4KiB"})
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	var nodePid int
-	for _, p := range c.nodes {
-		nodePid = p.Pid()
-	}
-	files, reads := 2000, 20000
+func odafsPostmark(ctx context.Context, r *runner, c *procCluster, nodePid int, fm fabric.Fabric, files int) ([][]string, error) {
+	reads := 20000
 	switch {
 	case r.repsGiven > 0:
-		files, reads = 200, r.repsGiven
+		reads = r.repsGiven
 	case r.cfg.Quick:
-		files, reads = 200, 2000
-	}
-	setup, err := sdk.New(sdk.Options{Conf: c.conf, MTU: r.cfg.MTU, Fabric: fm})
-	if err != nil {
-		return nil, err
-	}
-	defer setup.Close()
-	if err := prepare(ctx, setup, "/pm", metaapi.Policy{Replicas: 1, Strategy: plan.Plan{Strategy: plan.Ring}}); err != nil {
-		return nil, err
-	}
-	data := randomData(odafsBlock)
-	for i := range files {
-		if _, err := setup.Put(ctx, fmt.Sprintf("/pm/%d", i), bytes.NewReader(data), 0o644); err != nil {
-			return nil, err
-		}
+		reads = 2000
 	}
 	var rows [][]string
 	fmt.Fprintf(r.cfg.Log, "   postmark, %d files of 4 KiB: %-6s %6s %10s %12s\n", files, "mode", "hits", "reads/s", "node CPU/op")
