@@ -40,3 +40,6 @@ func ForgeRefs(c *Client, forge func(i int, r *odafs.Ref)) int {
 	}
 	return len(all)
 }
+
+// Regions is how many regions c's endpoint has registered.
+func Regions(c *Client) int { return c.bufs.ep.Regions() }

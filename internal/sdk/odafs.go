@@ -76,16 +76,18 @@ func (c *Client) readOptimistic(ctx context.Context, l *metaapi.ChunkLayout, off
 		members[i] = r.Node
 	}
 	var out []byte
+	var region *fabric.Region // the pool's, until handed over in p
 	if dst != nil {
 		out = dst[:n]
 	} else {
-		p.region = c.bufs.get()
-		out = p.region.Bytes()[:n]
+		region = c.bufs.get()
+		out = region.Bytes()[:n]
 	}
 	defer func() {
-		if !ok && p.region != nil {
-			c.bufs.put(p.region)
-			p.region = nil
+		// Not p.region: a return of piece{} has cleared it before this
+		// runs (a buffer leaked per read that fell back, once).
+		if !ok && region != nil {
+			c.bufs.put(region)
 		}
 	}()
 	sp := c.slots.Get().(*[]byte)
@@ -118,7 +120,7 @@ func (c *Client) readOptimistic(ctx context.Context, l *metaapi.ChunkLayout, off
 		clear(out[lo-off+int64(k) : hi-off]) // past the chunk's end
 	}
 	c.odReads.Add(1)
-	p.data, p.off, p.version = out, off, l.Version
+	p.region, p.data, p.off, p.version = region, out, off, l.Version
 	return p, true
 }
 

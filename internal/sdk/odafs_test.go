@@ -253,3 +253,29 @@ func blockReader(t *testing.T, cl *sdk.Client, path string, n, seed int) func(wh
 		}
 	}
 }
+
+// TestODAFSReadsByRequestReturnBuffers: reads that a client with ODAFS
+// settings sends by request (no reference, DAFS mode) give their pooled
+// buffer back (each kept its 4 MiB buffer, registered, until the client
+// closed — the slowdown of request reads in the PostMark run).
+func TestODAFSReadsByRequestReturnBuffers(t *testing.T) {
+	c := startClusterWith(t, cluster.Options{Nodes: 1, ExportCache: 4 << 20, ExportBlock: 4096})
+	ctx := context.Background()
+	cl := newClient(t, c, sdk.Options{ODAFS: &odafs.Options{Entries: -1, CacheBytes: -1}})
+	if _, err := cl.Put(ctx, "/f", bytes.NewReader(make([]byte, 1<<20)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.Open(ctx, "/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for i := range 40 {
+		if _, err := f.ReadAt(buf, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := sdk.Regions(cl); n > 4 {
+		t.Fatalf("after 40 reads by request the client has %d regions registered", n)
+	}
+}
