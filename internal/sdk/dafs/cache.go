@@ -289,7 +289,7 @@ func (c *Cache) ReadAt(ctx context.Context, f *sdk.File, p []byte, off int64) (i
 			ops = append(ops, c.prefetch(f, ahead)...)
 		}
 		c.submit(ops)
-		if len(wait) == 0 {
+		if len(wait) == 0 && idx <= last {
 			if err := c.wait(ctx); err != nil {
 				return 0, fmt.Errorf("dafs cache: waiting for a free block: %w", err)
 			}
