@@ -21,8 +21,8 @@ import (
 // ahead) go in one Submit, hence in one batched request per node.
 //
 // Policy is explicit and the application's:
-//   - read-ahead: on a sequential pattern (a read that starts where the
-//     file's previous read ended) the cache fetches the next ReadAhead
+//   - read-ahead: on a sequential pattern (a read that starts in the
+//     block where the file's previous read ended, or the next) the cache fetches the next ReadAhead
 //     blocks (SetReadAhead per file) along with the read's misses;
 //     WillNeed prefetches a range asynchronously;
 //   - write-behind: writes land in the cache and are written to the
@@ -66,6 +66,7 @@ type Cache struct {
 	free        []int      // free slots
 	files       map[ids.Ino]*fileState
 	dirty       int64 // bytes of dirty blocks (whole blocks)
+	flushing    int64 // of which being written
 	outstanding int   // ops submitted and not reaped
 	reaping     bool
 	reapErr     error // the session's queue failed under the cache
@@ -140,7 +141,7 @@ type block struct {
 // fileState is what the cache knows of a file.
 type fileState struct {
 	size int64 // the end of this cache's writes
-	next int64 // where the last read ended (sequential detection)
+	next int64 // the block after the last read's (sequential detection)
 	ra   int   // read-ahead in blocks, -1 for the default
 }
 
@@ -240,8 +241,10 @@ func (c *Cache) ReadAt(ctx context.Context, f *sdk.File, p []byte, off int64) (i
 	n := min(int64(len(p)), size-off)
 	end := off + n
 	bs := int64(c.bs)
-	seq := off == fs.next
-	fs.next = end
+	// Sequential: the read starts in the last read's last block or the
+	// next one.
+	seq := off/bs == fs.next || off/bs == fs.next-1
+	fs.next = (end-1)/bs + 1
 	var ahead []int64
 	if ra := c.readAhead(fs); seq && ra > 0 {
 		for i := end/bs + min(end%bs, 1); i <= (end-1)/bs+int64(ra) && i*bs < size; i++ {

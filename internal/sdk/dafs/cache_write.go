@@ -1,10 +1,12 @@
 package dafs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/sluicefs/sluice/internal/sdk"
 )
@@ -15,8 +17,8 @@ var ErrDirtyFull = errors.New("dafs cache: dirty bytes at their bound and write-
 
 // WriteAt writes p at off of f into the cache (write-behind): it returns
 // once the bytes are in the cache, visible to this cache's reads. They
-// reach the nodes in a batch when the dirty bytes reach WriteBehind, or
-// on Flush or Sync. A write to part of a block that holds data of the
+// reach the nodes in a batch when the dirty bytes not yet being written
+// reach WriteBehind, or on Flush or Sync. A write to part of a block that holds data of the
 // file and is not cached reads the block first. A writer that would take
 // the dirty bytes past MaxDirty blocks until write-behind makes room;
 // if the blocks in the way failed to be written it gets ErrDirtyFull
@@ -98,7 +100,7 @@ func (c *Cache) WriteAt(ctx context.Context, f *sdk.File, p []byte, off int64) (
 		fs.size = max(fs.size, pos+int64(n))
 		done += n
 	}
-	if c.dirty >= c.opts.WriteBehind {
+	if c.dirty-c.flushing >= c.opts.WriteBehind {
 		c.writeBehind(nil)
 	}
 	return len(p), nil
@@ -123,18 +125,22 @@ func (c *Cache) makeRoom(ctx context.Context) error {
 }
 
 // writeBehind writes the dirty blocks that are not busy and that want
-// (nil: all) in one Submit, and returns them (under c.mu).
-func (c *Cache) writeBehind(want func(*block) bool) []*block {
-	var ops []*Op
+// (nil: all) in one Submit, in file order (under c.mu).
+func (c *Cache) writeBehind(want func(*block) bool) {
 	var bs []*block
 	for _, b := range c.blocks {
 		if b.dirty && !b.flushing && !b.fetching && (want == nil || want(b)) {
-			ops = append(ops, c.writeOp(b))
 			bs = append(bs, b)
 		}
 	}
+	slices.SortFunc(bs, func(a, b *block) int {
+		return cmp.Or(cmp.Compare(a.key.ino, b.key.ino), cmp.Compare(a.key.idx, b.key.idx))
+	})
+	ops := make([]*Op, len(bs))
+	for i, b := range bs {
+		ops[i] = c.writeOp(b)
+	}
 	c.submit(ops)
-	return bs
 }
 
 // Flush writes every dirty block to the nodes in one Submit (retrying
@@ -234,6 +240,7 @@ func (c *Cache) readOp(b *block) *Op {
 // (under c.mu).
 func (c *Cache) writeOp(b *block) *Op {
 	b.flushing = true
+	c.flushing += int64(c.bs)
 	op := WriteAsync(b.f, b.key.idx*int64(c.bs)+int64(b.lo), c.buf, b.slot*c.bs+b.lo, b.hi-b.lo)
 	op.Tag = b
 	return op
@@ -318,6 +325,7 @@ func (c *Cache) complete(cp Completion) {
 		}
 	case Write:
 		b.flushing = false
+		c.flushing -= int64(c.bs)
 		if cp.Err == nil {
 			b.dirty, b.err = false, nil
 			c.dirty -= int64(c.bs)
