@@ -87,8 +87,9 @@ type CacheOptions struct {
 	// WriteBehind is the dirty bytes at which the dirty blocks are
 	// written in one batch. Default MaxDirty/2.
 	WriteBehind int64
-	// MaxDirty bounds the dirty bytes; at most Bytes less one block.
-	// Default Bytes/2.
+	// MaxDirty bounds the dirty bytes: at least a block, at most Bytes
+	// less one block (a clean block is always left for reads). Default
+	// Bytes/2.
 	MaxDirty int64
 }
 
@@ -163,8 +164,8 @@ func NewCache(s *Session, opts CacheOptions) (*Cache, error) {
 	if opts.MaxDirty <= 0 {
 		opts.MaxDirty = max(opts.Bytes/2/bs, 1) * bs
 	}
-	if opts.MaxDirty > opts.Bytes-bs {
-		return nil, fmt.Errorf("dafs cache: MaxDirty %d leaves no clean block in %d", opts.MaxDirty, opts.Bytes)
+	if opts.MaxDirty < bs || opts.MaxDirty > opts.Bytes-bs {
+		return nil, fmt.Errorf("dafs cache: MaxDirty %d is not between a block (%d) and all but one of %d", opts.MaxDirty, bs, opts.Bytes)
 	}
 	if opts.WriteBehind <= 0 {
 		opts.WriteBehind = max(opts.MaxDirty/2, bs)

@@ -133,9 +133,7 @@ func (c *Cache) writeBehind(want func(*block) bool) {
 			bs = append(bs, b)
 		}
 	}
-	slices.SortFunc(bs, func(a, b *block) int {
-		return cmp.Or(cmp.Compare(a.key.ino, b.key.ino), cmp.Compare(a.key.idx, b.key.idx))
-	})
+	sortBlocks(bs)
 	ops := make([]*Op, len(bs))
 	for i, b := range bs {
 		ops[i] = c.writeOp(b)
@@ -158,6 +156,13 @@ func (c *Cache) Sync(ctx context.Context, f *sdk.File) error {
 	return c.flush(ctx, c.inRange(f, 0, 0))
 }
 
+// sortBlocks sorts bs in file order.
+func sortBlocks(bs []*block) {
+	slices.SortFunc(bs, func(a, b *block) int {
+		return cmp.Or(cmp.Compare(a.key.ino, b.key.ino), cmp.Compare(a.key.idx, b.key.idx))
+	})
+}
+
 func (c *Cache) flush(ctx context.Context, want func(*block) bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -167,6 +172,7 @@ func (c *Cache) flush(ctx context.Context, want func(*block) bool) error {
 			set = append(set, b)
 		}
 	}
+	sortBlocks(set)
 	c.writeBehind(want)
 	var errs []error
 	for _, b := range set {
