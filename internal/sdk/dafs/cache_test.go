@@ -359,3 +359,36 @@ func TestCacheMemoryBound(t *testing.T) {
 		t.Fatal("after Flush, another client does not read what was written")
 	}
 }
+
+// TestCacheSmallQueue: a session whose queue is shallower than a
+// read's misses or a flush's dirty blocks: the cache splits its Submits
+// or waits for room, and every byte is right.
+func TestCacheSmallQueue(t *testing.T) {
+	fx := newFixture(t, testChunk)
+	ctx := context.Background()
+	s := dafs.New(fx.cl, dafs.Options{Depth: 3})
+	defer s.Close()
+	c, err := dafs.NewCache(s, dafs.CacheOptions{BlockSize: blk, Bytes: 64 * blk, MaxDirty: 32 * blk, WriteBehind: 32 * blk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WillNeed(fx.f, 20*blk, 8*blk); err != nil {
+		t.Fatal(err)
+	}
+	if got := readCached(t, c, fx.f, 0, 24*blk); !bytes.Equal(got, fx.data[:24*blk]) {
+		t.Fatal("read of 24 blocks through a queue of 3: wrong bytes")
+	}
+	p := bytes.Repeat([]byte("q"), 10*blk)
+	if _, err := c.WriteAt(ctx, fx.f, p, 30*blk); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), fx.data...)
+	copy(want[30*blk:], p)
+	if got := readPlain(t, otherClient(t, fx), "/data"); !bytes.Equal(got, want) {
+		t.Fatal("writes flushed through a queue of 3: wrong bytes")
+	}
+	t.Logf("%+v", c.Stats())
+}
