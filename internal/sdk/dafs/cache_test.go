@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -168,7 +169,8 @@ func readPlain(t *testing.T, cl *sdk.Client, path string) []byte {
 }
 
 // TestCacheWriteBehind: small writes land in the cache, are read back
-// from it at once, go to the nodes in batches (far fewer Submits than
+// from it at once, go to the nodes in batches once WriteBehind bytes are
+// dirty (before the dirty bound, without Flush; far fewer Submits than
 // writes), and after Flush another client reads them.
 func TestCacheWriteBehind(t *testing.T) {
 	fx := newFixture(t, blk)
@@ -192,6 +194,9 @@ func TestCacheWriteBehind(t *testing.T) {
 		if got := readCached(t, c, f, int64(i*size), size); !bytes.Equal(got, p) {
 			t.Fatalf("write %d not read back from the cache", i)
 		}
+		if i == 100 { // 24 blocks dirtied: past WriteBehind, short of MaxDirty
+			eventually(t, "write-behind without Flush", func() bool { return c.Stats().Flushed >= 16 })
+		}
 	}
 	if err := c.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -210,7 +215,8 @@ func TestCacheWriteBehind(t *testing.T) {
 // blocks, the write-behind fails; Flush reports it, the blocks stay
 // dirty (a second Flush reports them again, not lost), a writer at the
 // dirty bound gets ErrDirtyFull rather than blocking, and Discard is
-// the explicit way out.
+// the explicit way out. A failure of write-behind in the background
+// is returned by the next Flush.
 func TestCacheWriteBehindFailure(t *testing.T) {
 	fx := newFixture(t, blk)
 	ctx := context.Background()
@@ -250,6 +256,30 @@ func TestCacheWriteBehindFailure(t *testing.T) {
 	}
 	if st := c.Stats(); st.DirtyBytes != 0 || st.Blocks != 0 {
 		t.Fatalf("after Discard: %+v", st)
+	}
+
+	// The failure in background write-behind (no Flush running) is kept
+	// for the next Flush.
+	f2, err := fx.cl.Create(ctx, "/doomed2", 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, _ := newCache(t, fx, dafs.CacheOptions{BlockSize: blk, Bytes: 64 * blk, WriteBehind: 3 * blk})
+	if _, err := c2.WriteAt(ctx, f2, p[:blk], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.cl.Remove(ctx, "/doomed2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.WriteAt(ctx, f2, p[:2*blk], blk); err != nil { // 3 dirty blocks: write-behind starts
+		t.Fatal(err)
+	}
+	eventually(t, "the background write-behind to fail", func() bool { return c2.Stats().FlushErrors == 3 })
+	if st := c2.Stats(); st.DirtyBytes != 3*blk {
+		t.Fatalf("after the background failure: %+v", st)
+	}
+	if err := c2.Flush(ctx); err == nil || !strings.Contains(err.Error(), "ENOENT") {
+		t.Fatalf("Flush after a failed write-behind: %v", err)
 	}
 }
 
