@@ -5,6 +5,16 @@
 // The core caches nothing: every read goes to a node, and policy
 // (read-ahead, write-behind, eviction) is the application's, on top.
 //
+// Cache is that optional layer, built on Session's public API only: a
+// block cache of the application's block size in a memory bound, over a
+// session of its own, whose arena is registered once so that fetched
+// blocks are placed straight into it. The misses of one read go in one
+// Submit. Policy is explicit: read-ahead on sequential reads and
+// WillNeed hints, write-behind in batches with bounded dirty bytes
+// (errors returned by Flush/Sync, never dropped), DontNeed hints and
+// LRU eviction. It is the application's private cache: it does not see
+// other clients' writes (see Cache for what it guarantees).
+//
 // The reads of one Submit travel as batches: all pieces bound for one
 // node go as one request carrying a descriptor per piece, which the node
 // serves by placing each piece with one-sided WRITEs — into the

@@ -62,3 +62,55 @@ func Example() {
 	// record 0 (8 bytes, err <nil>)
 	// requests: 1 reads: 8
 }
+
+// ExampleCache puts the optional block cache on a session of its own,
+// with the application's policy: read-ahead of 4 blocks on sequential
+// reads, write-behind in batches, and a DontNeed hint.
+func ExampleCache() {
+	dir, _ := os.MkdirTemp("", "sluice-dafs-example-")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	c, err := cluster.Start(ctx, cluster.Options{Dir: dir, Nodes: 3, MetaListen: "127.0.0.1:0"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	conf, _ := c.Conf()
+	cl, err := sdk.New(sdk.Options{Conf: conf})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cl.Close()
+	f, _ := cl.Create(ctx, "/log", 0o644)
+
+	s := dafs.New(cl, dafs.Options{})
+	defer s.Close()
+	cache, err := dafs.NewCache(s, dafs.CacheOptions{BlockSize: 4096, Bytes: 1 << 20, ReadAhead: 4, WriteBehind: 8 * 4096})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for i := range 16 { // lands in the cache; written back 8 blocks at a time
+		cache.WriteAt(ctx, f, []byte(fmt.Sprintf("%-4096s", fmt.Sprintf("record %d", i))), int64(i)*4096)
+	}
+	if err := cache.Flush(ctx); err != nil { // durable on the nodes once nil
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("writes:", cache.Stats().Writes, "submits:", cache.Stats().Submits)
+	cache.DontNeed(f, 0, 0) // drop the file's blocks: reads go to the nodes again
+	p := make([]byte, 8)
+	for i := range 8 { // sequential: blocks ahead are fetched before they are asked for
+		cache.ReadAt(ctx, f, p, int64(i)*4096)
+	}
+	fmt.Printf("%s\n", p)
+	fmt.Println("read ahead, then read:", cache.Stats().PrefetchHits)
+	fmt.Println(cache.Close(ctx))
+	// Output:
+	// writes: 16 submits: 2
+	// record 7
+	// read ahead, then read: 7
+	// <nil>
+}
