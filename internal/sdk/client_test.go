@@ -526,3 +526,40 @@ func TestReadAtIntoCallersBuffer(t *testing.T) {
 		t.Fatal("sparse ReadAt: holes or the short chunk's tail are not zeros")
 	}
 }
+
+// TestConcurrentWriteAtOneFile: WriteAt from several goroutines on one
+// File (as the DAFS session's ops run) is safe: under -race, reading the
+// file's inode number raced with another write's attribute update.
+func TestConcurrentWriteAtOneFile(t *testing.T) {
+	c := startClusterWith(t, cluster.Options{Nodes: 1})
+	ctx := context.Background()
+	cl := newClient(t, c, sdk.Options{})
+	f, err := cl.Create(ctx, "/w", 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b := bytes.Repeat([]byte{byte(g + 1)}, 4096)
+			for i := range 8 {
+				if _, err := f.WriteAt(b, int64(i*4+g)*4096); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	got := make([]byte, 32*4096)
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	for k := range 32 {
+		if got[k*4096] != byte(k%4+1) {
+			t.Fatalf("block %d holds %d, want %d", k, got[k*4096], k%4+1)
+		}
+	}
+}

@@ -72,11 +72,11 @@ func (f *File) Close() error { return nil }
 // Truncate sets the file's size.
 func (f *File) Truncate(ctx context.Context, size int64) error {
 	var resp metaapi.AttrResp
-	err := f.c.meta.Call(ctx, metaapi.OpSetAttr, metaapi.SetAttrReq{Ino: f.attr.Ino, Size: &size, Who: f.c.whoOf(ctx)}, &resp)
+	err := f.c.meta.Call(ctx, metaapi.OpSetAttr, metaapi.SetAttrReq{Ino: f.Attr().Ino, Size: &size, Who: f.c.whoOf(ctx)}, &resp)
 	if err != nil {
 		return pathErr("truncate", f.path, err)
 	}
-	f.c.layouts.drop(f.attr.Ino)
+	f.c.layouts.drop(f.Attr().Ino)
 	f.mu.Lock()
 	f.attr = resp.Attr
 	f.mu.Unlock()
@@ -232,7 +232,7 @@ func (f *File) writeOne(ctx context.Context, p []byte, off int64) (int, metaapi.
 
 func (f *File) commit(ctx context.Context, size int64, versions []metaapi.ChunkVersion) error {
 	var resp metaapi.AttrResp
-	req := metaapi.CommitReq{Ino: f.attr.Ino, Size: size, Chunks: versions, Mtime: time.Now().UnixNano(), Who: f.c.whoOf(ctx)}
+	req := metaapi.CommitReq{Ino: f.Attr().Ino, Size: size, Chunks: versions, Mtime: time.Now().UnixNano(), Who: f.c.whoOf(ctx)}
 	if err := f.c.meta.Call(ctx, metaapi.OpCommit, req, &resp); err != nil {
 		return pathErr("write", f.path, fmt.Errorf("recording the write with meta: %w", err))
 	}
