@@ -194,13 +194,7 @@ func (c *Conn) serveGuarded(id uint64, r *Region, key, off, n, wordOff uint64, a
 	go func() {
 		defer func() { <-c.readSem }()
 		defer c.ep.guardBufs.Put(bp)
-		if err := c.sendStreamLast(KindReadResp, id, buf, false); err != nil {
-			c.fail(err)
-			return
-		}
-		var w [8]byte
-		binary.LittleEndian.PutUint64(w[:], word)
-		if err := c.sendOne(KindReadResp, FlagLast, id, w[:]); err != nil {
+		if err := c.sendRangeWord(id, buf, word); err != nil {
 			c.fail(err)
 		}
 	}()

@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -190,6 +191,32 @@ func (c *Conn) sendStreamLast(kind Kind, id uint64, data []byte, last bool) erro
 			if len(data) == 0 {
 				return c.flush()
 			}
+		}
+		if err := c.flush(); err != nil {
+			return err
+		}
+	}
+}
+
+// sendRangeWord answers an optimistic READ: data, then the 8-byte word
+// as the Last packet — in one writev when they fit one batch (a small
+// read), so the target makes one system call.
+func (c *Conn) sendRangeWord(id uint64, data []byte, word uint64) error {
+	var w [8]byte
+	binary.LittleEndian.PutUint64(w[:], word)
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	for {
+		n := 0
+		for n < maxBatch-1 && len(data) > 0 {
+			chunk := data[:min(len(data), readRespPacket)]
+			data = data[len(chunk):]
+			c.addPacket(n, KindReadResp, 0, id, nil, chunk)
+			n++
+		}
+		if len(data) == 0 {
+			c.addPacket(n, KindReadResp, FlagLast, id, nil, w[:])
+			return c.flush()
 		}
 		if err := c.flush(); err != nil {
 			return err
