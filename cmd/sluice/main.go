@@ -63,7 +63,7 @@ func (a *app) rootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&a.confPath, "conf", "", "client config file (default $"+config.EnvConf+", else ./"+config.DefaultPath+")")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().BoolVar(&a.fabricTLS, "fabric-tls", false, "run the data path (the fabric between clients and nodes and among nodes) over TLS 1.3; nodes and their clients must agree (docs/tls.md)")
-	root.PersistentFlags().StringVar(&a.fabric, "fabric", string(fabric.FabricTCP), "how the data path reaches peers: tcp; auto (shared memory to peers on this host, TCP to others); shm (shared memory only); with --fabric-tls, TCP (docs/fabric.md)")
+	root.PersistentFlags().StringVar(&a.fabric, "fabric", string(fabric.FabricAuto), "how the data path reaches peers: auto (shared memory to peers on this host, TCP to others); tcp; shm (shared memory only); with --fabric-tls, TCP (docs/fabric.md)")
 	root.PersistentFlags().DurationVar(&a.opTimeout, "op-timeout", time.Minute,
 		"how long a command retries while meta cannot be reached (restarting); given explicitly, also before meta first answers (else a wrong address fails in seconds)")
 	root.PersistentFlags().StringVar(&a.cpuProfile, "cpuprofile", "", "write a CPU profile of this command to FILE (for performance work)")
