@@ -172,10 +172,13 @@ func (c *Conn) serveGuarded(id uint64, r *Region, key, off, n, wordOff uint64, a
 	if n > maxGuardedRead {
 		return c.softDenied(id, fmt.Errorf("%w: guarded read of %d bytes, at most %d", ErrBounds, n, maxGuardedRead))
 	}
-	select {
-	case c.readSem <- struct{}{}:
-	default:
-		return c.softDenied(id, errors.New("too many outstanding remote reads"))
+	inline := n <= inlineGuardedRead
+	if !inline {
+		select {
+		case c.readSem <- struct{}{}:
+		default:
+			return c.softDenied(id, errors.New("too many outstanding remote reads"))
+		}
 	}
 	bp, _ := c.ep.guardBufs.Get().(*[]byte)
 	if bp == nil {
@@ -188,8 +191,16 @@ func (c *Conn) serveGuarded(id uint64, r *Region, key, off, n, wordOff uint64, a
 	word, err := r.guard(key, off, wordOff, auth, buf)
 	if err != nil {
 		c.ep.guardBufs.Put(bp)
-		<-c.readSem
+		if !inline {
+			<-c.readSem
+		}
 		return c.softDenied(id, err)
+	}
+	if inline {
+		// Small: answered from the reader, as a refusal is — no
+		// goroutine and no hand-off for the common 4 KiB slot.
+		defer c.ep.guardBufs.Put(bp)
+		return c.sendRangeWord(id, buf, word)
 	}
 	go func() {
 		defer func() { <-c.readSem }()
@@ -200,6 +211,10 @@ func (c *Conn) serveGuarded(id uint64, r *Region, key, off, n, wordOff uint64, a
 	}()
 	return nil
 }
+
+// inlineGuardedRead is the largest guarded read the connection's reader
+// answers itself.
+const inlineGuardedRead = 64<<10 + 4096
 
 // softDenied refuses an optimistic operation: the initiator hears why,
 // and the connection goes on.
