@@ -38,8 +38,9 @@ type shmMems struct {
 // resealed; the initiator checks them before it maps a file.
 const memfdSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
 
-// newMemfd creates a sealed memory file of n bytes (a page multiple).
-func newMemfd(name string, n int) (int, error) {
+// newMemfd creates a memory file of n bytes (a page multiple), sealed
+// unless the caller seals it (seal false: it must then add memfdSeals).
+func newMemfd(name string, n int, seal bool) (int, error) {
 	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return -1, fmt.Errorf("memfd_create: %w", err)
@@ -47,6 +48,9 @@ func newMemfd(name string, n int) (int, error) {
 	if err := unix.Ftruncate(fd, int64(n)); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("sizing memory file: %w", err)
+	}
+	if !seal {
+		return fd, nil
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, memfdSeals); err != nil {
 		unix.Close(fd)
@@ -100,11 +104,20 @@ func pageRound(n int) int {
 // A peer holding a mapping keeps it after Deregister (the fabric's own
 // code no longer touches it: see Deregister), so memory once handed to a
 // peer must not be reused for data that peer may not see: Free it.
-func (e *Endpoint) Alloc(n int) ([]byte, error) {
+func (e *Endpoint) Alloc(n int) ([]byte, error) { return e.alloc(n, false) }
+
+// AllocReadOnly is Alloc of memory peers may only ever read: the file is
+// also sealed against writes by anyone but this mapping
+// (F_SEAL_FUTURE_WRITE), so a peer given it read-only cannot reopen it
+// writable (/proc/self/fd) and change what others are served. Register it
+// RemoteRead only.
+func (e *Endpoint) AllocReadOnly(n int) ([]byte, error) { return e.alloc(n, true) }
+
+func (e *Endpoint) alloc(n int, readOnly bool) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("fabric: allocating %d bytes of shared memory", n)
 	}
-	fd, err := newMemfd("sluice-region", pageRound(n))
+	fd, err := newMemfd("sluice-region", pageRound(n), !readOnly)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: allocating shared memory: %w", err)
 	}
@@ -118,6 +131,15 @@ func (e *Endpoint) Alloc(n int) ([]byte, error) {
 		unix.Close(fd)
 		unix.Close(ro)
 		return nil, fmt.Errorf("fabric: mapping shared memory: %w", err)
+	}
+	if readOnly {
+		// After this mapping: it stays writable, no other can be.
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE|memfdSeals); err != nil {
+			unix.Munmap(mem)
+			unix.Close(fd)
+			unix.Close(ro)
+			return nil, fmt.Errorf("fabric: sealing shared memory read-only: %w", err)
+		}
 	}
 	m := &shmMem{buf: mem[:n], fd: fd, rofd: ro}
 	e.mems.mu.Lock()

@@ -54,7 +54,7 @@ type shmCtl struct {
 }
 
 func newShmCtl() (*shmCtl, error) {
-	fd, err := newMemfd("sluice-ctl", ctlSize)
+	fd, err := newMemfd("sluice-ctl", ctlSize, true)
 	if err != nil {
 		return nil, err
 	}
@@ -102,6 +102,29 @@ func (r *Region) granted() bool {
 	return len(r.grants) > 0
 }
 
+// grantedTo returns the slot of r's grant to connection c, if it has one.
+func (r *Region) grantedTo(c *Conn) (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, g := range r.grants {
+		if g.conn == c {
+			return g.slot, true
+		}
+	}
+	return 0, false
+}
+
+// whileLive runs f under r's lock unless r is revoked.
+func (r *Region) whileLive(f func()) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gone {
+		return false
+	}
+	f()
+	return true
+}
+
 // grantWith records g for r and runs f, unless r is revoked.
 func (r *Region) grantWith(g shmGrant, f func()) bool {
 	r.mu.Lock()
@@ -130,19 +153,23 @@ func (e *Endpoint) releaseGrants(r *Region) {
 	memDone := r.memDone
 	r.memDone = true
 	r.mu.Unlock()
+	// One deadline for them all, and a connection's grace once closed
+	// shared by its grants: a peer holding many grants cannot multiply
+	// the wait.
+	held := time.Now().Add(e.opts.WriteTimeout)
+	closedAt := map[*Conn]time.Time{}
 	for _, g := range gs {
 		_, inUse := ctlSlot(g.ctl.mem, g.slot)
-		held := time.Now().Add(e.opts.WriteTimeout)
-		var closedAt time.Time
 		for d := time.Microsecond; atomic.LoadUint32(inUse) != 0; d = min(2*d, time.Millisecond) {
 			now := time.Now()
-			if closedAt.IsZero() && g.conn.Err() == nil && now.After(held) {
+			at, closed := closedAt[g.conn]
+			if !closed && g.conn.Err() == nil && now.After(held) {
 				g.conn.CloseWithError(errHeld)
 			}
-			if closedAt.IsZero() && g.conn.Err() != nil {
-				closedAt = now
+			if !closed && g.conn.Err() != nil {
+				closedAt[g.conn], at, closed = now, now, true
 			}
-			if !closedAt.IsZero() && now.Sub(closedAt) > time.Second {
+			if closed && now.Sub(at) > time.Second {
 				e.opts.Logger.Warn("fabric: a closed peer still holds a revoked shared region", "peer", g.conn.RemoteAddr())
 				break
 			}
@@ -456,6 +483,24 @@ func (s *shmEnd) grant(key uint64) (a [grantRespSize]byte, fds []int) {
 	}
 	if s.own.next == ctlSlots {
 		return a, nil // out of slots for this connection: packets
+	}
+	// A region already granted on this connection keeps its slot: a
+	// peer asking again and again gets no more slots to hold.
+	if slot, ok := r.grantedTo(s.conn); ok {
+		var dup int
+		if !r.whileLive(func() { dup = s.conn.ep.mems.dup(r.mem, r.perm&RemoteWrite != 0) }) {
+			a[0] = grantNone
+			return a, nil
+		}
+		ctl, err := unix.FcntlInt(uintptr(s.own.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if dup < 0 || err != nil {
+			closeFds([]int{dup, ctl})
+			return a, nil
+		}
+		a[0], a[1] = grantOK, byte(r.perm)
+		binary.LittleEndian.PutUint32(a[4:], uint32(slot))
+		binary.LittleEndian.PutUint64(a[8:], uint64(len(r.buf)))
+		return a, []int{dup, ctl}
 	}
 	g := shmGrant{ctl: s.own, slot: s.own.next, conn: s.conn}
 	s.own.refs.Add(1)

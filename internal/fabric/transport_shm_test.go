@@ -289,7 +289,7 @@ func openFds(t *testing.T) int {
 func TestShmHostileGrants(t *testing.T) {
 	ctx := context.Background()
 	memfd := func(n int) int {
-		fd, err := newMemfd("t", n)
+		fd, err := newMemfd("t", n, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -401,7 +401,7 @@ func TestShmHostileControl(t *testing.T) {
 	for i, send := range []func(uc *net.UnixConn){
 		func(uc *net.UnixConn) { uc.Write(preambleMagic[:]) },
 		func(uc *net.UnixConn) {
-			fd, _ := newMemfd("t", 4096)
+			fd, _ := newMemfd("t", 4096, true)
 			uc.WriteMsgUnix(preambleMagic[:], unix.UnixRights(fd, fd), nil)
 			unix.Close(fd)
 		},
@@ -650,7 +650,7 @@ func FuzzShmGrantAnswer(f *testing.F) {
 			y.Read(q)
 			var fds []int
 			for range nfds % 4 {
-				fd, err := newMemfd("fuzz", int(pages%64+1)*4096)
+				fd, err := newMemfd("fuzz", int(pages%64+1)*4096, true)
 				if err != nil {
 					return
 				}
@@ -865,5 +865,88 @@ func TestShmStalledAndIdlePeers(t *testing.T) {
 	idle.SetReadDeadline(time.Now().Add(20 * time.Second))
 	if _, err := idle.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("idle connection: %v, want it closed (EOF) after the idle timeout", err)
+	}
+}
+
+// TestRepeatedGrantsKeepOneSlot: a peer asking for the same region's
+// memory again and again (a hostile one, forgetting its mapping each
+// time) is given the one grant it has, and holding all of them in use
+// delays Deregister by one WriteTimeout and one grace, not one each
+// (before: a slot per request, and about WriteTimeout + k seconds).
+func TestRepeatedGrantsKeepOneSlot(t *testing.T) {
+	ctx := context.Background()
+	h := make(connOf, 1)
+	srv, _, pc := pair(t, Options{Fabric: FabricShm, WriteTimeout: 200 * time.Millisecond}, h)
+	pc.Send(pc.NewID(), []byte("hi"))
+	<-h
+	mem, err := srv.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := srv.Register(mem, RemoteRead)
+	s := shmEndOf(pc.Conn)
+	const k = 6
+	var holds []*uint32
+	for range k {
+		if err := pc.Read(ctx, r.Key(), 0, make([]byte, 8)); err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Lock()
+		holds = append(holds, s.maps[r.Key()].inUse)
+		delete(s.maps, r.Key()) // ask again
+		s.mu.Unlock()
+	}
+	r.mu.Lock()
+	n := len(r.grants)
+	r.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d grants recorded for one connection's %d requests, want 1", n, k)
+	}
+	for _, p := range holds {
+		atomic.AddUint32(p, 1)
+	}
+	start := time.Now()
+	srv.Deregister(r)
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("Deregister took %v with %d requests of one held connection, want about 1.2 s", d, k)
+	}
+}
+
+// TestAllocReadOnlyStaysReadOnly: a peer given read-only shared memory
+// (AllocReadOnly) cannot make it writable by reopening its descriptor
+// through /proc (memory files are mode 0777): no writable mapping, no
+// write — while the owner's own mapping still writes. (With Alloc the
+// reopened file maps writable and the owner sees the peer's bytes.)
+func TestAllocReadOnlyStaysReadOnly(t *testing.T) {
+	ep, err := NewEndpoint(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	mem, err := ep.AllocReadOnly(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(mem, "node's bytes")
+	ep.mems.mu.Lock()
+	m := ep.mems.m[&mem[0]]
+	ep.mems.mu.Unlock()
+	ro := ep.mems.dup(m, false) // what a read-only grant sends
+	defer unix.Close(ro)
+	rw, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", ro), unix.O_RDWR, 0)
+	if err == nil {
+		defer unix.Close(rw)
+		if w, err := unix.Mmap(rw, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+			copy(w, "PEER WROTE!!")
+			unix.Munmap(w)
+			t.Fatalf("the reopened file mapped writable; the owner now sees %q", mem[:12])
+		}
+		if _, err := unix.Pwrite(rw, []byte("PEER"), 0); err == nil {
+			t.Fatalf("the reopened file took a write; the owner sees %q", mem[:12])
+		}
+	}
+	copy(mem, "still mine")
+	if string(mem[:10]) != "still mine" {
+		t.Fatal("the owner's mapping no longer writes")
 	}
 }

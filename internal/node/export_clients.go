@@ -11,19 +11,28 @@ import (
 	"github.com/sluicefs/sluice/internal/policy"
 )
 
-// Per-client exported caches (issue 19 item 6, over shared memory). A
-// client on the node's host maps what it is granted and copies it with no
+// Per-connection exported caches (issue 19 item 6, over shared memory).
+// A peer on the node's host maps what it is granted and copies it with no
 // check by the node, so a cache it maps must hold nothing it may not
-// read: each such client gets a cache of its own, in shared memory, that
-// only its reads fill (with blocks its capability allowed) and only the
-// connections that showed one of its capabilities may map. A slot lasts
-// until that capability expires; a cache is revoked — its region
+// read: each such connection gets a cache of its own, in shared memory,
+// that only the reads on that connection fill (with blocks their
+// capabilities allowed) and only that connection may map (RegisterFor).
+// Not one per client: a capability is a bearer token, and a peer that
+// once showed any capability naming a client must not see what that
+// client reads later on its own connections. A slot lasts until the
+// capability it was read under expires; a cache is revoked — its region
 // deregistered, the node never writing it again, its memory freed — once
-// all its slots have expired, when the node needs room for another
-// client's, or when the node stops.
+// all its slots have expired or its connection has closed, when the node
+// needs room for another, or when the node stops. A capability with less
+// than minCacheLife left makes no cache (its references would not last).
 
-// maxClientCaches bounds the clients with a cache of their own at once.
+// maxClientCaches bounds the connections with a cache of their own at
+// once.
 const maxClientCaches = 64
+
+// minCacheLife is the least lifetime a capability must have left to make
+// a new cache: caches made and revoked at once would only churn memory.
+const minCacheLife = int64(10 * time.Second)
 
 // DefaultExportClientCache is a client's own cache unless set (at most
 // the node's export cache).
@@ -37,9 +46,10 @@ type clientExports struct {
 	epoch uint64
 	now   func() int64
 
-	mu sync.Mutex
-	m  map[ids.ClientID]*clientCache
-	bg sync.WaitGroup // revocations under way
+	mu      sync.Mutex
+	m       map[*fabric.Conn]*clientCache
+	stopped bool           // no cache is made once the node stops
+	bg      sync.WaitGroup // revocations under way
 }
 
 type clientCache struct {
@@ -58,14 +68,17 @@ type clientCache struct {
 // For implements policy.ClientExports.
 func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (*policy.Export, func()) {
 	cs.mu.Lock()
-	cc := cs.m[client]
+	cc := cs.m[c]
 	if cc == nil {
-		cc = cs.newLocked()
-		if cc == nil {
+		if cs.stopped || until-cs.now() < minCacheLife {
 			cs.mu.Unlock()
 			return nil, nil
 		}
-		cs.m[client] = cc
+		if cc = cs.newLocked(c); cc == nil {
+			cs.mu.Unlock()
+			return nil, nil
+		}
+		cs.m[c] = cc
 	}
 	cs.mu.Unlock()
 	cc.fill.RLock()
@@ -73,27 +86,26 @@ func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (
 		cc.fill.RUnlock()
 		return nil, nil
 	}
-	cc.region.Allow(c)
 	cc.used.Store(cs.now())
 	for u := cc.until.Load(); u < until && !cc.until.CompareAndSwap(u, until); u = cc.until.Load() {
 	}
 	return cc.x, func() { cc.fill.RUnlock() }
 }
 
-// newLocked makes a client's cache, evicting the least recently filled
-// one if there are too many; nil if shared memory cannot be had.
-func (cs *clientExports) newLocked() *clientCache {
+// newLocked makes connection c's cache, evicting the least recently
+// filled one if there are too many; nil if shared memory cannot be had.
+func (cs *clientExports) newLocked(conn *fabric.Conn) *clientCache {
 	if len(cs.m) >= maxClientCaches {
-		var oldest ids.ClientID
+		var oldest *fabric.Conn
 		var at int64 = 1<<63 - 1
-		for id, cc := range cs.m {
+		for k, cc := range cs.m {
 			if u := cc.used.Load(); u < at {
-				oldest, at = id, u
+				oldest, at = k, u
 			}
 		}
 		cs.revokeLocked(oldest)
 	}
-	mem, err := cs.ep.Alloc(cs.size)
+	mem, err := cs.ep.AllocReadOnly(cs.size)
 	if err != nil {
 		return nil
 	}
@@ -102,19 +114,19 @@ func (cs *clientExports) newLocked() *clientCache {
 		cs.ep.Free(mem)
 		return nil
 	}
-	r := cs.ep.RegisterAllowed(mem, fabric.RemoteRead)
+	r := cs.ep.RegisterFor(conn, mem, fabric.RemoteRead)
 	return &clientCache{x: &policy.Export{Cache: c, Region: r.Key(), Epoch: cs.epoch}, region: r, mem: mem}
 }
 
-// revokeLocked revokes client's cache: no fill writes it after this, its
+// revokeLocked revokes conn's cache: no fill writes it after this, its
 // region is refused to everyone, and its memory is freed once no peer is
 // inside a copy of it (in the background: that can take a while).
-func (cs *clientExports) revokeLocked(client ids.ClientID) {
-	cc := cs.m[client]
+func (cs *clientExports) revokeLocked(conn *fabric.Conn) {
+	cc := cs.m[conn]
 	if cc == nil {
 		return
 	}
-	delete(cs.m, client)
+	delete(cs.m, conn)
 	cc.fill.Lock()
 	cc.gone = true
 	cc.fill.Unlock()
@@ -136,14 +148,14 @@ func (cs *clientExports) InvalidateChunk(chunk ids.ChunkID) {
 }
 
 // sweep drops expired slots, and revokes the caches whose every slot has
-// expired.
+// expired or whose connection has closed.
 func (cs *clientExports) sweep() {
 	now := cs.now()
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	for id, cc := range cs.m {
-		if cc.until.Load() < now {
-			cs.revokeLocked(id)
+	for conn, cc := range cs.m {
+		if cc.until.Load() < now || conn.Err() != nil {
+			cs.revokeLocked(conn)
 			continue
 		}
 		cc.x.Cache.Expire(now)
@@ -161,6 +173,7 @@ func (cs *clientExports) run(stop <-chan struct{}, done func()) {
 			cs.sweep()
 		case <-stop:
 			cs.mu.Lock()
+			cs.stopped = true
 			for id := range cs.m {
 				cs.revokeLocked(id)
 			}

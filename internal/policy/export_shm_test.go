@@ -16,12 +16,13 @@ import (
 	"github.com/sluicefs/sluice/internal/wire"
 )
 
-// TestSharedMemoryClientsGetOwnCaches: a client on the node's host (the
-// shared-memory fabric) gets references into a cache of its own, which it
-// reads by copying with no check by the node; another client cannot reach
-// that cache even with its key; and once the capability the blocks were
-// read under expires, the cache is revoked (its key refused for good) and
-// a later read gets a new one.
+// TestSharedMemoryClientsGetOwnCaches: a connection from the node's host
+// (the shared-memory fabric) gets references into a cache of its own,
+// which its peer reads by copying with no check by the node; another
+// connection cannot reach that cache even with its key — not even one
+// that shows a capability of the same client (a bearer token: it must
+// not see what that client reads later); a capability about to expire
+// makes no cache; and once the connection closes, its cache is revoked.
 func TestSharedMemoryClientsGetOwnCaches(t *testing.T) {
 	const eb = 4096
 	e := newExportEnv(t, 1<<20, fabric.FabricShm, 4)
@@ -95,14 +96,13 @@ func TestSharedMemoryClientsGetOwnCaches(t *testing.T) {
 		return err
 	}
 
-	pcA, rA := read(e.pool, 61, mint(1, 61, capability.Read, 1500*time.Millisecond))
+	pcA, rA := read(e.pool, 61, mint(1, 61, capability.Read, time.Minute))
 	if !pcA.Shared() {
 		t.Fatal("the client's connection is not over shared memory")
 	}
 	if err := optimistic(pcA, 61, rA); err != nil {
 		t.Fatalf("client 1 reading its own cache: %v", err)
 	}
-	e.pool.Put(pcA)
 	pcB, rB := read(poolB, 62, mint(2, 62, capability.Read, time.Minute))
 	if rB.Export.Region == rA.Export.Region {
 		t.Fatal("two clients were given the same cache")
@@ -115,30 +115,57 @@ func TestSharedMemoryClientsGetOwnCaches(t *testing.T) {
 	if err := optimistic(pcB, 61, rA); !errors.As(err, &re) || pcB.Err() != nil {
 		t.Fatalf("client 2 reading client 1's cache: %v (connection: %v), want a refusal", err, pcB.Err())
 	}
-	if err := pcB.Read(context.Background(), rA.Export.Region, 0, slot); err == nil {
-		t.Fatal("a plain READ of another client's cache was served")
+	// A peer showing a capability of client 1 on its own connection gets
+	// a cache of its own, not client 1's.
+	_, rX := read(poolB, 61, mint(1, 61, capability.Read, time.Minute))
+	if rX.Export.Region == rA.Export.Region {
+		t.Fatal("a connection showing client 1's capability was given client 1's cache")
 	}
-	poolB.Put(pcB)
-
-	// Client 1's capability expires: its cache is revoked.
+	if err := optimistic(pcB, 61, rA); !errors.As(err, &re) {
+		t.Fatalf("after showing client 1's capability, reading client 1's cache: %v, want a refusal", err)
+	}
+	if err := pcB.Read(context.Background(), rA.Export.Region, 0, slot); err == nil {
+		t.Fatal("a plain READ of another connection's cache was served")
+	}
+	// A capability with seconds left makes no cache.
+	epC, err := fabric.NewEndpoint(fabric.Options{Fabric: fabric.FabricShm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolC := fabric.NewPool(epC, 4)
+	t.Cleanup(func() { poolC.Close(); epC.Close() })
+	hdr, _ := wire.AppendRead(nil, &wire.ReadHeader{Chunk: 61, Len: eb, Cap: mint(3, 61, capability.Read, 3*time.Second)})
+	pcC, err := poolC.Get(context.Background(), n.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := pcC.NewID()
+	ch := pcC.Replies.Expect(id)
+	if err := pcC.Send(id, hdr); err != nil {
+		t.Fatal(err)
+	}
+	if p := <-ch; p == nil {
+		t.Fatal("no reply")
+	} else {
+		var r wire.Reply
+		if err := wire.ParseReply(p.Data, &r); err != nil || r.Status != wire.StatusOK || r.Export.Block != 0 {
+			t.Fatalf("a read under a capability with 3 s left: %v, export %+v; want no references", err, r.Export)
+		}
+		p.Release()
+	}
+	// Client 1's connection closes: its cache is revoked, and its next
+	// connection gets another.
+	pcA.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		pc, err := e.pool.Get(context.Background(), n.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = optimistic(pc, 61, rA)
+		pc, r := read(e.pool, 61, mint(1, 61, capability.Read, time.Minute))
 		e.pool.Put(pc)
-		if errors.As(err, &re) {
+		if r.Export.Region != rA.Export.Region {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("client 1's cache still served 20 s after its capability expired (last: %v)", err)
+			t.Fatal("a closed connection's cache was handed to its client's next connection")
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-	_, rA2 := read(e.pool, 61, mint(1, 61, capability.Read, time.Minute))
-	if rA2.Export.Region == rA.Export.Region {
-		t.Fatal("a revoked cache was handed out again")
 	}
 }
