@@ -88,8 +88,9 @@ type slot struct {
 	until  int64 // Expire drops the slot after it (0: never)
 }
 
-// New makes a cache of the slots that fit in mem, blocks of blockSize
-// (a multiple of 8). Generations start at genBase (rounded up to even):
+// New makes a cache of the slots that fit in mem, which must be zeroed
+// (fresh from make or a new memory file), blocks of blockSize (a
+// multiple of 8). Generations start at genBase (rounded up to even):
 // a node gives a base above any a previous run of it used (its epoch in
 // the high bits), so no generation is ever reused.
 func New(mem []byte, blockSize int, genBase uint64) (*Cache, error) {
@@ -110,9 +111,8 @@ func New(mem []byte, blockSize int, genBase uint64) (*Cache, error) {
 	if c.next == 0 {
 		c.next = 2 // 0 means empty
 	}
-	for i := range c.slots {
-		c.header(uint32(i)).gen().Store(0)
-	}
+	// mem is zeroed (every slot empty) and is not touched here: shared
+	// memory is committed only as blocks fill it.
 	return c, nil
 }
 
@@ -268,6 +268,15 @@ func (c *Cache) Expire(now int64) int {
 		}
 	}
 	return n
+}
+
+// Holds reports whether the slot at off (a slot's offset) holds the fill
+// gen names, without the lock: a quick refusal of stale references
+// before any further work.
+func (c *Cache) Holds(off, gen uint64) bool {
+	size := uint64(HeaderSize + c.blockSize)
+	i := off / size
+	return off%size == 0 && i < uint64(len(c.slots)) && gen&1 == 0 && c.header(uint32(i)).gen().Load() == gen
 }
 
 // ReadSlot serves a guarded optimistic read (one the node serves itself,

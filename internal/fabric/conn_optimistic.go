@@ -169,8 +169,8 @@ func (c *Conn) recvOReadReq(h header) error {
 // serveGuarded answers an optimistic READ of a guarded region: the
 // guard copies the range (or refuses), and the copy is sent.
 func (c *Conn) serveGuarded(id uint64, r *Region, key, off, n, wordOff uint64, auth []byte) error {
-	if n > maxGuardedRead {
-		return c.softDenied(id, fmt.Errorf("%w: guarded read of %d bytes, at most %d", ErrBounds, n, maxGuardedRead))
+	if n > r.guardMax {
+		return c.softDenied(id, fmt.Errorf("%w: guarded read of %d bytes, at most %d", ErrBounds, n, r.guardMax))
 	}
 	inline := n <= inlineGuardedRead
 	if !inline {

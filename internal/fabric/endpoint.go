@@ -260,13 +260,14 @@ func (e *Endpoint) Regions() int {
 	return len(e.regions.m)
 }
 
-// RegisterGuarded registers buf for optimistic READs alone, each admitted
-// by guard (which checks the initiator's authenticator): peers cannot
-// READ or WRITE it with plain one-sided operations, and a shared-memory
-// peer is never given its memory (it reads it by packets, through the
-// guard).
-func (e *Endpoint) RegisterGuarded(buf []byte, guard Guard) *Region {
-	return e.regions.register(&Region{buf: buf, guard: guard})
+// RegisterGuarded registers buf for optimistic READs alone, each of at
+// most maxRead bytes (larger ones are refused before any buffer is
+// taken) and admitted by guard (which checks the initiator's
+// authenticator): peers cannot READ or WRITE it with plain one-sided
+// operations, and a shared-memory peer is never given its memory (it
+// reads it by packets, through the guard).
+func (e *Endpoint) RegisterGuarded(buf []byte, maxRead int, guard Guard) *Region {
+	return e.regions.register(&Region{buf: buf, guard: guard, guardMax: uint64(min(maxRead, maxGuardedRead))})
 }
 
 // RegisterFor registers buf for the peer of connection c alone: other

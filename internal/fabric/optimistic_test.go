@@ -92,7 +92,7 @@ func TestReadOptimisticGuarded(t *testing.T) {
 		binary.LittleEndian.PutUint64(mem[64:], 42)
 		var calls atomic.Int32 // the guard runs on the target's goroutine
 		var lie atomic.Bool
-		r := srv.RegisterGuarded(mem, func(key, off, wordOff uint64, auth, dst []byte) (uint64, error) {
+		r := srv.RegisterGuarded(mem, 4096, func(key, off, wordOff uint64, auth, dst []byte) (uint64, error) {
 			calls.Add(1)
 			if string(auth) != "let me in" {
 				return 0, errors.New("bad authenticator")
@@ -121,7 +121,10 @@ func TestReadOptimisticGuarded(t *testing.T) {
 		if _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 64, make([]byte, MaxAuth+1)); !errors.As(err, &re) {
 			t.Fatalf("oversized authenticator: %v", err)
 		}
-		if calls.Load() != 3 {
+		if _, err := pc.ReadOptimistic(ctx, r.Key(), 0, make([]byte, 4097), 4096, []byte("let me in")); !errors.As(err, &re) {
+			t.Fatalf("a read past the region's largest: %v, want a refusal", err)
+		}
+		if calls.Load() != 3 { // the one past the largest never reached the guard
 			t.Fatalf("the guard saw %d reads, want 3: the target serves each itself", calls.Load())
 		}
 		if pc.Err() != nil {

@@ -34,8 +34,9 @@ type Region struct {
 	// guard, if set, admits each optimistic READ (RegisterGuarded); the
 	// region then allows no plain one-sided operation and is never
 	// mapped by a shared-memory peer.
-	guard Guard
-	conn  *Conn // if set, the only connection that may access it
+	guard    Guard
+	guardMax uint64 // the largest read guard is asked to serve
+	conn     *Conn  // if set, the only connection that may access it
 	// mem is the shared memory buf is, if an Alloc whole: a
 	// shared-memory peer is granted it to copy itself (shm_direct.go).
 	mem *shmMem

@@ -55,7 +55,7 @@ func (n *Node) startExport() error {
 	x := &policy.Export{Cache: c, Epoch: binary.LittleEndian.Uint64(rnd[:]) | 1, Secret: rnd[8:],
 		Replays: regionmac.NewVerifier(policy.ReplayWindow, policy.MaxReplayTags),
 		Now:     func() int64 { return time.Now().UnixNano() }}
-	x.Region = n.ep.RegisterGuarded(arena, x.Guard).Key()
+	x.Region = n.ep.RegisterGuarded(arena, expcache.HeaderSize+bs, x.Guard).Key()
 	if cs := n.opts.ExportClientCache; cs >= 0 {
 		if cs == 0 {
 			cs = min(DefaultExportClientCache, size)

@@ -79,6 +79,12 @@ func (e *Export) Guard(key, off, wordOff uint64, auth, dst []byte) (uint64, erro
 	if err != nil {
 		return 0, err
 	}
+	// A stale reference is refused before its tag is remembered: tags
+	// of references that no longer open anything cannot fill the
+	// replay window.
+	if !e.Cache.Holds(off, a.Gen) {
+		return 0, fmt.Errorf("export: stale: slot at %d does not hold generation %d", off, a.Gen)
+	}
 	k := regionmac.RefKey(e.Secret, key, off, a.Gen)
 	if len(dst) > 1<<32-1 {
 		return 0, fmt.Errorf("export: read of %d bytes", len(dst))
@@ -137,7 +143,10 @@ func (x *reader) exportRefs(sp *span, conn *fabric.Conn, cp *capability.Capabili
 			break
 		}
 		r, ok := e.Cache.Get(sp.chunk, uint64(b), sp.info.Version)
-		if !ok || r.Version != sp.info.Version {
+		if ok && r.Version > sp.info.Version {
+			break // a newer read filled it: this one's bytes are old
+		}
+		if !ok {
 			var err error
 			if r, err = e.Cache.Fill(sp.chunk, uint64(b), sp.info.Version, sp.first[blo-sp.start:bhi-sp.start]); err != nil {
 				break
@@ -149,6 +158,14 @@ func (x *reader) exportRefs(sp *span, conn *fabric.Conn, cp *capability.Capabili
 		list = append(list, wire.ExportRef{Slot: r.Slot, Gen: r.Gen, Key: e.RefKey(r.Slot, r.Gen)})
 	}
 	if len(list) == 0 {
+		return wire.Export{}
+	}
+	// A commit after this read's view dropped the chunk's blocks (the
+	// store's OnChange) perhaps before they were filled: if the chunk has
+	// moved on, drop them again. The store's index shows a commit before
+	// its OnChange runs, so one of the two drops follows the fills.
+	if info, err := x.d.Store.Stat(sp.chunk); err != nil || info.Version != sp.info.Version {
+		e.Cache.InvalidateChunk(sp.chunk)
 		return wire.Export{}
 	}
 	return wire.Export{Epoch: e.Epoch, Region: e.Region, Block: uint32(eb), First: uint64(first), List: list}

@@ -121,3 +121,21 @@ func TestSignIsHMAC(t *testing.T) {
 		t.Errorf("Sign allocates %v times", a)
 	}
 }
+
+// TestFutureTimestamps: a tag may be dated up to the window in the past
+// but only a quarter of it ahead (a tag dated ahead stays remembered
+// longer: a peer could fill the window with them).
+func TestFutureTimestamps(t *testing.T) {
+	const now = int64(1_000_000_000_000)
+	v := NewVerifier(2*time.Second, 100)
+	for _, c := range []struct {
+		ahead time.Duration
+		ok    bool
+	}{{400 * time.Millisecond, true}, {600 * time.Millisecond, false}, {-1900 * time.Millisecond, true}, {-2100 * time.Millisecond, false}} {
+		op := Op{Region: 1, Off: uint64(c.ahead), Len: 1, Time: now + int64(c.ahead)}
+		err := v.Verify(secret, op, Sign(secret, op), now)
+		if (err == nil) != c.ok {
+			t.Errorf("dated %v ahead: %v, want ok %v", c.ahead, err, c.ok)
+		}
+	}
+}
