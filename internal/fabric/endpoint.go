@@ -270,6 +270,14 @@ func (e *Endpoint) RegisterGuarded(buf []byte, maxRead int, guard Guard) *Region
 	return e.regions.register(&Region{buf: buf, guard: guard, guardMax: uint64(min(maxRead, maxGuardedRead))})
 }
 
+// RegisterAllowed registers buf for the connections later passed to the
+// region's Allow alone; others are refused it even with its key. A
+// storage node gives each peer process on its host a region of its own
+// this way, allowing that process's connections.
+func (e *Endpoint) RegisterAllowed(buf []byte, perm Perm) *Region {
+	return e.regions.register(&Region{buf: buf, perm: perm, mem: e.mems.lookup(buf), restricted: true, allowed: map[*Conn]struct{}{}})
+}
+
 // RegisterFor registers buf for the peer of connection c alone: other
 // connections of the endpoint are refused it even with its key (as an
 // RDMA memory window bound to one queue pair).

@@ -135,3 +135,44 @@ func TestReadOptimisticGuarded(t *testing.T) {
 		}
 	})
 }
+// TestRegisterAllowed: a region registered for allowed connections is
+// refused to every other connection even with its key — by packets and,
+// over shared memory, for a mapping — and served to a connection once
+// allowed (over shared memory by the initiator's own copy).
+func TestRegisterAllowed(t *testing.T) {
+	backends(t, func(t *testing.T, tr transport) {
+		ctx := context.Background()
+		conns := make(connOf, 2)
+		srv, cli, pc := pair(t, Options{transport: tr}, conns)
+		mem := regBuf(t, tr, srv, 4096)
+		for i := range mem {
+			mem[i] = byte(i)
+		}
+		r := srv.RegisterAllowed(mem, RemoteRead)
+		// A message makes the server see the connection.
+		if err := pc.Send(1, []byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		sc := <-conns
+		got := make([]byte, 100)
+		var re *RemoteError
+		if _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 0, nil); !errors.As(err, &re) {
+			t.Fatalf("before Allow: %v, want a refusal", err)
+		}
+		r.Allow(sc)
+		if _, err := pc.ReadOptimistic(ctx, r.Key(), 0, got, 0, nil); err != nil || !bytes.Equal(got, mem[:100]) {
+			t.Fatalf("after Allow: %v", err)
+		}
+		if sc.Shared() != (tr != nil) {
+			t.Fatalf("Shared() = %v over %T", sc.Shared(), tr)
+		}
+		// Another connection of the same peer endpoint is not allowed.
+		other, err := NewPool(cli, 4).Get(ctx, pc.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.ReadOptimistic(ctx, r.Key(), 0, got, 0, nil); !errors.As(err, &re) {
+			t.Fatalf("a connection not allowed: %v, want a refusal", err)
+		}
+	})
+}

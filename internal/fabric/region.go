@@ -37,6 +37,10 @@ type Region struct {
 	guard    Guard
 	guardMax uint64 // the largest read guard is asked to serve
 	conn     *Conn  // if set, the only connection that may access it
+	// restricted: only the connections in allowed may access it
+	// (RegisterAllowed); allowed is guarded by mu.
+	restricted bool
+	allowed    map[*Conn]struct{}
 	// mem is the shared memory buf is, if an Alloc whole: a
 	// shared-memory peer is granted it to copy itself (shm_direct.go).
 	mem *shmMem
@@ -119,8 +123,47 @@ func (r *Region) revoke(idle func()) {
 	}
 }
 
+// Allow lets connection c access a region registered with
+// RegisterAllowed (and forgets connections that have closed).
+func (r *Region) Allow(c *Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.allowed[c]; ok {
+		return
+	}
+	for o := range r.allowed {
+		if o.Err() != nil {
+			delete(r.allowed, o)
+		}
+	}
+	r.allowed[c] = struct{}{}
+}
+
+// Allowed reports whether any connection allowed is still open.
+func (r *Region) Allowed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for o := range r.allowed {
+		if o.Err() == nil {
+			return true
+		}
+	}
+	return false
+}
+
 // sees reports whether connection c may see the region.
-func (r *Region) sees(c *Conn) bool { return r.conn == nil || r.conn == c }
+func (r *Region) sees(c *Conn) bool {
+	if r.conn != nil && r.conn != c {
+		return false
+	}
+	if !r.restricted {
+		return true
+	}
+	r.mu.Lock()
+	_, ok := r.allowed[c]
+	r.mu.Unlock()
+	return ok
+}
 
 // Key names the region to peers.
 func (r *Region) Key() uint64 { return r.key }

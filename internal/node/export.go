@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/sluicefs/sluice/internal/expcache"
-	"github.com/sluicefs/sluice/internal/fabric"
 	"github.com/sluicefs/sluice/internal/ids"
 	"github.com/sluicefs/sluice/internal/policy"
 	"github.com/sluicefs/sluice/internal/regionmac"
@@ -66,7 +65,7 @@ func (n *Node) startExport() error {
 		if cs < int64(expcache.HeaderSize+bs) {
 			return fmt.Errorf("node: a client's export cache of %d bytes holds no %d-byte block", cs, bs)
 		}
-		ce := &clientExports{ep: n.ep, size: int(cs), block: bs, epoch: x.Epoch, now: x.Now, m: map[*fabric.Conn]*clientCache{}}
+		ce := &clientExports{ep: n.ep, size: int(cs), block: bs, epoch: x.Epoch, now: x.Now, m: map[string]*clientCache{}}
 		x.Clients = ce
 		n.exportStop = make(chan struct{})
 		n.wg.Add(1)

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,22 +12,25 @@ import (
 	"github.com/sluicefs/sluice/internal/policy"
 )
 
-// Per-connection exported caches (issue 19 item 6, over shared memory).
-// A peer on the node's host maps what it is granted and copies it with no
+// Per-process exported caches (issue 19 item 6, over shared memory). A
+// peer on the node's host maps what it is granted and copies it with no
 // check by the node, so a cache it maps must hold nothing it may not
-// read: each such connection gets a cache of its own, in shared memory,
-// that only the reads on that connection fill (with blocks their
-// capabilities allowed) and only that connection may map (RegisterFor).
-// Not one per client: a capability is a bearer token, and a peer that
-// once showed any capability naming a client must not see what that
-// client reads later on its own connections. A slot lasts until the
-// capability it was read under expires; a cache is revoked — its region
-// deregistered, the node never writing it again, its memory freed — once
-// all its slots have expired or its connection has closed, when the node
+// read: each peer process (as the kernel names it, SO_PEERCRED: the
+// connection's remote address "shm:pid=N") gets a cache of its own, in
+// shared memory, that only the reads on that process's connections fill
+// (with blocks their capabilities allowed) and only those connections
+// may map (RegisterAllowed). Not one per client: a capability is a bearer
+// token, and another process that once showed one naming a client must
+// not see what that client reads later. Not one per connection: a
+// client's pool has several, and a reference learnt on one is read on
+// another. A slot lasts until the capability it was read under expires;
+// a cache is revoked — its region deregistered, the node never writing
+// it again, its memory freed — once all its slots have expired or all
+// its connections have closed (so a reused pid finds none), when the node
 // needs room for another, or when the node stops. A capability with less
 // than minCacheLife left makes no cache (its references would not last).
 
-// maxClientCaches bounds the connections with a cache of their own at
+// maxClientCaches bounds the peer processes with a cache of their own at
 // once.
 const maxClientCaches = 64
 
@@ -47,9 +51,9 @@ type clientExports struct {
 	now   func() int64
 
 	mu      sync.Mutex
-	m       map[*fabric.Conn]*clientCache
-	stopped bool           // no cache is made once the node stops
-	bg      sync.WaitGroup // revocations under way
+	m       map[string]*clientCache // by peer process
+	stopped bool                    // no cache is made once the node stops
+	bg      sync.WaitGroup          // revocations under way
 }
 
 type clientCache struct {
@@ -67,19 +71,24 @@ type clientCache struct {
 
 // For implements policy.ClientExports.
 func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (*policy.Export, func()) {
+	peer := c.RemoteAddr().String()
+	if !strings.HasPrefix(peer, "shm:pid=") {
+		return nil, nil // no process to tell apart: no cache
+	}
 	cs.mu.Lock()
-	cc := cs.m[c]
+	cc := cs.m[peer]
 	if cc == nil {
 		if cs.stopped || until-cs.now() < minCacheLife {
 			cs.mu.Unlock()
 			return nil, nil
 		}
-		if cc = cs.newLocked(c); cc == nil {
+		if cc = cs.newLocked(); cc == nil {
 			cs.mu.Unlock()
 			return nil, nil
 		}
-		cs.m[c] = cc
+		cs.m[peer] = cc
 	}
+	cc.region.Allow(c) // before the sweep can find it with none allowed
 	cs.mu.Unlock()
 	cc.fill.RLock()
 	if cc.gone {
@@ -92,11 +101,11 @@ func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (
 	return cc.x, func() { cc.fill.RUnlock() }
 }
 
-// newLocked makes connection c's cache, evicting the least recently
+// newLocked makes a peer process's cache, evicting the least recently
 // filled one if there are too many; nil if shared memory cannot be had.
-func (cs *clientExports) newLocked(conn *fabric.Conn) *clientCache {
+func (cs *clientExports) newLocked() *clientCache {
 	if len(cs.m) >= maxClientCaches {
-		var oldest *fabric.Conn
+		var oldest string
 		var at int64 = 1<<63 - 1
 		for k, cc := range cs.m {
 			if u := cc.used.Load(); u < at {
@@ -114,19 +123,19 @@ func (cs *clientExports) newLocked(conn *fabric.Conn) *clientCache {
 		cs.ep.Free(mem)
 		return nil
 	}
-	r := cs.ep.RegisterFor(conn, mem, fabric.RemoteRead)
+	r := cs.ep.RegisterAllowed(mem, fabric.RemoteRead)
 	return &clientCache{x: &policy.Export{Cache: c, Region: r.Key(), Epoch: cs.epoch}, region: r, mem: mem}
 }
 
-// revokeLocked revokes conn's cache: no fill writes it after this, its
+// revokeLocked revokes peer's cache: no fill writes it after this, its
 // region is refused to everyone, and its memory is freed once no peer is
 // inside a copy of it (in the background: that can take a while).
-func (cs *clientExports) revokeLocked(conn *fabric.Conn) {
-	cc := cs.m[conn]
+func (cs *clientExports) revokeLocked(peer string) {
+	cc := cs.m[peer]
 	if cc == nil {
 		return
 	}
-	delete(cs.m, conn)
+	delete(cs.m, peer)
 	cc.fill.Lock()
 	cc.gone = true
 	cc.fill.Unlock()
@@ -153,9 +162,9 @@ func (cs *clientExports) sweep() {
 	now := cs.now()
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	for conn, cc := range cs.m {
-		if cc.until.Load() < now || conn.Err() != nil {
-			cs.revokeLocked(conn)
+	for peer, cc := range cs.m {
+		if cc.until.Load() < now || !cc.region.Allowed() {
+			cs.revokeLocked(peer)
 			continue
 		}
 		cc.x.Cache.Expire(now)
