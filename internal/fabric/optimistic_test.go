@@ -135,6 +135,7 @@ func TestReadOptimisticGuarded(t *testing.T) {
 		}
 	})
 }
+
 // TestRegisterAllowed: a region registered for allowed connections is
 // refused to every other connection even with its key — by packets and,
 // over shared memory, for a mapping — and served to a connection once
