@@ -21,9 +21,9 @@ type exportFlags struct{ cache, block, client sizeFlag }
 
 func (f *exportFlags) add(cmd *cobra.Command) {
 	f.block = node.DefaultExportBlock
-	cmd.Flags().Var(&f.cache, "export-cache", "memory for the exported cache, which clients read small blocks from with one-sided operations and no request (0: none; e.g. 64MiB). Each optimistic read over a network is checked against the reference's key; each connection from this host gets a cache of its own (--export-client-cache); docs/architecture.md#optimistic-reads-odafs")
+	cmd.Flags().Var(&f.cache, "export-cache", "memory for the exported cache, which clients read small blocks from with one-sided operations and no request (0: none; e.g. 64MiB). Each optimistic read over a network is checked against the reference's key; each process on this host gets a cache of its own (--export-client-cache); docs/architecture.md#optimistic-reads-odafs")
 	cmd.Flags().Var(&f.block, "export-block", "the exported cache's block size (a power of two, 512 bytes to 1MiB)")
-	cmd.Flags().Var(&f.client, "export-client-cache", "with --export-cache: memory for the cache of its own each connection from this host (over shared memory) gets (default 16MiB, at most --export-cache; up to 64 connections, pages used only as blocks fill them)")
+	cmd.Flags().Var(&f.client, "export-client-cache", "with --export-cache: memory for the cache of its own each process on this host reaching the node over shared memory gets (default 16MiB, at most --export-cache; up to 64 processes, pages used only as blocks fill them)")
 }
 
 // odafsFlags turn on a front end's optimistic reads of the nodes'
