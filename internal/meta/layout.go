@@ -207,7 +207,11 @@ func (s *Service) layout(client ids.ClientID, req metaapi.LayoutReq, valid func(
 	}
 	if req.Write {
 		for _, c := range p.chunks {
-			if c.rec.Reconciling {
+			// Reconciling, or queued to be because a write failed on it
+			// (a write retried before meta's worker takes the job up
+			// would fail again on the same members, and the writer's
+			// fail-overs run out — seen on a loaded machine).
+			if c.rec.Reconciling || s.repairs.failoverPending(chunkRef{p.attr.Ino, c.index}) {
 				// Its members are being fenced and made whole; a write
 				// planned now would be refused. The client retries,
 				// unless the repair is stuck.

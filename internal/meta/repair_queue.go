@@ -134,6 +134,16 @@ func (q *repairQueue) add(ref chunkRef, margin int, failover bool) {
 	q.poke()
 }
 
+// failoverPending reports whether ref is queued (or running) for a
+// reconciliation a writer's failure asked for: a write layout planned
+// before it runs would fail again on the same members.
+func (q *repairQueue) failoverPending(ref chunkRef) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[ref]
+	return j != nil && j.failover
+}
+
 // nodeBack makes every queued job due now, with its failures forgotten:
 // a node joined or came back up, so a member that did not answer may,
 // and a lost one may find a place. Writers waiting for a chunk wait for
