@@ -129,3 +129,27 @@ func TestWaitingForNodesAfterRestart(t *testing.T) {
 		t.Fatalf("past the node timeout, still waiting: %+v", w)
 	}
 }
+
+// TestWriteLayoutWaitsForFailover: once a writer's failure has queued a
+// chunk for reconciliation, write layouts of it answer EAGAIN until the
+// job is done — before, they handed out the same members at once, and a
+// writer retrying faster than meta's worker ran out of fail-overs. Read
+// layouts are not held up, nor are other jobs' (the repair scan's).
+func TestWriteLayoutWaitsForFailover(t *testing.T) {
+	f := newFixture(t)
+	f.addNodes(3)
+	f.tree("/a")
+	f.layout("/a", 0, 1, true)
+	ref := chunkRef{f.ino("/a"), 0}
+	f.s.repairs.add(ref, 0, false) // the scan's: writes go on
+	f.layout("/a", 0, 1, true)
+	f.s.repairs.add(ref, 0, true) // a writer's failure
+	_, err := f.s.Layout(7, metaapi.LayoutReq{Ino: f.ino("/a"), Off: 0, Len: 1, Write: true, Who: root})
+	if !metaapi.IsCode(err, metaapi.EAGAIN) {
+		t.Fatalf("write layout with a fail-over queued: %v, want EAGAIN", err)
+	}
+	f.layout("/a", 0, 1, false)
+	j := f.s.repairs.next(f.clk.Now())
+	f.s.finishJob(j, true, 0, nil)
+	f.layout("/a", 0, 1, true)
+}
