@@ -230,6 +230,14 @@ func (c *Conn) active() {
 // RemoteAddr is the peer's address.
 func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
+// PeerProcess is the process at the other end of a connection accepted
+// over shared memory, as the kernel reports it (SO_PEERCRED); false for
+// any other connection.
+func (c *Conn) PeerProcess() (pid int32, ok bool) {
+	p, ok := c.remote.(shmPeer)
+	return p.pid, ok
+}
+
 // Done is closed when the connection has failed or been closed.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 

@@ -191,6 +191,13 @@ type shmAddr string
 func (a shmAddr) Network() string { return "unix" }
 func (a shmAddr) String() string  { return string(a) }
 
+// shmPeer names the process at the other end of an accepted shared-memory
+// link, as the kernel reports it (SO_PEERCRED).
+type shmPeer struct{ pid int32 }
+
+func (a shmPeer) Network() string { return "unix" }
+func (a shmPeer) String() string  { return fmt.Sprintf("shm:pid=%d", a.pid) }
+
 // peerAddr names the process at the other end of uc (SO_PEERCRED).
 func peerAddr(uc *net.UnixConn) net.Addr {
 	rc, err := uc.SyscallConn()
@@ -202,7 +209,7 @@ func peerAddr(uc *net.UnixConn) net.Addr {
 	if cred == nil {
 		return nil
 	}
-	return shmAddr(fmt.Sprintf("shm:pid=%d", cred.Pid))
+	return shmPeer{cred.Pid}
 }
 
 // readPreamble reads a dialer's preamble: the magic and its two control

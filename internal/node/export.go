@@ -65,7 +65,7 @@ func (n *Node) startExport() error {
 		if cs < int64(expcache.HeaderSize+bs) {
 			return fmt.Errorf("node: a client's export cache of %d bytes holds no %d-byte block", cs, bs)
 		}
-		ce := &clientExports{ep: n.ep, size: int(cs), block: bs, epoch: x.Epoch, now: x.Now, m: map[string]*clientCache{}}
+		ce := &clientExports{ep: n.ep, size: int(cs), block: bs, epoch: x.Epoch, now: x.Now, m: map[int32]*clientCache{}}
 		x.Clients = ce
 		n.exportStop = make(chan struct{})
 		n.wg.Add(1)

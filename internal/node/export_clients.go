@@ -1,7 +1,6 @@
 package node
 
 import (
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +15,7 @@ import (
 // peer on the node's host maps what it is granted and copies it with no
 // check by the node, so a cache it maps must hold nothing it may not
 // read: each peer process (as the kernel names it, SO_PEERCRED: the
-// connection's remote address "shm:pid=N") gets a cache of its own, in
+// fabric.Conn.PeerProcess) gets a cache of its own, in
 // shared memory, that only the reads on that process's connections fill
 // (with blocks their capabilities allowed) and only those connections
 // may map (RegisterAllowed). Not one per client: a capability is a bearer
@@ -51,9 +50,9 @@ type clientExports struct {
 	now   func() int64
 
 	mu      sync.Mutex
-	m       map[string]*clientCache // by peer process
-	stopped bool                    // no cache is made once the node stops
-	bg      sync.WaitGroup          // revocations under way
+	m       map[int32]*clientCache // by peer process
+	stopped bool                   // no cache is made once the node stops
+	bg      sync.WaitGroup         // revocations under way
 }
 
 type clientCache struct {
@@ -70,9 +69,9 @@ type clientCache struct {
 }
 
 // For implements policy.ClientExports.
-func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (*policy.Export, func()) {
-	peer := c.RemoteAddr().String()
-	if !strings.HasPrefix(peer, "shm:pid=") {
+func (cs *clientExports) For(c *fabric.Conn, until int64) (*policy.Export, func()) {
+	peer, ok := c.PeerProcess()
+	if !ok {
 		return nil, nil // no process to tell apart: no cache
 	}
 	cs.mu.Lock()
@@ -88,7 +87,10 @@ func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (
 		}
 		cs.m[peer] = cc
 	}
-	cc.region.Allow(c) // before the sweep can find it with none allowed
+	// Before the sweep can see it: a connection allowed, and a lifetime.
+	cc.region.Allow(c)
+	for u := cc.until.Load(); u < until && !cc.until.CompareAndSwap(u, until); u = cc.until.Load() {
+	}
 	cs.mu.Unlock()
 	cc.fill.RLock()
 	if cc.gone {
@@ -96,8 +98,6 @@ func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (
 		return nil, nil
 	}
 	cc.used.Store(cs.now())
-	for u := cc.until.Load(); u < until && !cc.until.CompareAndSwap(u, until); u = cc.until.Load() {
-	}
 	return cc.x, func() { cc.fill.RUnlock() }
 }
 
@@ -105,7 +105,7 @@ func (cs *clientExports) For(client ids.ClientID, c *fabric.Conn, until int64) (
 // filled one if there are too many; nil if shared memory cannot be had.
 func (cs *clientExports) newLocked() *clientCache {
 	if len(cs.m) >= maxClientCaches {
-		var oldest string
+		var oldest int32
 		var at int64 = 1<<63 - 1
 		for k, cc := range cs.m {
 			if u := cc.used.Load(); u < at {
@@ -130,7 +130,7 @@ func (cs *clientExports) newLocked() *clientCache {
 // revokeLocked revokes peer's cache: no fill writes it after this, its
 // region is refused to everyone, and its memory is freed once no peer is
 // inside a copy of it (in the background: that can take a while).
-func (cs *clientExports) revokeLocked(peer string) {
+func (cs *clientExports) revokeLocked(peer int32) {
 	cc := cs.m[peer]
 	if cc == nil {
 		return

@@ -36,21 +36,22 @@ type Export struct {
 	Replays *regionmac.Verifier
 	// Now is the node's clock (Unix nanoseconds).
 	Now func() int64
-	// Clients, if set, gives each client on the node's host a cache of
-	// its own in shared memory (the thesis' zero-CPU case): the client
-	// maps it and reads its slots with no work by the node, and since
-	// only blocks that client was allowed to read are ever put in it, it
-	// needs no per-read check. Nil in a client's own Export.
+	// Clients, if set, gives each process on the node's host a cache of
+	// its own in shared memory (the thesis' zero-CPU case): it maps it
+	// and reads its slots with no work by the node, and since only
+	// blocks that process's reads were allowed are ever put in it, it
+	// needs no per-read check. Nil in a process's own Export.
 	Clients ClientExports
 }
 
-// ClientExports are per-client exported caches in shared memory.
+// ClientExports are the exported caches in shared memory of the peers on
+// the node's host, one per peer process.
 type ClientExports interface {
-	// For returns client's cache (made if need be), with connection c
-	// allowed to map it, to be filled under a capability good until
+	// For returns the cache of connection c's peer (made if need be),
+	// with c allowed to map it, to be filled under a capability good until
 	// (Unix nanoseconds), and done, to call once the caller has filled
 	// it; nil if it has none. Until done the cache is not revoked.
-	For(client ids.ClientID, c *fabric.Conn, until int64) (x *Export, done func())
+	For(c *fabric.Conn, until int64) (x *Export, done func())
 	// InvalidateChunk drops chunk's blocks from every client's cache.
 	InvalidateChunk(chunk ids.ChunkID)
 }
@@ -111,7 +112,7 @@ func (x *reader) exportRefs(sp *span, conn *fabric.Conn, cp *capability.Capabili
 	}
 	var until int64
 	if e.Clients != nil && conn.Shared() {
-		ce, done := e.Clients.For(cp.Client, conn, cp.Expiry)
+		ce, done := e.Clients.For(conn, cp.Expiry)
 		if ce == nil {
 			return wire.Export{}
 		}
