@@ -100,18 +100,11 @@ type Verifier struct {
 }
 
 // NewVerifier returns a verifier accepting timestamps up to window behind
-// its clock and a quarter of it ahead, remembering at most max tags (an operation that
-// would need more is refused with ErrBusy: memory stays bounded whatever
-// peers send).
-func NewVerifier(window time.Duration, max int) *Verifier {
-	return &Verifier{window: window, span: max64(int64(window)/10, 1), max: max, buckets: map[int64]map[Tag]struct{}{}}
-}
-
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
+// its clock and a quarter of it ahead, remembering at most limit tags (an
+// operation that would need more is refused with ErrBusy: memory stays
+// bounded whatever peers send).
+func NewVerifier(window time.Duration, limit int) *Verifier {
+	return &Verifier{window: window, span: max(int64(window)/10, 1), max: limit, buckets: map[int64]map[Tag]struct{}{}}
 }
 
 // Verify checks op's tag under secret at time now (Unix nanoseconds).
