@@ -275,8 +275,18 @@ func TestTableFullIsRetryable(t *testing.T) {
 		t.Fatalf("after freeing: %+v", r)
 	}
 	held[1].Finish(nil)
-	if s := e.eng.Stats(); s.RefusedBusy != 1 || s.InFlight != 0 {
-		t.Fatalf("stats %+v", s)
+	// The slot is freed just after the reply is sent (under -race, once
+	// CI saw it still held): wait for it.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s := e.eng.Stats()
+		if s.RefusedBusy == 1 && s.InFlight == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v", s)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
